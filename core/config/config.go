@@ -1,0 +1,266 @@
+// Package config holds every tunable of a peerkv peer: identity, data path
+// and all deadlines, with defaults that match vLLM's built-in p2p tier where
+// it has one. Timeouts live here and nowhere else.
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"time"
+)
+
+// Defaults. Where vLLM's p2p tier has the same wait, the value is its value.
+const (
+	DefaultPort                 = 5710
+	DefaultHandshakeTimeout     = 30 * time.Second // VLLM_P2P_HANDSHAKE_TIMEOUT_S
+	DefaultLookupTimeout        = 10 * time.Second // upstream waits forever, then kills the session
+	DefaultLoadTimeout          = 30 * time.Second // session/client.py _LOAD_TIMEOUT_S
+	DefaultAbortAckTimeout      = 10 * time.Second // _ABORT_ACK_TIMEOUT_S
+	DefaultStoreTimeout         = 30 * time.Second // session/server.py _STORE_TIMEOUT_S
+	DefaultUnboundStoreTimeout  = 60 * time.Second // manager.py unbound_store_timeout_s
+	DefaultInboundLookupTimeout = 5 * time.Second  // _LOOKUP_PENDING_TIMEOUT_S
+	DefaultReapedIDRetention    = 60 * time.Second // _REAPED_ID_RETENTION_S
+	DefaultShutdownDrainTimeout = 3 * time.Second  // _SHUTDOWN_DRAIN_TIMEOUT_S
+	DefaultDrainTimeout         = 60 * time.Second // bound on drain_jobs
+	DefaultTick                 = 20 * time.Millisecond
+	DefaultMaxPeers             = 128 // VLLM_P2P_MAX_PEERS
+	DefaultMaxFrameBytes        = 64 << 20
+	DefaultMaxListItems         = 1 << 20
+	defaultDataTransport        = "tcp"
+)
+
+// Config is one peer's configuration. Zero durations mean "use the default".
+type Config struct {
+	// Host and Port are bound and are this peer's identity "host:port".
+	// Port is the final port (base + data-parallel index).
+	Host string
+	Port int
+	// ConfigFingerprint is vLLM's 16-hex-char config fingerprint ("" = any).
+	ConfigFingerprint string
+	// HashSeed is the resolved prefix-cache hash seed string.
+	HashSeed string
+	// KeyLen is the exact byte length of every offload key (0 = not checked).
+	KeyLen int
+	// DataTransport is "tcp" or "nixl".
+	DataTransport string
+	// DataHost is the address the TCP data listener binds (default Host).
+	DataHost string
+	// DataPort is the TCP data listener port (0 = ephemeral).
+	DataPort int
+	// AuthSecret, when set, makes every peer prove knowledge of it (HMAC) in
+	// connect; stock vLLM peers cannot, so they are refused.
+	AuthSecret string
+	// MaxPeers bounds concurrent sessions.
+	MaxPeers int
+	// NixlLibrary is the path of libnixl_capi.so ("" = search the nixl wheel).
+	NixlLibrary string
+	// NixlBackends are the NIXL backends to create (default ["UCX"]).
+	NixlBackends []string
+	// NixlNumThreads is the UCX backend's worker thread count (default 4).
+	NixlNumThreads int
+
+	HandshakeTimeout     time.Duration
+	LookupTimeout        time.Duration
+	LoadTimeout          time.Duration
+	AbortAckTimeout      time.Duration
+	StoreTimeout         time.Duration
+	UnboundStoreTimeout  time.Duration
+	InboundLookupTimeout time.Duration
+	ReapedIDRetention    time.Duration
+	ShutdownDrainTimeout time.Duration
+	DrainTimeout         time.Duration
+	// Tick is how often the progress loop checks deadlines.
+	Tick time.Duration
+
+	MaxFrameBytes int
+	MaxListItems  int
+}
+
+// LocalID is the identity peers dial: "host:port".
+func (c Config) LocalID() string { return net.JoinHostPort(c.Host, strconv.Itoa(c.Port)) }
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	setDur := func(d *time.Duration, def time.Duration) {
+		if *d == 0 {
+			*d = def
+		}
+	}
+	if c.Host == "" {
+		c.Host = "localhost"
+	}
+	if c.Port == 0 {
+		c.Port = DefaultPort
+	}
+	if c.DataTransport == "" {
+		c.DataTransport = defaultDataTransport
+	}
+	if c.DataHost == "" {
+		c.DataHost = c.Host
+	}
+	if c.MaxPeers == 0 {
+		c.MaxPeers = DefaultMaxPeers
+	}
+	if len(c.NixlBackends) == 0 {
+		c.NixlBackends = []string{"UCX"}
+	}
+	if c.NixlNumThreads == 0 {
+		c.NixlNumThreads = 4
+	}
+	if c.MaxFrameBytes == 0 {
+		c.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	if c.MaxListItems == 0 {
+		c.MaxListItems = DefaultMaxListItems
+	}
+	setDur(&c.HandshakeTimeout, DefaultHandshakeTimeout)
+	setDur(&c.LookupTimeout, DefaultLookupTimeout)
+	setDur(&c.LoadTimeout, DefaultLoadTimeout)
+	setDur(&c.AbortAckTimeout, DefaultAbortAckTimeout)
+	setDur(&c.StoreTimeout, DefaultStoreTimeout)
+	setDur(&c.UnboundStoreTimeout, DefaultUnboundStoreTimeout)
+	setDur(&c.InboundLookupTimeout, DefaultInboundLookupTimeout)
+	setDur(&c.ReapedIDRetention, DefaultReapedIDRetention)
+	setDur(&c.ShutdownDrainTimeout, DefaultShutdownDrainTimeout)
+	setDur(&c.DrainTimeout, DefaultDrainTimeout)
+	setDur(&c.Tick, DefaultTick)
+	return c
+}
+
+// Validate reports the first invalid field, naming it.
+func (c Config) Validate() error {
+	if c.Port < 1 || c.Port > 65535 {
+		return fmt.Errorf("port must be in 1..65535, got %d", c.Port)
+	}
+	if c.DataPort < 0 || c.DataPort > 65535 {
+		return fmt.Errorf("data_port must be in 0..65535, got %d", c.DataPort)
+	}
+	if c.KeyLen < 0 || c.KeyLen > 4096 {
+		return fmt.Errorf("key_len must be in 0..4096, got %d", c.KeyLen)
+	}
+	switch c.DataTransport {
+	case "tcp", "nixl":
+	default:
+		return fmt.Errorf("data_transport must be \"tcp\" or \"nixl\", got %q", c.DataTransport)
+	}
+	if c.MaxPeers < 1 {
+		return fmt.Errorf("max_peers must be >= 1, got %d", c.MaxPeers)
+	}
+	for name, d := range map[string]time.Duration{
+		"handshake_timeout_s": c.HandshakeTimeout, "lookup_timeout_s": c.LookupTimeout,
+		"load_timeout_s": c.LoadTimeout, "abort_ack_timeout_s": c.AbortAckTimeout,
+		"store_timeout_s": c.StoreTimeout, "unbound_store_timeout_s": c.UnboundStoreTimeout,
+		"inbound_lookup_timeout_s": c.InboundLookupTimeout, "reaped_id_retention_s": c.ReapedIDRetention,
+		"shutdown_drain_timeout_s": c.ShutdownDrainTimeout, "drain_timeout_s": c.DrainTimeout,
+		"tick_s": c.Tick,
+	} {
+		if d <= 0 {
+			return fmt.Errorf("%s must be positive, got %v", name, d)
+		}
+	}
+	return nil
+}
+
+// jsonConfig is the host-facing JSON form (seconds as floats).
+type jsonConfig struct {
+	Host                  *string  `json:"host"`
+	Port                  *int     `json:"port"`
+	ConfigFingerprint     *string  `json:"config_fingerprint"`
+	HashSeed              *string  `json:"hash_seed"`
+	KeyLen                *int     `json:"key_len"`
+	DataTransport         *string  `json:"data_transport"`
+	DataHost              *string  `json:"data_host"`
+	DataPort              *int     `json:"data_port"`
+	AuthSecret            *string  `json:"auth_secret"`
+	MaxPeers              *int     `json:"max_peers"`
+	NixlLibrary           *string  `json:"nixl_library"`
+	NixlBackends          []string `json:"nixl_backends"`
+	NixlNumThreads        *int     `json:"nixl_num_threads"`
+	HandshakeTimeoutS     *float64 `json:"handshake_timeout_s"`
+	LookupTimeoutS        *float64 `json:"lookup_timeout_s"`
+	LoadTimeoutS          *float64 `json:"load_timeout_s"`
+	AbortAckTimeoutS      *float64 `json:"abort_ack_timeout_s"`
+	StoreTimeoutS         *float64 `json:"store_timeout_s"`
+	UnboundStoreTimeoutS  *float64 `json:"unbound_store_timeout_s"`
+	InboundLookupTimeoutS *float64 `json:"inbound_lookup_timeout_s"`
+	ReapedIDRetentionS    *float64 `json:"reaped_id_retention_s"`
+	ShutdownDrainTimeoutS *float64 `json:"shutdown_drain_timeout_s"`
+	DrainTimeoutS         *float64 `json:"drain_timeout_s"`
+	TickS                 *float64 `json:"tick_s"`
+	MaxFrameBytes         *int     `json:"max_frame_bytes"`
+	MaxListItems          *int     `json:"max_list_items"`
+}
+
+// FromJSON parses the host's JSON options, rejects unknown keys and bad
+// values with a message naming the key, and applies defaults.
+func FromJSON(b []byte) (Config, error) {
+	var j jsonConfig
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if len(b) > 0 {
+		if err := dec.Decode(&j); err != nil {
+			return Config{}, fmt.Errorf("options: %w", err)
+		}
+	}
+	var c Config
+	str := func(dst *string, src *string) {
+		if src != nil {
+			*dst = *src
+		}
+	}
+	num := func(dst *int, src *int) {
+		if src != nil {
+			*dst = *src
+		}
+	}
+	str(&c.Host, j.Host)
+	num(&c.Port, j.Port)
+	str(&c.ConfigFingerprint, j.ConfigFingerprint)
+	str(&c.HashSeed, j.HashSeed)
+	num(&c.KeyLen, j.KeyLen)
+	str(&c.DataTransport, j.DataTransport)
+	str(&c.DataHost, j.DataHost)
+	num(&c.DataPort, j.DataPort)
+	str(&c.AuthSecret, j.AuthSecret)
+	num(&c.MaxPeers, j.MaxPeers)
+	str(&c.NixlLibrary, j.NixlLibrary)
+	c.NixlBackends = j.NixlBackends
+	num(&c.NixlNumThreads, j.NixlNumThreads)
+	num(&c.MaxFrameBytes, j.MaxFrameBytes)
+	num(&c.MaxListItems, j.MaxListItems)
+	for _, s := range []struct {
+		name string
+		src  *float64
+		dst  *time.Duration
+	}{
+		{"handshake_timeout_s", j.HandshakeTimeoutS, &c.HandshakeTimeout},
+		{"lookup_timeout_s", j.LookupTimeoutS, &c.LookupTimeout},
+		{"load_timeout_s", j.LoadTimeoutS, &c.LoadTimeout},
+		{"abort_ack_timeout_s", j.AbortAckTimeoutS, &c.AbortAckTimeout},
+		{"store_timeout_s", j.StoreTimeoutS, &c.StoreTimeout},
+		{"unbound_store_timeout_s", j.UnboundStoreTimeoutS, &c.UnboundStoreTimeout},
+		{"inbound_lookup_timeout_s", j.InboundLookupTimeoutS, &c.InboundLookupTimeout},
+		{"reaped_id_retention_s", j.ReapedIDRetentionS, &c.ReapedIDRetention},
+		{"shutdown_drain_timeout_s", j.ShutdownDrainTimeoutS, &c.ShutdownDrainTimeout},
+		{"drain_timeout_s", j.DrainTimeoutS, &c.DrainTimeout},
+		{"tick_s", j.TickS, &c.Tick},
+	} {
+		if s.src == nil {
+			continue
+		}
+		v := *s.src
+		if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 || v > 86400 {
+			return Config{}, fmt.Errorf("options: %s must be a positive number of seconds up to 86400, got %v", s.name, v)
+		}
+		*s.dst = time.Duration(v * float64(time.Second))
+	}
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return Config{}, fmt.Errorf("options: %w", err)
+	}
+	return c, nil
+}

@@ -1,0 +1,56 @@
+// Package control defines the control path: one bound listener and one
+// outbound connection per remote peer, carrying msgpack frames.
+//
+// Contract for every implementation:
+//   - Send never blocks: it queues the frame and returns. Frames to one peer
+//     are delivered in order, one frame per message.
+//   - Send to a peer with no connection opens one (dialing the peer id
+//     "host:port"), so a producer can answer a consumer it has never dialed.
+//   - Events delivers, in order, every inbound frame with the sender's peer
+//     id, and a PeerDown event when a peer's connection is lost. The channel
+//     is closed after Close.
+//   - Close is idempotent, drops queued frames (linger 0) and returns only
+//     after the transport's goroutines have exited.
+package control
+
+import "errors"
+
+// EventKind distinguishes inbound frames from connection state changes.
+type EventKind int
+
+const (
+	// EventFrame carries one inbound message frame.
+	EventFrame EventKind = iota + 1
+	// EventPeerDown reports that the connection to PeerID was lost.
+	EventPeerDown
+)
+
+// Event is what a transport reports upward.
+type Event struct {
+	Kind   EventKind
+	PeerID string
+	Frame  []byte // EventFrame only; owned by the receiver
+	Err    error  // EventPeerDown only: why the peer is considered gone
+}
+
+// Transport is the control path of one peer.
+type Transport interface {
+	// LocalID is this peer's identity, "host:port", exactly as peers dial it.
+	LocalID() string
+	// Connect opens the connection to peerID ahead of the first Send.
+	Connect(peerID string) error
+	// Send queues one frame for peerID.
+	Send(peerID string, frame []byte) error
+	// Disconnect closes the connection to peerID, dropping queued frames.
+	Disconnect(peerID string)
+	// Events is the inbound stream; see the package contract.
+	Events() <-chan Event
+	// Close stops the transport.
+	Close() error
+}
+
+// ErrClosed is returned by calls on a closed transport.
+var ErrClosed = errors.New("control transport closed")
+
+// ErrBadPeerID is returned for a peer id that is not "host:port".
+var ErrBadPeerID = errors.New("peer id must be host:port")

@@ -1,0 +1,85 @@
+// Package data defines the data path: the producer writes whole rows of its
+// primary CPU region into rows of the consumer's region.
+//
+// Contract for every implementation:
+//   - Write never blocks on the network: it starts a transfer and returns its
+//     id; the outcome arrives exactly once on Completions.
+//   - Transfer ids are unique for the transport's lifetime.
+//   - A transfer reported done has written every row; one reported failed may
+//     have written some rows, and none outside the rows it was given.
+//   - Close is idempotent; transfers still running complete as failed.
+package data
+
+import "errors"
+
+// Region is the host's primary CPU region: NumRows rows of RowLen bytes.
+// The host owns the memory; peerkv never frees it.
+type Region struct {
+	Mem    []byte // len(Mem) == NumRows*RowLen
+	RowLen uint64
+}
+
+// NumRows is the number of rows in the region.
+func (r Region) NumRows() uint64 {
+	if r.RowLen == 0 {
+		return 0
+	}
+	return uint64(len(r.Mem)) / r.RowLen
+}
+
+// Row returns row i of the region.
+func (r Region) Row(i uint64) []byte { return r.Mem[i*r.RowLen : (i+1)*r.RowLen] }
+
+// PeerInfo is what a peer advertised about its data path in connect.
+type PeerInfo struct {
+	AgentMetadata []byte // NIXL agent metadata, opaque
+	BaseAddr      uint64
+	NumRows       uint64
+	RowLen        uint64
+	DataAddr      string // TCP data listener, from peerkv capabilities
+}
+
+// Completion is the outcome of one transfer.
+type Completion struct {
+	PeerID string
+	ID     uint64
+	Err    error // nil when every row was written
+}
+
+// WriteGuard tells a receiving transport whether peerID may write row.
+// Transports that receive writes themselves (TCP) must consult it for every
+// row; one-sided transports (NIXL) cannot.
+type WriteGuard func(peerID string, row uint64) bool
+
+// Transport is the data path of one peer.
+type Transport interface {
+	// Name is the transport's wire name: "tcp" or "nixl".
+	Name() string
+	// AgentMetadata is sent in connect.agent_metadata.
+	AgentMetadata() []byte
+	// DataAddr is the TCP data listener advertised to peerkv peers ("" if none).
+	DataAddr() string
+	// AddPeer registers a remote peer from its connect. It may be slow (NIXL
+	// loads metadata) and is never called on a host thread.
+	AddPeer(peerID string, info PeerInfo) error
+	// RemovePeer forgets a peer; its running transfers fail.
+	RemovePeer(peerID string)
+	// Write copies local rows src[i] to the peer's rows dst[i].
+	Write(peerID string, src, dst []uint64) (uint64, error)
+	// Completions delivers each transfer's outcome once.
+	Completions() <-chan Completion
+	// Close stops the transport.
+	Close() error
+}
+
+// ErrUnknownPeer is returned when writing to a peer that was not added.
+var ErrUnknownPeer = errors.New("data transport: unknown peer")
+
+// ErrRowOutOfRange is returned for a row index outside a region.
+var ErrRowOutOfRange = errors.New("data transport: row out of range")
+
+// ErrRejected is reported when the receiver refused a write (guard).
+var ErrRejected = errors.New("data transport: receiver rejected the write")
+
+// ErrClosed is returned by calls on a closed transport.
+var ErrClosed = errors.New("data transport closed")

@@ -1,0 +1,135 @@
+// Package protocol is the P2P wire vocabulary shared with vLLM's built-in
+// p2p tier: message types, field names, msgpack encoding and validation.
+// Wire strings appear nowhere else in peerkv.
+//
+// Every message is one msgpack map with string keys, discriminated by the
+// "type" key. Field order follows vLLM's insertion order so encodings are
+// byte-identical to what msgspec produces for the same dict.
+package protocol
+
+// Type is the value of a message's "type" key.
+type Type string
+
+// Message types of vLLM's P2P tier (wire revision with round_seq, vLLM >= 0.27).
+const (
+	TypeConnect      Type = "connect"
+	TypeConnectAck   Type = "connect_ack"
+	TypeDisconnect   Type = "disconnect"
+	TypeLookup       Type = "lookup"
+	TypeLookupResp   Type = "lookup_resp"
+	TypeFetch        Type = "fetch"
+	TypeTransferDone Type = "transfer_done"
+	TypeAbortFetch   Type = "abort_fetch"
+	TypeAbortAck     Type = "abort_ack"
+)
+
+// CapabilitiesKey is the extra connect key in which peerkv peers advertise
+// what they offer beyond vLLM's wire. vLLM's ConnectMsg.validate reads only
+// its own keys (checked against vLLM 0.33.0), so stock peers ignore it.
+const CapabilitiesKey = "peerkv"
+
+// Message is implemented by every wire message.
+type Message interface {
+	MsgType() Type
+}
+
+// Capabilities is what a peerkv peer adds to its connect.
+type Capabilities struct {
+	// Version is peerkv's capability revision (currently 1).
+	Version uint64 `codec:"version"`
+	// DataTransport names the data path this peer serves: "tcp" or "nixl".
+	DataTransport string `codec:"data_transport"`
+	// DataAddr is the host:port of the peer's TCP data listener ("" if none).
+	DataAddr string `codec:"data_addr"`
+	// Nonce is a fresh random value per connect, covered by Auth.
+	Nonce []byte `codec:"nonce"`
+	// Auth is HMAC-SHA256 over the connect's identity fields and Nonce with
+	// the cluster's shared secret; empty when authentication is off.
+	Auth []byte `codec:"auth"`
+}
+
+// Connect is the first message on a connection, sent by both sides.
+type Connect struct {
+	PeerID            string
+	AgentMetadata     []byte
+	BaseAddr          uint64
+	NumBlocks         uint64
+	BlockLen          uint64
+	ConfigFingerprint string
+	HashSeed          string
+	// PeerKV is encoded under CapabilitiesKey only when non-nil.
+	PeerKV *Capabilities
+}
+
+// ConnectAck acknowledges a peer's Connect; PeerID is the replier's own id.
+type ConnectAck struct {
+	PeerID string
+}
+
+// Disconnect announces that the sender is closing the session.
+type Disconnect struct{}
+
+// Lookup asks a producer which keys it holds (symmetric P2P).
+type Lookup struct {
+	KVRequestID string
+	Keys        [][]byte
+	RoundSeq    uint64
+}
+
+// LookupResp answers one Lookup; Hits is parallel to Keys.
+type LookupResp struct {
+	KVRequestID string
+	Keys        [][]byte
+	Hits        []bool
+}
+
+// Fetch asks a producer to write Keys into the consumer's rows
+// BlockIndexes. Empty Keys is the terminal "request finished" fetch.
+type Fetch struct {
+	KVRequestID  string
+	Keys         [][]byte
+	BlockIndexes []uint64
+	RoundSeq     uint64
+}
+
+// IsTerminal reports whether f is the terminal empty fetch.
+func (f *Fetch) IsTerminal() bool { return len(f.Keys) == 0 }
+
+// TransferDone reports the end of one fetch round.
+type TransferDone struct {
+	KVRequestID string
+	Success     bool
+	RoundSeq    uint64
+}
+
+// AbortFetch cancels one fetch round.
+type AbortFetch struct {
+	KVRequestID string
+	RoundSeq    uint64
+}
+
+// AbortAck confirms that nothing more will be written for a round.
+type AbortAck struct {
+	KVRequestID string
+	RoundSeq    uint64
+}
+
+func (*Connect) MsgType() Type      { return TypeConnect }
+func (*ConnectAck) MsgType() Type   { return TypeConnectAck }
+func (*Disconnect) MsgType() Type   { return TypeDisconnect }
+func (*Lookup) MsgType() Type       { return TypeLookup }
+func (*LookupResp) MsgType() Type   { return TypeLookupResp }
+func (*Fetch) MsgType() Type        { return TypeFetch }
+func (*TransferDone) MsgType() Type { return TypeTransferDone }
+func (*AbortFetch) MsgType() Type   { return TypeAbortFetch }
+func (*AbortAck) MsgType() Type     { return TypeAbortAck }
+
+// Limits bound what Decode accepts from a peer.
+type Limits struct {
+	// MaxFrameBytes rejects larger frames before decoding (0 = 64 MiB).
+	MaxFrameBytes int
+	// MaxListItems bounds keys/hits/block_indexes lengths (0 = 1<<20).
+	MaxListItems int
+	// KeyLen, when > 0, is the exact length every key must have.
+	KeyLen int
+}

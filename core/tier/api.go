@@ -1,0 +1,86 @@
+// Package tier is the host-facing peer: the calls vLLM's secondary-tier
+// interface makes (through capi), over sessions with remote peers.
+//
+// Threading: every exported method may be called from any goroutine; state is
+// guarded by one mutex that is never held across network I/O, so host calls
+// return in microseconds. Network progress (inbound frames, transfer
+// completions, deadlines) runs on the tier's own goroutine.
+package tier
+
+import (
+	"errors"
+	"time"
+)
+
+// LookupResult values equal vLLM's LookupResult enum.
+type LookupResult int32
+
+const (
+	Miss       LookupResult = 1
+	Hit        LookupResult = 2
+	HitPending LookupResult = 3
+	Retry      LookupResult = 4
+)
+
+func (r LookupResult) String() string {
+	switch r {
+	case Miss:
+		return "MISS"
+	case Hit:
+		return "HIT"
+	case HitPending:
+		return "HIT_PENDING"
+	case Retry:
+		return "RETRY"
+	}
+	return "INVALID"
+}
+
+// Policy is the offload policy a request asks of the host.
+type Policy int32
+
+const (
+	BlockLevel   Policy = 0
+	RequestLevel Policy = 1
+)
+
+// JobResult is one finished load or store job.
+type JobResult struct {
+	JobID    int64
+	Success  bool
+	IsLoad   bool
+	Bytes    int64
+	Duration time.Duration
+}
+
+// InboundKind says what the host must do with an Inbound item.
+type InboundKind int32
+
+const (
+	// InboundEvaluate: look Keys up, pin the hits, call AnswerInbound.
+	InboundEvaluate InboundKind = 1
+	// InboundFinish: the lookup is over; release its context.
+	InboundFinish InboundKind = 2
+)
+
+// Inbound is one piece of work from a remote consumer's lookup.
+type Inbound struct {
+	LookupID int64
+	Kind     InboundKind
+	// First is true on a lookup's first Evaluate (the host starts a context).
+	First bool
+	// ReqID is the synthetic request id "p2p:<peer>:<kv_request_id>:lu<n>".
+	ReqID string
+	// Keys to evaluate (Evaluate only).
+	Keys [][]byte
+}
+
+// Errors returned by tier methods; capi maps them to status codes.
+var (
+	ErrInvalidArgument = errors.New("invalid argument")
+	ErrUnknownRequest  = errors.New("unknown request")
+	ErrDuplicate       = errors.New("duplicate id")
+	ErrClosed          = errors.New("peer is shut down")
+	ErrTimeout         = errors.New("deadline exceeded")
+	ErrBadParams       = errors.New("bad kv_transfer_params")
+)

@@ -1,0 +1,249 @@
+/*
+ * peerkv.h — the C ABI of libpeerkv.so, a peer-to-peer KV-cache tier for vLLM.
+ *
+ * This header is the contract. Everything a host (vLLM's Python shim, the C
+ * harness, any other embedder) may rely on is written here.
+ *
+ * Model
+ *   A handle is one peer: it binds a ZMQ control socket at host:port, serves
+ *   its primary CPU region (num_rows rows of row_len bytes, owned by the host)
+ *   to remote consumers, and pulls rows from remote producers into it.
+ *   Network progress runs on the library's own threads. No call below waits
+ *   on the network except peerkv_drain and peerkv_destroy, and both are
+ *   bounded by their configured deadlines.
+ *
+ * Conventions
+ *   - Every function that can fail returns int32_t: PEERKV_OK (0) or a
+ *     negative PEERKV_ERR_* code. When err is non-NULL and errlen > 0, a
+ *     human-readable message is written there, always NUL-terminated
+ *     (truncated to fit); on success err[0] is set to '\0'.
+ *   - Strings are NUL-terminated UTF-8 unless a length is given.
+ *   - Offload keys are passed as one buffer of n keys of key_len bytes each,
+ *     concatenated. key_len must equal the "key_len" option when that is set.
+ *   - Memory: the library never keeps a pointer passed to a call, except the
+ *     region passed to peerkv_create, which must stay mapped and valid until
+ *     peerkv_destroy returns. All output buffers are caller-allocated. The
+ *     library allocates nothing the caller must free.
+ *   - Threads: calls on one handle may come from any thread but are
+ *     serialised internally; they never block on network I/O.
+ *   - fork: after fork(), every call in the child returns PEERKV_ERR_FORKED.
+ *     Load the library after the process split (e.g. in a spawned child).
+ *   - Panics inside the library are recovered and returned as
+ *     PEERKV_ERR_INTERNAL; the library is then poisoned and every later call
+ *     fails with PEERKV_ERR_INTERNAL.
+ */
+#ifndef PEERKV_H
+#define PEERKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ABI version: major changes break callers; minor adds symbols. */
+#define PEERKV_ABI_VERSION_MAJOR 1
+#define PEERKV_ABI_VERSION_MINOR 0
+
+/* Status codes. */
+#define PEERKV_OK 0
+#define PEERKV_ERR_INVALID_ARGUMENT (-1)  /* bad argument or option        */
+#define PEERKV_ERR_UNKNOWN_HANDLE (-2)    /* handle was never created/closed */
+#define PEERKV_ERR_BAD_PARAMS (-3)        /* malformed/forbidden kv_transfer_params */
+#define PEERKV_ERR_UNKNOWN_REQUEST (-4)   /* request id not started        */
+#define PEERKV_ERR_BUFFER_TOO_SMALL (-5)  /* output buffer too small; see the call */
+#define PEERKV_ERR_TRANSPORT (-6)         /* bind/listen/connect failure   */
+#define PEERKV_ERR_CLOSED (-7)            /* handle is shutting down        */
+#define PEERKV_ERR_FORKED (-8)            /* called in a forked child       */
+#define PEERKV_ERR_INTERNAL (-9)          /* recovered panic; library poisoned */
+#define PEERKV_ERR_TIMEOUT (-10)          /* a bounded wait expired         */
+#define PEERKV_ERR_DUPLICATE (-11)        /* duplicate job/request id       */
+#define PEERKV_ERR_UNAVAILABLE (-12)      /* feature not available here (e.g. NIXL) */
+#define PEERKV_ERR_ABI_MISMATCH (-13)     /* caller built for another ABI major */
+
+/* Lookup results; values equal vLLM's LookupResult enum. */
+#define PEERKV_LOOKUP_MISS 1
+#define PEERKV_LOOKUP_HIT 2
+#define PEERKV_LOOKUP_HIT_PENDING 3 /* only in peerkv_answer_inbound input */
+#define PEERKV_LOOKUP_RETRY 4
+
+/* Offload policy returned by peerkv_request_start. */
+#define PEERKV_POLICY_BLOCK_LEVEL 0
+#define PEERKV_POLICY_REQUEST_LEVEL 1
+
+/* Kinds of inbound work returned by peerkv_next_inbound. */
+#define PEERKV_INBOUND_EVALUATE 1 /* look the keys up, pin the hits, answer */
+#define PEERKV_INBOUND_FINISH 2   /* the lookup is over: release its context */
+
+typedef int64_t peerkv_handle;
+
+/* One finished job, as returned by peerkv_get_finished. */
+typedef struct peerkv_job_result {
+  int64_t job_id;
+  int32_t success;          /* 1 = every key landed / was served, 0 = failed */
+  int32_t is_load;          /* 1 = load (promotion), 0 = store (cascade/pin)  */
+  int64_t bytes;            /* bytes moved by this job (0 if none)           */
+  double seconds;           /* submit-to-finish time                          */
+} peerkv_job_result;
+
+/* Returns PEERKV_ABI_VERSION_MAJOR << 16 | PEERKV_ABI_VERSION_MINOR. */
+uint32_t peerkv_abi_version(void);
+
+/* Writes the library version ("peerkv 0.1.0 (go1.26.8)") into buf.
+ * Returns PEERKV_OK, or PEERKV_ERR_BUFFER_TOO_SMALL (truncated). */
+int32_t peerkv_version(char *buf, size_t len);
+
+/* Writes a JSON object describing this host into buf:
+ *   {"version":"...","abi":"1.0","gpus":[{"index":0,"name":"...","uuid":"GPU-...",
+ *    "numa_node":0}],"nvml":"ok"|"<why not>","nixl":"ok"|"<why not>"}
+ * Works without an NVIDIA driver ("gpus":[] and the reason under "nvml").
+ * *needed receives the size including NUL; PEERKV_ERR_BUFFER_TOO_SMALL if
+ * len < *needed. */
+int32_t peerkv_info(char *buf, size_t len, size_t *needed, char *err, size_t errlen);
+
+/* Creates a peer.
+ *   abi_major   PEERKV_ABI_VERSION_MAJOR the caller was built against.
+ *   region      primary CPU region base; num_rows * row_len bytes, host-owned.
+ *   options     JSON object (may be NULL or "{}"):
+ *     "host" (str, default "localhost"), "port" (int, final port, default 5710),
+ *     "config_fingerprint" (str, "" = accept any), "hash_seed" (str),
+ *     "key_len" (int, 0 = unchecked), "data_transport" ("tcp" | "nixl"),
+ *     "data_host" (str), "data_port" (int, 0 = ephemeral),
+ *     "auth_secret" (str, peers must prove it; refuses stock vLLM peers),
+ *     "max_peers" (int), "nixl_library" (str path to libnixl_capi.so),
+ *     "nixl_backends" ([str]), "nixl_num_threads" (int), and deadlines in
+ *     seconds: "handshake_timeout_s", "lookup_timeout_s", "load_timeout_s",
+ *     "abort_ack_timeout_s", "store_timeout_s", "unbound_store_timeout_s",
+ *     "inbound_lookup_timeout_s", "shutdown_drain_timeout_s", "drain_timeout_s".
+ *     Unknown keys are rejected.
+ * On success *out is a handle (never 0). Binding happens here: an address in
+ * use fails with PEERKV_ERR_TRANSPORT. */
+int32_t peerkv_create(uint32_t abi_major, void *region, uint64_t num_rows,
+                      uint64_t row_len, const char *options, peerkv_handle *out,
+                      char *err, size_t errlen);
+
+/* Starts a request. kv_transfer_params_json is the request's
+ * kv_transfer_params as JSON (NULL, "" or "null" = none). *policy receives a
+ * PEERKV_POLICY_*. Malformed fields and forbidden combinations fail with
+ * PEERKV_ERR_BAD_PARAMS and a message naming the problem; the request is then
+ * not known to the library (lookups for it answer MISS). A consumer request
+ * starts connecting to its source in the background. Starting an id twice
+ * returns PEERKV_ERR_DUPLICATE. */
+int32_t peerkv_request_start(peerkv_handle h, const char *req_id,
+                             const char *kv_transfer_params_json, int32_t *policy,
+                             char *err, size_t errlen);
+
+/* Looks up n keys for a request; results[i] gets PEERKV_LOOKUP_HIT, _MISS or
+ * _RETRY (ask again next step). Answers from local state only: a P2P consumer
+ * (remote_kv_source) registers unknown keys and answers RETRY until the
+ * source replied or the lookup deadline passed (then MISS); a PD decoder
+ * (remote_prefiller) answers HIT for every key; a request that does not pull,
+ * or whose pulls already failed, answers MISS. Unknown req_id: every result
+ * MISS and PEERKV_OK. */
+int32_t peerkv_lookup(peerkv_handle h, const char *req_id, const uint8_t *keys,
+                      size_t key_len, size_t n, int32_t *results, char *err,
+                      size_t errlen);
+
+/* Sends the lookups registered during this scheduler step: one lookup message
+ * per peer per request. */
+int32_t peerkv_on_schedule_end(peerkv_handle h, char *err, size_t errlen);
+
+/* Submits a load: pull n keys from the request's source into rows slots[i].
+ * The job is always reported exactly once by peerkv_get_finished, success or
+ * failure, within load_timeout_s + abort_ack_timeout_s. Bad arguments (slot
+ * out of range, wrong key length, duplicate job id) fail the call and submit
+ * nothing. */
+int32_t peerkv_submit_load(peerkv_handle h, const char *req_id, int64_t job_id,
+                           const uint8_t *keys, size_t key_len, size_t n,
+                           const int64_t *slots, char *err, size_t errlen);
+
+/* Submits a store: rows slots[i] hold keys[i] and stay pinned by the host
+ * until this job is reported. For a prefill producer (remote_decoder) the rows
+ * are served to the decoder that fetches the request's kv_request_id; for any
+ * other request the job succeeds at once. Reported exactly once. */
+int32_t peerkv_submit_store(peerkv_handle h, const char *req_id, int64_t job_id,
+                            const uint8_t *keys, size_t key_len, size_t n,
+                            const int64_t *slots, char *err, size_t errlen);
+
+/* Moves up to cap finished jobs into out; *n_out receives the count. Call
+ * again while *n_out == cap. */
+int32_t peerkv_get_finished(peerkv_handle h, peerkv_job_result *out, size_t cap,
+                            size_t *n_out, char *err, size_t errlen);
+
+/* Pops the next piece of inbound work (lookups from remote consumers).
+ *   *lookup_id   identifies the inbound lookup in peerkv_answer_inbound.
+ *   *kind        PEERKV_INBOUND_EVALUATE or PEERKV_INBOUND_FINISH.
+ *   req_id_buf   receives the synthetic request id for the host's
+ *                bookkeeping, "p2p:<peer>:<kv_request_id>:lu<n>" (NUL-terminated).
+ *   keys_buf     receives the keys to evaluate (EVALUATE only), *n_keys of them,
+ *                each key_len bytes (the configured key length).
+ *   *first       1 if this is the lookup's first EVALUATE (start its context).
+ * Returns PEERKV_OK with work, 1 when there is none, or
+ * PEERKV_ERR_BUFFER_TOO_SMALL with *req_id_needed / *n_keys set and the work
+ * left in place. Every EVALUATE must be answered with peerkv_answer_inbound;
+ * every lookup that was evaluated ends in exactly one FINISH (or in
+ * *finished from peerkv_answer_inbound). */
+int32_t peerkv_next_inbound(peerkv_handle h, int64_t *lookup_id, int32_t *kind,
+                            int32_t *first, char *req_id_buf, size_t req_id_cap,
+                            size_t *req_id_needed, uint8_t *keys_buf,
+                            size_t keys_cap, size_t *n_keys, char *err,
+                            size_t errlen);
+
+/* Answers an EVALUATE: results[i] is the host's PEERKV_LOOKUP_* for the i-th
+ * key of that EVALUATE. The hits (results == HIT) must already be pinned as one
+ * host job: pin_job_id and pin_slots[j] (the row of the j-th hit, in key
+ * order); pass pin_job_id < 0 and n_pins = 0 when there are no hits. The pin job
+ * is reported exactly once through peerkv_get_finished (as a store), which
+ * is when the host unpins. HIT_PENDING/RETRY keys are offered again in a later
+ * EVALUATE until inbound_lookup_timeout_s, then answered MISS.
+ * *finished is set to 1 when the lookup is complete and its context may be
+ * released now (no FINISH will follow). */
+int32_t peerkv_answer_inbound(peerkv_handle h, int64_t lookup_id,
+                              const int32_t *results, size_t n, int64_t pin_job_id,
+                              const int64_t *pin_slots, size_t n_pins,
+                              int32_t *finished, char *err, size_t errlen);
+
+/* Finishes a request: aborts its loads in flight (still reported), sends the
+ * terminal fetch where the source holds lookup state, and finalizes what it
+ * serves. Unknown req_id is PEERKV_OK. */
+int32_t peerkv_request_finish(peerkv_handle h, const char *req_id, char *err,
+                              size_t errlen);
+
+/* 1 while the peer has work that needs the host to keep calling (jobs in
+ * flight or unreported, inbound lookups queued, sessions handshaking), else 0.
+ * Negative on error. */
+int32_t peerkv_has_pending_work(peerkv_handle h);
+
+/* Blocks until every submitted job has finished or drain_timeout_s passed.
+ * Never aborts a transfer midway. Returns PEERKV_ERR_TIMEOUT if jobs remain
+ * after the deadline (they are still reported later). */
+int32_t peerkv_drain(peerkv_handle h, char *err, size_t errlen);
+
+/* Writes a JSON object of counters and gauges into buf (same size protocol as
+ * peerkv_info): sessions, lookups, hits, misses, bytes, transfers, failures
+ * by cause, parked stores, pinned rows. */
+int32_t peerkv_stats(peerkv_handle h, char *buf, size_t len, size_t *needed,
+                     char *err, size_t errlen);
+
+/* Moves up to len-1 bytes of pending log lines ("LEVEL message\n" each) into
+ * buf; *n_out receives the byte count (0 when none). Lines that do not fit
+ * stay queued. The queue is bounded; overflow drops the oldest lines and says
+ * so in the next line. */
+int32_t peerkv_take_logs(peerkv_handle h, char *buf, size_t len, size_t *n_out);
+
+/* Shuts the peer down: drains transfers for shutdown_drain_timeout_s, fails
+ * every job not yet finished (they are still returned by a final
+ * peerkv_get_finished on this handle, which stays valid for that until
+ * peerkv_destroy), closes sockets. Idempotent. */
+int32_t peerkv_shutdown(peerkv_handle h, char *err, size_t errlen);
+
+/* Releases the handle (shutting down first if needed). The region may be
+ * unmapped after this returns. Idempotent for a released handle. */
+int32_t peerkv_destroy(peerkv_handle h, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PEERKV_H */
