@@ -10,7 +10,10 @@
 //   - Close is idempotent; transfers still running complete as failed.
 package data
 
-import "errors"
+import (
+	"errors"
+	"unsafe"
+)
 
 // Region is the host's primary CPU region: NumRows rows of RowLen bytes.
 // The host owns the memory; peerkv never frees it.
@@ -83,3 +86,12 @@ var ErrRejected = errors.New("data transport: receiver rejected the write")
 
 // ErrClosed is returned by calls on a closed transport.
 var ErrClosed = errors.New("data transport closed")
+
+// BaseAddr is the address of the region's first byte, as advertised in
+// connect.base_addr (0 for an empty region).
+func (r Region) BaseAddr() uint64 {
+	if len(r.Mem) == 0 {
+		return 0
+	}
+	return uint64(uintptr(unsafe.Pointer(&r.Mem[0])))
+}

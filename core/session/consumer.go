@@ -1,0 +1,297 @@
+package session
+
+import (
+	"sort"
+	"time"
+
+	"github.com/peerkv/peerkv/core/protocol"
+)
+
+// Probe answers for one key.
+type probe int8
+
+const (
+	probeUnsent probe = iota // registered this step, not yet asked
+	probeAsked               // asked, no answer yet
+	probeHit                 // the peer holds it
+	probeMiss                // the peer does not, or the answer timed out
+)
+
+// load is one fetch round in flight.
+type load struct {
+	jobID     int64
+	rows      []uint64
+	sentAt    time.Time
+	abortedAt time.Time // zero until aborted
+}
+
+// consumerRequest is the state of one kv_request_id we pull from this peer.
+type consumerRequest struct {
+	probes       map[string]probe
+	unsent       [][]byte
+	round        uint64 // next fetch round
+	probed       bool
+	lookupOpen   bool      // the peer holds lookup state no fetch has closed
+	lookupSentAt time.Time // zero when no lookup is awaiting an answer
+	loads        map[uint64]*load
+}
+
+func (r *consumerRequest) idle() bool {
+	return len(r.loads) == 0 && len(r.probes) == 0 && len(r.unsent) == 0
+}
+
+// consumer is the role that pulls rows from the peer.
+type consumer struct {
+	s        *Session
+	requests map[string]*consumerRequest
+	flush    map[string]struct{} // requests with unsent probes
+}
+
+func (c *consumer) init(s *Session) {
+	c.s = s
+	c.requests = make(map[string]*consumerRequest)
+	c.flush = make(map[string]struct{})
+}
+
+func (c *consumer) busy() bool {
+	for _, r := range c.requests {
+		if len(r.loads) > 0 || !r.lookupSentAt.IsZero() || len(r.unsent) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *consumer) request(id string) *consumerRequest {
+	r := c.requests[id]
+	if r == nil {
+		r = &consumerRequest{probes: make(map[string]probe), loads: make(map[uint64]*load)}
+		c.requests[id] = r
+	}
+	return r
+}
+
+func (c *consumer) prune(id string) {
+	if r := c.requests[id]; r != nil && r.idle() && !r.lookupOpen {
+		delete(c.requests, id)
+	}
+}
+
+// RegisterLookup answers one probe of a P2P consumer: HIT/MISS once the peer
+// answered, RETRY (registering the key for this step's lookup) until then.
+func (s *Session) RegisterLookup(kvRequestID string, key []byte) (hit, known bool) {
+	c := &s.consumer
+	r := c.request(kvRequestID)
+	r.probed = true
+	switch r.probes[string(key)] {
+	case probeHit:
+		return true, true
+	case probeMiss:
+		return false, true
+	}
+	if _, seen := r.probes[string(key)]; !seen {
+		r.probes[string(key)] = probeUnsent
+		r.unsent = append(r.unsent, append([]byte(nil), key...))
+		c.flush[kvRequestID] = struct{}{}
+	}
+	return false, false
+}
+
+// FlushLookups sends one lookup per request with keys registered since the
+// last flush. Probes wait for the handshake; its deadline bounds them.
+func (s *Session) FlushLookups() {
+	c := &s.consumer
+	if !s.Ready() || len(c.flush) == 0 {
+		return
+	}
+	now := s.env.Now()
+	for id := range c.flush {
+		r := c.requests[id]
+		if r == nil || len(r.unsent) == 0 {
+			continue
+		}
+		for _, k := range r.unsent {
+			if r.probes[string(k)] == probeUnsent {
+				r.probes[string(k)] = probeAsked
+			}
+		}
+		r.lookupOpen = true
+		if r.lookupSentAt.IsZero() {
+			r.lookupSentAt = now
+		}
+		s.send(&protocol.Lookup{KVRequestID: id, Keys: r.unsent, RoundSeq: r.round})
+		r.unsent = nil
+	}
+	clear(c.flush)
+}
+
+// RequestBlocks sends the fetch that closes the request's current round.
+func (s *Session) RequestBlocks(jobID int64, kvRequestID string, keys [][]byte, rows []uint64) {
+	c := &s.consumer
+	r := c.request(kvRequestID)
+	round := r.round
+	r.round++
+	r.loads[round] = &load{jobID: jobID, rows: rows, sentAt: s.env.Now()}
+	r.lookupOpen = false
+	r.lookupSentAt = time.Time{}
+	clear(r.probes)
+	r.unsent = nil
+	delete(c.flush, kvRequestID)
+	s.send(&protocol.Fetch{KVRequestID: kvRequestID, Keys: keys, BlockIndexes: rows, RoundSeq: round})
+}
+
+// FinishConsumer ends a request locally: aborts its loads (still reported
+// when the abort is acknowledged or times out) and sends the terminal fetch
+// if the peer holds lookup state for it.
+func (s *Session) FinishConsumer(kvRequestID string) {
+	c := &s.consumer
+	r := c.requests[kvRequestID]
+	if r == nil {
+		return
+	}
+	now := s.env.Now()
+	for _, round := range sortedRounds(r.loads) {
+		l := r.loads[round]
+		if l.abortedAt.IsZero() {
+			l.abortedAt = now
+			s.send(&protocol.AbortFetch{KVRequestID: kvRequestID, RoundSeq: round})
+		}
+	}
+	if r.lookupOpen {
+		r.lookupOpen = false
+		s.send(&protocol.Fetch{KVRequestID: kvRequestID, Keys: [][]byte{}, BlockIndexes: []uint64{}, RoundSeq: r.round})
+	}
+	clear(r.probes)
+	r.unsent = nil
+	r.lookupSentAt = time.Time{}
+	delete(c.flush, kvRequestID)
+	c.prune(kvRequestID)
+}
+
+func (c *consumer) onLookupResp(m *protocol.LookupResp) {
+	r := c.requests[m.KVRequestID]
+	if r == nil {
+		return // finished meanwhile; the producer may split or coalesce answers
+	}
+	for i, k := range m.Keys {
+		if p, ok := r.probes[string(k)]; ok && p < probeHit {
+			if m.Hits[i] {
+				r.probes[string(k)] = probeHit
+			} else {
+				r.probes[string(k)] = probeMiss
+			}
+		}
+	}
+	if !c.anyAsked(r) {
+		r.lookupSentAt = time.Time{}
+	} else {
+		r.lookupSentAt = c.s.env.Now() // progress restarts the deadline
+	}
+}
+
+func (c *consumer) anyAsked(r *consumerRequest) bool {
+	for _, p := range r.probes {
+		if p == probeAsked {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *consumer) onTransferDone(m *protocol.TransferDone) {
+	c.finishLoad(m.KVRequestID, m.RoundSeq, m.Success, "transfer_done")
+}
+
+func (c *consumer) onAbortAck(m *protocol.AbortAck) {
+	c.finishLoad(m.KVRequestID, m.RoundSeq, false, "abort_ack")
+}
+
+func (c *consumer) finishLoad(id string, round uint64, ok bool, via string) {
+	r := c.requests[id]
+	var l *load
+	if r != nil {
+		l = r.loads[round]
+	}
+	if l == nil {
+		c.s.env.Logf("WARNING", "peer %s: %s for unknown kv_request_id=%s round=%d (duplicate, or raced with a local timeout)",
+			c.s.peerID, via, id, round)
+		return
+	}
+	delete(r.loads, round)
+	if !ok && via == "transfer_done" {
+		c.s.env.Logf("WARNING", "peer %s could not supply kv_request_id=%s round=%d; the request recomputes locally",
+			c.s.peerID, id, round)
+	}
+	c.s.env.Sink.LoadDone(l.jobID, ok, id, l.rows)
+	if !ok {
+		c.s.env.Sink.ConsumerFailed(id)
+	}
+	c.prune(id)
+}
+
+func (c *consumer) tick(now time.Time) {
+	cfg := c.s.env.Cfg
+	for id, r := range c.requests {
+		for _, round := range sortedRounds(r.loads) {
+			l := r.loads[round]
+			switch {
+			case l.abortedAt.IsZero() && now.Sub(l.sentAt) >= cfg.LoadTimeout:
+				c.s.env.Logf("WARNING", "peer %s: load kv_request_id=%s round=%d got no transfer_done within %v; aborting",
+					c.s.peerID, id, round, cfg.LoadTimeout)
+				l.abortedAt = now
+				c.s.send(&protocol.AbortFetch{KVRequestID: id, RoundSeq: round})
+			case !l.abortedAt.IsZero() && now.Sub(l.abortedAt) >= cfg.AbortAckTimeout:
+				c.s.env.Logf("WARNING", "peer %s: no abort_ack for kv_request_id=%s round=%d within %v; failing the load",
+					c.s.peerID, id, round, cfg.AbortAckTimeout)
+				delete(r.loads, round)
+				c.s.env.Sink.LoadDone(l.jobID, false, id, l.rows)
+				c.s.env.Sink.ConsumerFailed(id)
+			}
+		}
+		if !r.lookupSentAt.IsZero() && now.Sub(r.lookupSentAt) >= cfg.LookupTimeout {
+			n := 0
+			for k, p := range r.probes {
+				if p == probeAsked {
+					r.probes[k] = probeMiss
+					n++
+				}
+			}
+			r.lookupSentAt = time.Time{}
+			c.s.env.Logf("WARNING", "peer %s did not answer lookup for kv_request_id=%s within %v; treating %d keys as misses",
+				c.s.peerID, id, cfg.LookupTimeout, n)
+		}
+		c.prune(id)
+	}
+}
+
+// close fails every load and marks every request with loads or unanswered
+// probes as failed, so its lookups answer MISS.
+func (c *consumer) close() {
+	for id, r := range c.requests {
+		failed := false
+		for _, round := range sortedRounds(r.loads) {
+			l := r.loads[round]
+			c.s.env.Sink.LoadDone(l.jobID, false, id, l.rows)
+			failed = true
+		}
+		for _, p := range r.probes {
+			if p == probeAsked || p == probeUnsent {
+				failed = true
+			}
+		}
+		if failed {
+			c.s.env.Sink.ConsumerFailed(id)
+		}
+	}
+	clear(c.requests)
+	clear(c.flush)
+}
+
+func sortedRounds[V any](m map[uint64]V) []uint64 {
+	out := make([]uint64, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}

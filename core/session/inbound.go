@@ -1,0 +1,161 @@
+package session
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/peerkv/peerkv/core/protocol"
+)
+
+// Answer is the host's verdict on one key of an inbound lookup.
+type Answer int8
+
+const (
+	AnswerMiss  Answer = iota // not held
+	AnswerHit                 // held and pinned
+	AnswerLater               // being promoted: ask again next pass
+)
+
+// InboundLookup is one lookup from the peer, answered by the host through
+// the owner. Exactly one lookup_resp goes out per lookup, keys in wire order,
+// unless the consumer ended the request first (terminal fetch).
+type InboundLookup struct {
+	ID          int64
+	ReqID       string // synthetic host request id
+	KVRequestID string
+	Round       uint64
+
+	// Evaluated: the host started a context for it (owes a finish).
+	Evaluated bool
+	// CheckedOut: handed to the host and not yet answered.
+	CheckedOut bool
+	// Done: answered or dropped; nothing more will happen.
+	Done bool
+
+	s        *Session
+	keys     [][]byte
+	resolved map[string]bool
+	pending  [][]byte
+	deadline time.Time
+}
+
+// Session returns the session the lookup came from.
+func (l *InboundLookup) Session() *Session { return l.s }
+
+// Pending returns the keys the host must (re)evaluate, in first-seen order.
+func (l *InboundLookup) Pending() [][]byte { return l.pending }
+
+func (p *producer) onLookup(m *protocol.Lookup) error {
+	id := p.s.env.NextLookupID()
+	l := &InboundLookup{
+		ID:          id,
+		ReqID:       fmt.Sprintf("p2p:%s:%s:lu%d", p.s.peerID, m.KVRequestID, id),
+		KVRequestID: m.KVRequestID,
+		Round:       m.RoundSeq,
+		s:           p.s,
+		keys:        m.Keys,
+		resolved:    make(map[string]bool, len(m.Keys)),
+		deadline:    p.s.env.Now().Add(p.s.env.Cfg.InboundLookupTimeout),
+	}
+	seen := make(map[string]struct{}, len(m.Keys))
+	for _, k := range m.Keys {
+		if _, dup := seen[string(k)]; !dup {
+			seen[string(k)] = struct{}{}
+			l.pending = append(l.pending, k)
+		}
+	}
+	p.request(m.KVRequestID).lookups[id] = l
+	p.s.env.Sink.InboundReady(l)
+	return nil
+}
+
+// AnswerLookup applies the host's answers for l.Pending(): hits were pinned
+// as host job pinJob at rows pinRows (one per hit, in key order). It reports
+// whether the lookup is finished (its context may be released now).
+func (s *Session) AnswerLookup(l *InboundLookup, answers []Answer, pinJob int64, pinRows []uint64) (bool, error) {
+	l.CheckedOut = false
+	if len(answers) != len(l.pending) {
+		return false, fmt.Errorf("got %d answers for %d keys", len(answers), len(l.pending))
+	}
+	var hits [][]byte
+	var later [][]byte
+	for i, a := range answers {
+		switch a {
+		case AnswerHit:
+			hits = append(hits, l.pending[i])
+		case AnswerLater:
+			later = append(later, l.pending[i])
+		}
+	}
+	if len(hits) != len(pinRows) {
+		return false, fmt.Errorf("%d hits but %d pinned rows", len(hits), len(pinRows))
+	}
+	if len(hits) > 0 && pinJob < 0 {
+		return false, fmt.Errorf("%d hits but no pin job", len(hits))
+	}
+	if l.Done || s.dead {
+		// The consumer ended the request (or the peer left) while the host was
+		// evaluating: release the pins at once.
+		if len(hits) > 0 {
+			s.env.Sink.StoreDone(pinJob, false, 0)
+		}
+		return true, nil
+	}
+	for i, a := range answers {
+		if a != AnswerLater {
+			l.resolved[string(l.pending[i])] = a == AnswerHit
+		}
+	}
+	if len(hits) > 0 {
+		s.AddStoredBlocks(l.KVRequestID, hits, pinRows, pinJob, l.Round, true)
+	}
+	l.pending = later
+	if len(l.pending) > 0 && s.env.Now().Before(l.deadline) {
+		return false, nil
+	}
+	s.producer.respond(l)
+	return true, nil
+}
+
+// respond sends the lookup's single answer; keys still pending count as misses.
+func (p *producer) respond(l *InboundLookup) {
+	hits := make([]bool, len(l.keys))
+	for i, k := range l.keys {
+		hits[i] = l.resolved[string(k)]
+	}
+	p.s.send(&protocol.LookupResp{KVRequestID: l.KVRequestID, Keys: l.keys, Hits: hits})
+	l.Done = true
+	l.pending = nil
+	if req := p.requests[l.KVRequestID]; req != nil {
+		delete(req.lookups, l.ID)
+	}
+}
+
+// dropLookups ends every lookup of kvID without answering (the consumer
+// finished the request).
+func (p *producer) dropLookups(kvID string) {
+	req := p.requests[kvID]
+	if req == nil {
+		return
+	}
+	for id, l := range req.lookups {
+		l.Done = true
+		delete(req.lookups, id)
+		p.s.env.Sink.InboundFinished(l)
+	}
+}
+
+// tickLookups answers lookups whose keys stayed pending past the deadline.
+func (p *producer) tickLookups(now time.Time) {
+	for _, req := range p.requests {
+		for _, l := range req.lookups {
+			if l.CheckedOut || now.Before(l.deadline) {
+				continue
+			}
+			p.s.env.Logf("WARNING", "peer %s: lookup kv_request_id=%s still had %d keys pending after %v; answering them as misses",
+				p.s.peerID, l.KVRequestID, len(l.pending), p.s.env.Cfg.InboundLookupTimeout)
+			p.respond(l)
+			p.s.env.Sink.InboundFinished(l)
+		}
+	}
+}

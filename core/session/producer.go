@@ -1,0 +1,435 @@
+package session
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/peerkv/peerkv/core/protocol"
+)
+
+// supply is a stored row waiting for demand: the job that pins it and the row.
+type supply struct {
+	job int64
+	row uint64
+}
+
+// round is one fetch round of one kv_request_id as the producer sees it.
+// PD supply is always filed under round 0 (the decoder's single fetch).
+type round struct {
+	fromLookup bool // supply came from pinned lookup hits: no more will come
+	demanded   bool // the fetch arrived
+	available  map[string]supply
+	wanted     map[string]uint64 // key -> consumer row, awaiting supply
+	remaining  int               // rows still to write for the fetch
+	finishing  bool              // no more supply will come
+	inflight   int
+	cancelled  bool               // aborted or failed; kept as a tombstone
+	abortOwed  bool               // an abort_ack is owed once inflight is 0
+	jobs       map[int64]struct{} // store jobs attached to this round
+}
+
+func newRound() *round {
+	return &round{available: map[string]supply{}, wanted: map[string]uint64{}, jobs: map[int64]struct{}{}}
+}
+
+// transfer is one data-path write in flight.
+type transfer struct {
+	kvID  string
+	round uint64
+	r     *round
+	rows  int
+	jobs  map[int64]int // job -> rows it contributes
+}
+
+// storeJob is a host job whose rows the producer holds pinned.
+type storeJob struct {
+	at      time.Time
+	kvID    string
+	round   uint64
+	written int // rows written to the peer
+	carried int // transfers in flight reading its rows
+}
+
+type producerRequest struct {
+	rounds  map[uint64]*round
+	lookups map[int64]*InboundLookup
+}
+
+// producer is the role that serves rows to the peer.
+type producer struct {
+	s         *Session
+	requests  map[string]*producerRequest
+	transfers map[uint64]*transfer
+	jobs      map[int64]*storeJob
+}
+
+func (p *producer) init(s *Session) {
+	p.s = s
+	p.requests = map[string]*producerRequest{}
+	p.transfers = map[uint64]*transfer{}
+	p.jobs = map[int64]*storeJob{}
+}
+
+func (p *producer) busy() bool {
+	if len(p.transfers) > 0 || len(p.jobs) > 0 {
+		return true
+	}
+	for _, r := range p.requests {
+		if len(r.lookups) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// TransfersInFlight reports whether data-path writes to the peer are running.
+func (s *Session) TransfersInFlight() bool { return len(s.producer.transfers) > 0 }
+
+func (p *producer) request(id string) *producerRequest {
+	r := p.requests[id]
+	if r == nil {
+		r = &producerRequest{rounds: map[uint64]*round{}, lookups: map[int64]*InboundLookup{}}
+		p.requests[id] = r
+	}
+	return r
+}
+
+func (p *producer) round(id string, seq uint64) *round {
+	req := p.request(id)
+	r := req.rounds[seq]
+	if r == nil {
+		r = newRound()
+		req.rounds[seq] = r
+	}
+	return r
+}
+
+// prune drops a request once nothing live remains (tombstones included,
+// since nothing can reach them any more).
+func (p *producer) prune(id string) {
+	req := p.requests[id]
+	if req == nil || len(req.lookups) > 0 {
+		return
+	}
+	for _, r := range req.rounds {
+		if !r.cancelled || r.inflight > 0 || r.abortOwed {
+			return
+		}
+	}
+	delete(p.requests, id)
+}
+
+// AddStoredBlocks adds rows the host stored (PD, round 0) or pinned for a
+// lookup (its round) as supply, writing at once what is already demanded.
+func (s *Session) AddStoredBlocks(kvID string, keys [][]byte, rows []uint64, jobID int64, roundSeq uint64, fromLookup bool) {
+	p := &s.producer
+	r := p.round(kvID, roundSeq)
+	if r.cancelled || s.dead {
+		s.env.Sink.StoreDone(jobID, false, 0)
+		return
+	}
+	p.jobs[jobID] = &storeJob{at: s.env.Now(), kvID: kvID, round: roundSeq}
+	r.jobs[jobID] = struct{}{}
+	if fromLookup {
+		r.fromLookup = true
+	}
+	var local, remote []uint64
+	for i, k := range keys {
+		if dst, ok := r.wanted[string(k)]; ok {
+			delete(r.wanted, string(k))
+			local = append(local, rows[i])
+			remote = append(remote, dst)
+		} else {
+			r.available[string(k)] = supply{job: jobID, row: rows[i]}
+		}
+	}
+	if len(local) > 0 && r.demanded {
+		p.write(kvID, roundSeq, r, local, remote, map[int64]int{jobID: len(local)})
+	}
+}
+
+func (p *producer) onFetch(m *protocol.Fetch) error {
+	r := p.requests[m.KVRequestID]
+	if r != nil {
+		if rd := r.rounds[m.RoundSeq]; rd != nil && rd.demanded {
+			return fmt.Errorf("duplicate fetch for kv_request_id=%s round=%d", m.KVRequestID, m.RoundSeq)
+		}
+	}
+	if m.IsTerminal() {
+		p.dropLookups(m.KVRequestID)
+		if req := p.requests[m.KVRequestID]; req != nil {
+			for _, seq := range sortedRounds(req.rounds) {
+				p.finalize(m.KVRequestID, seq, false)
+			}
+		}
+		p.prune(m.KVRequestID)
+		return nil
+	}
+	rd := p.round(m.KVRequestID, m.RoundSeq)
+	rd.demanded = true
+	rd.remaining = len(m.Keys)
+	if bad := p.badFetch(m); bad != "" {
+		p.s.env.Logf("ERROR", "peer %s: fetch kv_request_id=%s round=%d rejected: %s",
+			p.s.peerID, m.KVRequestID, m.RoundSeq, bad)
+		rd.finishing = true
+		p.finalize(m.KVRequestID, m.RoundSeq, true)
+		return nil
+	}
+	var local, remote []uint64
+	jobs := map[int64]int{}
+	for i, k := range m.Keys {
+		if sup, ok := rd.available[string(k)]; ok {
+			delete(rd.available, string(k))
+			local = append(local, sup.row)
+			remote = append(remote, m.BlockIndexes[i])
+			jobs[sup.job]++
+		} else {
+			rd.wanted[string(k)] = m.BlockIndexes[i]
+		}
+	}
+	switch {
+	case rd.fromLookup && len(rd.wanted) > 0:
+		p.s.env.Logf("WARNING", "peer %s: fetch kv_request_id=%s round=%d asks for %d keys it was not promised; failing the round",
+			p.s.peerID, m.KVRequestID, m.RoundSeq, len(rd.wanted))
+		rd.finishing = true
+		if len(local) == 0 {
+			p.finalize(m.KVRequestID, m.RoundSeq, true)
+			return nil
+		}
+	case rd.cancelled:
+		p.finalize(m.KVRequestID, m.RoundSeq, true) // aborted earlier: tell the consumer at once
+		return nil
+	}
+	if len(local) > 0 {
+		p.write(m.KVRequestID, m.RoundSeq, rd, local, remote, jobs)
+	} else if rd.finishing && rd.inflight == 0 {
+		p.finalize(m.KVRequestID, m.RoundSeq, true)
+	}
+	if !rd.fromLookup {
+		p.s.env.Sink.FetchArrived(p.s, m.KVRequestID)
+	}
+	return nil
+}
+
+// badFetch checks what vLLM's validator does not: consumer rows inside the
+// region the consumer advertised, and no key asked twice.
+func (p *producer) badFetch(m *protocol.Fetch) string {
+	limit := p.s.peer.NumBlocks
+	seen := make(map[string]struct{}, len(m.Keys))
+	for i, row := range m.BlockIndexes {
+		if row >= limit {
+			return fmt.Sprintf("block_indexes[%d]=%d is outside the consumer's %d rows", i, row, limit)
+		}
+		if _, dup := seen[string(m.Keys[i])]; dup {
+			return fmt.Sprintf("keys[%d] is asked twice", i)
+		}
+		seen[string(m.Keys[i])] = struct{}{}
+	}
+	return ""
+}
+
+func (p *producer) onAbortFetch(m *protocol.AbortFetch) {
+	req := p.requests[m.KVRequestID]
+	var r *round
+	if req != nil {
+		r = req.rounds[m.RoundSeq]
+	}
+	if r == nil {
+		// Nothing of that round here (finished, or never started): tombstone it
+		// so late supply is refused, and confirm at once.
+		r = p.round(m.KVRequestID, m.RoundSeq)
+		r.cancelled = true
+		p.s.send(&protocol.AbortAck{KVRequestID: m.KVRequestID, RoundSeq: m.RoundSeq})
+		return
+	}
+	if !r.cancelled {
+		r.cancelled = true
+		r.abortOwed = true
+		p.releaseUncarried(r, false)
+	}
+	if r.inflight == 0 {
+		p.completeAbort(m.KVRequestID, m.RoundSeq, r)
+	}
+}
+
+func (p *producer) completeAbort(kvID string, seq uint64, r *round) {
+	p.finalize(kvID, seq, false)
+	if r.abortOwed {
+		r.abortOwed = false
+		p.s.send(&protocol.AbortAck{KVRequestID: kvID, RoundSeq: seq})
+	}
+	p.prune(kvID)
+}
+
+// FinishProducer tells the producer no more supply comes for kvID: rounds
+// with demand end now (or when their writes finish); lookups end.
+func (s *Session) FinishProducer(kvID string) {
+	p := &s.producer
+	p.dropLookups(kvID)
+	req := p.requests[kvID]
+	if req == nil {
+		return
+	}
+	for _, seq := range sortedRounds(req.rounds) {
+		r := req.rounds[seq]
+		r.finishing = true
+		if r.demanded && r.inflight == 0 && !r.cancelled {
+			p.finalize(kvID, seq, true)
+		}
+	}
+	p.prune(kvID)
+}
+
+func (p *producer) write(kvID string, seq uint64, r *round, local, remote []uint64, jobs map[int64]int) {
+	id, err := p.s.env.Data.Write(p.s.peerID, local, remote)
+	if err != nil {
+		p.s.env.Logf("ERROR", "peer %s: data write for kv_request_id=%s round=%d failed to start: %v",
+			p.s.peerID, kvID, seq, err)
+		r.finishing = true
+		r.cancelled = true
+		if r.inflight == 0 {
+			p.finalize(kvID, seq, true)
+		}
+		return
+	}
+	r.inflight++
+	for j := range jobs {
+		if sj := p.jobs[j]; sj != nil {
+			sj.carried++
+		}
+	}
+	p.transfers[id] = &transfer{kvID: kvID, round: seq, r: r, rows: len(local), jobs: jobs}
+}
+
+// TransferComplete applies a data-path completion.
+func (s *Session) TransferComplete(id uint64, err error) {
+	p := &s.producer
+	t := p.transfers[id]
+	if t == nil {
+		return // session closed meanwhile: its jobs were already reported
+	}
+	delete(p.transfers, id)
+	r := t.r
+	r.inflight--
+	for j, n := range t.jobs {
+		if sj := p.jobs[j]; sj != nil {
+			sj.carried--
+			if err == nil {
+				sj.written += n
+			}
+		}
+	}
+	if err != nil {
+		s.env.Logf("WARNING", "peer %s: writing %d rows for kv_request_id=%s round=%d failed: %v",
+			s.peerID, t.rows, t.kvID, t.round, err)
+		r.cancelled = true
+		p.releaseUncarried(r, false)
+	} else if !r.cancelled {
+		r.remaining -= t.rows
+	}
+	if r.inflight > 0 {
+		return
+	}
+	switch {
+	case r.abortOwed:
+		p.completeAbort(t.kvID, t.round, r)
+	case r.cancelled, r.remaining == 0, r.finishing:
+		p.finalize(t.kvID, t.round, true)
+	}
+	p.prune(t.kvID)
+}
+
+// releaseUncarried reports the round's jobs that no transfer is reading.
+func (p *producer) releaseUncarried(r *round, ok bool) {
+	for j := range r.jobs {
+		sj := p.jobs[j]
+		if sj == nil || sj.carried > 0 {
+			continue
+		}
+		p.reportJob(j, ok)
+		delete(r.jobs, j)
+	}
+	clear(r.available)
+}
+
+func (p *producer) reportJob(j int64, ok bool) {
+	sj := p.jobs[j]
+	if sj == nil {
+		return
+	}
+	delete(p.jobs, j)
+	p.s.env.Sink.StoreDone(j, ok, int64(sj.written)*int64(p.s.env.Region.RowLen))
+}
+
+// finalize ends a round: reports its jobs, and tells the consumer with
+// transfer_done when a fetch is waiting and sendDone is set. A round with
+// writes in flight is finalized when they complete.
+func (p *producer) finalize(kvID string, seq uint64, sendDone bool) {
+	req := p.requests[kvID]
+	if req == nil {
+		return
+	}
+	r := req.rounds[seq]
+	if r == nil || r.inflight > 0 {
+		return
+	}
+	ok := r.demanded && r.remaining == 0 && !r.cancelled
+	for j := range r.jobs {
+		p.reportJob(j, ok)
+	}
+	clear(r.jobs)
+	clear(r.available)
+	clear(r.wanted)
+	if sendDone && r.demanded && !r.abortOwed {
+		p.s.send(&protocol.TransferDone{KVRequestID: kvID, Success: ok, RoundSeq: seq})
+	}
+	if r.cancelled {
+		r.demanded = true // keep the tombstone; a repeated fetch is a protocol error
+		return
+	}
+	delete(req.rounds, seq)
+}
+
+func (p *producer) tick(now time.Time) {
+	timeout := p.s.env.Cfg.StoreTimeout
+	for j, sj := range p.jobs {
+		if sj.carried > 0 || now.Sub(sj.at) < timeout {
+			continue
+		}
+		p.s.env.Logf("WARNING", "peer %s: stored rows of kv_request_id=%s (job %d) were not fetched within %v; releasing them",
+			p.s.peerID, sj.kvID, j, timeout)
+		req := p.requests[sj.kvID]
+		var r *round
+		if req != nil {
+			r = req.rounds[sj.round]
+		}
+		if r != nil {
+			// Drop its supply so a late fetch cannot read rows the host reuses.
+			for k, sup := range r.available {
+				if sup.job == j {
+					delete(r.available, k)
+				}
+			}
+			delete(r.jobs, j)
+			r.finishing = true
+		}
+		p.reportJob(j, false)
+		if r != nil && r.demanded && r.inflight == 0 {
+			p.finalize(sj.kvID, sj.round, true)
+		}
+		p.prune(sj.kvID)
+	}
+	p.tickLookups(now)
+}
+
+// close reports every job as failed and every lookup as finished.
+func (p *producer) close() {
+	for kvID := range p.requests {
+		p.dropLookups(kvID)
+	}
+	for j := range p.jobs {
+		p.reportJob(j, false)
+	}
+	clear(p.transfers)
+	clear(p.requests)
+}

@@ -1,0 +1,364 @@
+package tier
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/peerkv/peerkv/core/params"
+	"github.com/peerkv/peerkv/core/session"
+)
+
+// StartRequest parses a request's kv_transfer_params and, for a consumer,
+// starts connecting to its source in the background.
+func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
+	p, err := params.Parse(kvParams)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return BlockLevel, ErrClosed
+	}
+	if err != nil {
+		t.stats.badParams++
+		return BlockLevel, fmt.Errorf("%w: request %s: %v", ErrBadParams, reqID, err)
+	}
+	if _, dup := t.requests[reqID]; dup {
+		return BlockLevel, fmt.Errorf("%w: request %s already started", ErrDuplicate, reqID)
+	}
+	t.requests[reqID] = &request{id: reqID, source: p.Source, dest: p.Dest}
+	if src := p.Source; src != nil {
+		if _, err := t.sessionFor(src.PeerID()); err != nil {
+			t.failedKV[src.KVRequestID] = struct{}{}
+			t.logf("WARNING", "request %s cannot pull from %s: %v; it computes locally", reqID, src.PeerID(), err)
+		}
+	}
+	if p.Dest != nil {
+		// The decoder needs every block, including prefix hits already in
+		// the CPU tier (vLLM #52808).
+		return RequestLevel, nil
+	}
+	return BlockLevel, nil
+}
+
+// Lookup answers from local state only; see peerkv_lookup.
+func (t *Tier) Lookup(reqID string, keys [][]byte, out []LookupResult) error {
+	if len(out) != len(keys) {
+		return fmt.Errorf("%w: %d results for %d keys", ErrInvalidArgument, len(out), len(keys))
+	}
+	if err := t.checkKeys(keys); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.requests[reqID]
+	src := (*params.Source)(nil)
+	if r != nil {
+		src = r.source
+	}
+	for i := range out {
+		out[i] = Miss
+	}
+	if src == nil || t.closed {
+		return nil
+	}
+	if _, failed := t.failedKV[src.KVRequestID]; failed {
+		return nil
+	}
+	if !src.Probe {
+		for i := range out {
+			out[i] = Hit // PD: the prefiller has or will have every block
+		}
+		return nil
+	}
+	sess := t.sessions[src.PeerID()]
+	if sess == nil || sess.Dead() {
+		return nil
+	}
+	for i, k := range keys {
+		hit, known := sess.RegisterLookup(src.KVRequestID, k)
+		switch {
+		case !known:
+			out[i] = Retry
+		case hit:
+			out[i] = Hit
+			t.stats.lookupHits++
+		default:
+			t.stats.lookupMisses++
+		}
+	}
+	return nil
+}
+
+// OnScheduleEnd sends the lookups registered this step.
+func (t *Tier) OnScheduleEnd() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	for _, s := range t.sessions {
+		s.FlushLookups()
+	}
+	return nil
+}
+
+// SubmitLoad pulls keys from the request's source into slots.
+func (t *Tier) SubmitLoad(reqID string, jobID int64, keys [][]byte, slots []int64) error {
+	rows, err := t.checkJob(keys, slots)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.admitJob(jobID); err != nil {
+		return err
+	}
+	j := &job{isLoad: true, at: t.now(), rows: len(rows)}
+	t.jobs[jobID] = j
+	r := t.requests[reqID]
+	switch {
+	case len(keys) == 0:
+		t.report(jobID, true, 0)
+	case r == nil || r.source == nil:
+		t.logf("WARNING", "load job %d for request %s, which pulls from no peer; failing it", jobID, reqID)
+		t.report(jobID, false, 0)
+	default:
+		src := r.source
+		s := t.sessions[src.PeerID()]
+		if _, failed := t.failedKV[src.KVRequestID]; failed || s == nil || s.Dead() {
+			t.failedKV[src.KVRequestID] = struct{}{}
+			t.report(jobID, false, 0)
+			return nil
+		}
+		j.peer = src.PeerID()
+		t.expect(j.peer, rows, true)
+		s.RequestBlocks(jobID, src.KVRequestID, copyKeys(keys), rows)
+		t.reapDead()
+	}
+	return nil
+}
+
+// SubmitStore serves stored rows to the decoder of a prefill request.
+func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int64) error {
+	rows, err := t.checkJob(keys, slots)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.admitJob(jobID); err != nil {
+		return err
+	}
+	t.jobs[jobID] = &job{at: t.now(), rows: len(rows)}
+	r := t.requests[reqID]
+	if r == nil || r.dest == nil || len(keys) == 0 {
+		t.report(jobID, true, 0) // nobody will fetch these: nothing to keep
+		return nil
+	}
+	kv := r.dest.KVRequestID
+	if _, gone := t.reaped[kv]; gone {
+		t.logf("WARNING", "store job %d for kv_request_id=%s, whose earlier stores expired unfetched; failing it", jobID, kv)
+		t.report(jobID, false, 0)
+		return nil
+	}
+	if s := t.kvSession[kv]; s != nil && !s.Dead() {
+		s.AddStoredBlocks(kv, copyKeys(keys), rows, jobID, 0, false)
+		t.reapDead()
+		return nil
+	}
+	t.unbound[kv] = append(t.unbound[kv], parked{jobID: jobID, keys: copyKeys(keys), rows: rows, at: t.now()})
+	return nil
+}
+
+// GetFinished moves up to max finished jobs out.
+func (t *Tier) GetFinished(max int) []JobResult {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if max <= 0 || len(t.finished) == 0 {
+		return nil
+	}
+	n := min(max, len(t.finished))
+	out := make([]JobResult, n)
+	copy(out, t.finished)
+	t.finished = append(t.finished[:0], t.finished[n:]...)
+	return out
+}
+
+// FinishRequest ends a request's roles; its jobs are still reported.
+func (t *Tier) FinishRequest(reqID string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.requests[reqID]
+	if r == nil || t.closed {
+		return nil
+	}
+	delete(t.requests, reqID)
+	if src := r.source; src != nil {
+		delete(t.failedKV, src.KVRequestID)
+		if s := t.sessions[src.PeerID()]; s != nil {
+			s.FinishConsumer(src.KVRequestID)
+		}
+	}
+	if dst := r.dest; dst != nil {
+		if s := t.kvSession[dst.KVRequestID]; s != nil {
+			delete(t.kvSession, dst.KVRequestID)
+			s.FinishProducer(dst.KVRequestID)
+		} else if _, parkedStores := t.unbound[dst.KVRequestID]; parkedStores {
+			// The decoder has not asked yet: keep the stores until it does or
+			// they expire, and finish the round as soon as it is matched.
+			t.finishedKV[dst.KVRequestID] = struct{}{}
+		}
+	}
+	t.reapDead()
+	return nil
+}
+
+// HasPendingWork is true while the host must keep calling in.
+func (t *Tier) HasPendingWork() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return len(t.finished) > 0
+	}
+	if len(t.jobs) > 0 || len(t.finished) > 0 || t.inbound.len() > 0 || len(t.unbound) > 0 {
+		return true
+	}
+	for _, s := range t.sessions {
+		if s.HasPendingWork() {
+			return true
+		}
+	}
+	return false
+}
+
+// Drain waits until every submitted job has finished, up to DrainTimeout.
+func (t *Tier) Drain() error {
+	deadline := t.now().Add(t.cfg.DrainTimeout)
+	for {
+		t.mu.Lock()
+		n := t.inFlight()
+		t.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		if !t.now().Before(deadline) {
+			return fmt.Errorf("%w: %d jobs still in flight after %v", ErrTimeout, n, t.cfg.DrainTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// inFlight counts what a drain waits for: loads, and writes in flight. Rows
+// parked or pinned for a peer that has not fetched yet wait for the peer, not
+// for a transfer, and stay reported by their own deadlines (as upstream).
+func (t *Tier) inFlight() int {
+	n := 0
+	for _, j := range t.jobs {
+		if j.isLoad {
+			n++
+		}
+	}
+	for _, s := range t.sessions {
+		if s.TransfersInFlight() {
+			n++
+		}
+	}
+	return n
+}
+
+// Shutdown stops the peer; see peerkv_shutdown.
+func (t *Tier) Shutdown() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.mu.Unlock()
+	// Let writes in flight finish so no row is read after the host reuses it.
+	deadline := t.now().Add(t.cfg.ShutdownDrainTimeout)
+	for t.now().Before(deadline) && t.transfersInFlight() {
+		time.Sleep(time.Millisecond)
+	}
+	t.mu.Lock()
+	t.closed = true
+	for id, s := range t.sessions {
+		s.Close("shutting down")
+		delete(t.sessions, id)
+	}
+	for kv, batches := range t.unbound {
+		for _, b := range batches {
+			t.report(b.jobID, false, 0)
+		}
+		delete(t.unbound, kv)
+	}
+	for id := range t.jobs {
+		t.report(id, false, 0)
+	}
+	t.lookups = map[int64]*session.InboundLookup{}
+	t.inbound = inboundQueue{}
+	t.mu.Unlock()
+	close(t.stop)
+	<-t.loopDone
+	errs := []error{t.ctl.Close(), t.dt.Close()}
+	return errors.Join(errs...)
+}
+
+func (t *Tier) transfersInFlight() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, s := range t.sessions {
+		if s.TransfersInFlight() {
+			return true
+		}
+	}
+	return false
+}
+
+func (t *Tier) admitJob(jobID int64) error {
+	if t.closed {
+		return ErrClosed
+	}
+	if _, dup := t.jobs[jobID]; dup {
+		return fmt.Errorf("%w: job %d is already in flight", ErrDuplicate, jobID)
+	}
+	return nil
+}
+
+func (t *Tier) checkJob(keys [][]byte, slots []int64) ([]uint64, error) {
+	if len(keys) != len(slots) {
+		return nil, fmt.Errorf("%w: %d keys but %d slots", ErrInvalidArgument, len(keys), len(slots))
+	}
+	if err := t.checkKeys(keys); err != nil {
+		return nil, err
+	}
+	return t.checkSlots(slots)
+}
+
+func (t *Tier) checkKeys(keys [][]byte) error {
+	for i, k := range keys {
+		if len(k) == 0 || (t.cfg.KeyLen > 0 && len(k) != t.cfg.KeyLen) {
+			return fmt.Errorf("%w: keys[%d] has %d bytes, want %d (option key_len)", ErrInvalidArgument, i, len(k), t.cfg.KeyLen)
+		}
+	}
+	return nil
+}
+
+func (t *Tier) checkSlots(slots []int64) ([]uint64, error) {
+	n := t.region.NumRows()
+	rows := make([]uint64, len(slots))
+	for i, s := range slots {
+		if s < 0 || uint64(s) >= n {
+			return nil, fmt.Errorf("%w: slots[%d]=%d is outside the region's %d rows", ErrInvalidArgument, i, s, n)
+		}
+		rows[i] = uint64(s)
+	}
+	return rows, nil
+}
+
+func copyKeys(keys [][]byte) [][]byte {
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		out[i] = append([]byte(nil), k...)
+	}
+	return out
+}

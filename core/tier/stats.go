@@ -1,0 +1,65 @@
+package tier
+
+// counters are updated with t.mu held.
+type counters struct {
+	framesIn, framesOut, droppedFrames, badFrames int64
+	sessionsOpened, sessionsClosed                int64
+	lookupHits, lookupMisses, inboundLookups      int64
+	loadsOK, loadsFailed, storesOK, storesFailed  int64
+	bytesIn, bytesOut                             int64
+	unboundExpired, badParams                     int64
+}
+
+// Stats is a snapshot of the peer's counters and gauges.
+type Stats struct {
+	LocalID        string `json:"local_id"`
+	Sessions       int    `json:"sessions"`
+	SessionsOpened int64  `json:"sessions_opened"`
+	SessionsClosed int64  `json:"sessions_closed"`
+	Requests       int    `json:"requests"`
+	JobsInFlight   int    `json:"jobs_in_flight"`
+	JobsUnreported int    `json:"jobs_unreported"`
+	ParkedStores   int    `json:"parked_stores"`
+	InboundQueued  int    `json:"inbound_queued"`
+	InboundActive  int    `json:"inbound_active"`
+	ExpectedRows   int    `json:"expected_rows"`
+	FramesIn       int64  `json:"frames_in"`
+	FramesOut      int64  `json:"frames_out"`
+	DroppedFrames  int64  `json:"dropped_frames"`
+	BadFrames      int64  `json:"bad_frames"`
+	LookupHits     int64  `json:"lookup_hits"`
+	LookupMisses   int64  `json:"lookup_misses"`
+	InboundLookups int64  `json:"inbound_lookups"`
+	LoadsOK        int64  `json:"loads_ok"`
+	LoadsFailed    int64  `json:"loads_failed"`
+	StoresOK       int64  `json:"stores_ok"`
+	StoresFailed   int64  `json:"stores_failed"`
+	BytesIn        int64  `json:"bytes_in"`
+	BytesOut       int64  `json:"bytes_out"`
+	UnboundExpired int64  `json:"unbound_expired"`
+	BadParams      int64  `json:"bad_params"`
+}
+
+// Stats returns a snapshot.
+func (t *Tier) Stats() Stats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := t.stats
+	parked := 0
+	for _, b := range t.unbound {
+		parked += len(b)
+	}
+	t.guardMu.RLock()
+	expected := len(t.expected)
+	t.guardMu.RUnlock()
+	return Stats{
+		LocalID: t.env.LocalID, Sessions: len(t.sessions), SessionsOpened: c.sessionsOpened,
+		SessionsClosed: c.sessionsClosed, Requests: len(t.requests), JobsInFlight: len(t.jobs),
+		JobsUnreported: len(t.finished), ParkedStores: parked, InboundQueued: t.inbound.len(),
+		InboundActive: len(t.lookups), ExpectedRows: expected,
+		FramesIn: c.framesIn, FramesOut: c.framesOut, DroppedFrames: c.droppedFrames, BadFrames: c.badFrames,
+		LookupHits: c.lookupHits, LookupMisses: c.lookupMisses, InboundLookups: c.inboundLookups,
+		LoadsOK: c.loadsOK, LoadsFailed: c.loadsFailed, StoresOK: c.storesOK, StoresFailed: c.storesFailed,
+		BytesIn: c.bytesIn, BytesOut: c.bytesOut, UnboundExpired: c.unboundExpired, BadParams: c.badParams,
+	}
+}
