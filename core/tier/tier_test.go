@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/peerkv/peerkv/core/config"
-	"github.com/peerkv/peerkv/core/control/memctl"
+
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/data/memdata"
 	"github.com/peerkv/peerkv/core/tier"
@@ -26,12 +26,12 @@ const (
 
 type cluster struct {
 	t    *testing.T
-	ctl  *memctl.Hub
+	ctl  *ctlHub
 	data *memdata.Hub
 }
 
 func newCluster(t *testing.T) *cluster {
-	return &cluster{t: t, ctl: memctl.NewHub(), data: memdata.NewHub()}
+	return &cluster{t: t, ctl: newCtlHub(), data: memdata.NewHub()}
 }
 
 // peer is one tier plus the host-side bookkeeping a test needs.
@@ -468,4 +468,54 @@ func TestShutdownReportsEveryJob(t *testing.T) {
 	assert.False(t, dec.waitJob(1, time.Second).Success)
 	assert.False(t, prod.waitJob(2, time.Second).Success)
 	require.ErrorIs(t, dec.SubmitLoad("d", 3, keys(1), []int64{0}), tier.ErrClosed)
+}
+
+func TestStalledTransferTimesOutAndLateWritesAreRefused(t *testing.T) {
+	c := newCluster(t)
+	short := func(cfg *config.Config) {
+		cfg.LoadTimeout = 200 * time.Millisecond
+		cfg.AbortAckTimeout = 200 * time.Millisecond
+	}
+	prod, dec := c.peer(1, short), c.peer(2, short)
+	ks := keys(1, 2)
+	prod.fill(0, ks[0])
+	prod.fill(1, ks[1])
+	sentinel := bytes.Repeat([]byte{0xAB}, rowLen)
+	copy(dec.region.Row(5), sentinel)
+	copy(dec.region.Row(6), sentinel)
+	c.data.SetDelay(1500 * time.Millisecond)
+
+	_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv12"}}`))
+	require.NoError(t, err)
+	require.NoError(t, prod.SubmitStore("p", 1, ks, []int64{0, 1}))
+	_, err = dec.StartRequest("d", pdParams("kv12", prod))
+	require.NoError(t, err)
+	start := time.Now()
+	require.NoError(t, dec.SubmitLoad("d", 2, ks, []int64{5, 6}))
+	res := dec.waitJob(2, 3*time.Second)
+	assert.False(t, res.Success)
+	assert.Less(t, time.Since(start), time.Second, "load timeout + abort-ack timeout bound the wait")
+	time.Sleep(1600 * time.Millisecond) // the stalled write lands now, after the load failed
+	assert.Equal(t, sentinel, dec.region.Row(5), "a late write must not touch rows the host took back")
+	assert.Equal(t, sentinel, dec.region.Row(6))
+	prod.waitJob(1, 3*time.Second)
+	require.NoError(t, dec.FinishRequest("d"))
+	require.NoError(t, prod.FinishRequest("p"))
+	assertQuiet(t, prod, dec)
+}
+
+func TestUnansweredLookupsBecomeMisses(t *testing.T) {
+	c := newCluster(t)
+	prod, cons := c.peer(1), c.peer(2, func(cfg *config.Config) { cfg.LookupTimeout = 200 * time.Millisecond })
+	_ = prod // never serves its inbound lookups
+	_, err := cons.StartRequest("c", p2pParams("kv13", prod))
+	require.NoError(t, err)
+	start := time.Now()
+	require.Eventually(t, func() bool {
+		r := cons.lookup("c", keys(1))
+		require.NoError(t, cons.OnScheduleEnd())
+		return r[0] == tier.Miss
+	}, 3*time.Second, 5*time.Millisecond)
+	assert.Less(t, time.Since(start), 900*time.Millisecond, "the consumer's lookup deadline, not the producer's")
+	require.NoError(t, cons.FinishRequest("c"))
 }
