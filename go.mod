@@ -7,4 +7,5 @@ require (
 	github.com/pebbe/zmq4 v1.4.0 // indirect
 	github.com/stretchr/testify v1.12.1 // indirect
 	github.com/ugorji/go/codec v1.3.2 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
 )

@@ -1,0 +1,63 @@
+// Package tcpdata is the pure-Go data path: the producer pushes whole rows
+// of its region over TCP into the consumer's region, mirroring the NIXL
+// one-sided WRITE (vllm-tier-protocol.md §17). The producer learns of
+// completion from the receiver's ack; the consumer learns of it only from
+// the control path's transfer_done.
+//
+// # Roles and connections
+//
+// Every transport listens on a data port (DataAddr). To write to a peer the
+// producer dials the peer's advertised DataAddr, opening up to Streams
+// connections per peer; they stay open and are reused, and are closed by the
+// producer after IdleTimeout without work (the receiver drops connections
+// idle for twice as long, so it never closes one the producer is about to
+// use). A Write is split into at most Streams parts of consecutive rows;
+// each connection carries one part at a time and waits for its ack.
+//
+// Write returns at once; each transfer's outcome arrives exactly once on
+// Completions, which is closed when Close returns.
+//
+// # Wire format (little-endian, version 1)
+//
+// Connection setup, receiver first:
+//
+//	server hello   magic "PKVD" u32 | version u8 | auth_required u8 | pad u16 | nonce [32]
+//	client hello   magic "PKVD" u32 | version u8 | pad u8 | id_len u16 | row_len u64 | mac [32] | id [id_len]
+//	hello status   status u8 | pad u8 | msg_len u16 | msg [msg_len]
+//
+// id is the producer's peer id, the name the receiver's WriteGuard is asked
+// about. When the receiver has an AuthSecret, mac must equal
+// HMAC-SHA256(secret, "peerkv/tcpdata/v1" | nonce | row_len u64 | id);
+// otherwise mac is ignored (the producer sends zeros without a secret).
+// row_len must equal the receiver's row length. A non-zero status comes
+// with a reason and the receiver closes the connection.
+//
+// Per part, producer to receiver, then the receiver's ack:
+//
+//	part header    magic "PKVP" u32 | part_rows u32 | transfer_id u64 | row_len u64 | total_rows u32 | first u32
+//	row indices    dst_row u64 × total_rows: the whole transfer's destinations
+//	row bytes      row_len bytes × part_rows, for dst_row[first : first+part_rows]
+//	ack            transfer_id u64 | status u8 | pad [7] | row u64
+//
+// Every part names all of its transfer's destination rows, and the receiver
+// checks each (row < NumRows, Guard(id, row)) before it writes anything, so
+// a refused transfer writes no row on any connection (unless the guard
+// changes its mind between parts). Then it reads each row of the part
+// straight into its destination slice. If a row fails the check it discards
+// the part's row bytes, so the stream stays in step, and acks with the
+// status and the offending row. The ack is sent only after the last byte of
+// the part is in memory. A malformed header (bad magic, row_len, counts) is
+// answered with statusBadRequest when possible and the connection closed.
+//
+// Status codes: 0 ok, 1 rejected by the guard, 2 row out of range,
+// 3 bad request, 4 authentication failed, 5 row length mismatch,
+// 6 unsupported version.
+//
+// # Deadlines
+//
+// Every read and write has a deadline of IOTimeout, renewed as bytes make
+// progress (per row on the receiver, per batch of rows on the producer); the
+// ack must arrive within IOTimeout of the part's last byte. A connection
+// that misses a deadline is closed and its part fails; the next part dials
+// again.
+package tcpdata

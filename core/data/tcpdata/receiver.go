@@ -1,0 +1,232 @@
+package tcpdata
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// acceptBackoff paces the accept loop after a transient error (e.g. EMFILE).
+const acceptBackoff = 50 * time.Millisecond
+
+// acceptLoop accepts writers until the listener closes.
+func (t *Transport) acceptLoop() {
+	for {
+		c, err := t.listener.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			t.opts.Logf("tcpdata: accept: %v", err)
+			select {
+			case <-time.After(acceptBackoff):
+				continue
+			case <-t.closing:
+				return
+			}
+		}
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		t.inbound[c] = struct{}{}
+		t.goSafe("receiver "+c.RemoteAddr().String(), func() { t.serveInbound(c) })
+		t.mu.Unlock()
+	}
+}
+
+// receiver is one inbound connection's state, owned by its goroutine.
+type receiver struct {
+	t       *Transport
+	conn    net.Conn
+	peerID  string
+	header  [partHeaderLen]byte
+	indices []byte
+	rows    []uint64
+	discard []byte
+	ackBuf  [ackLen]byte
+}
+
+// serveInbound runs the hello and then receives parts until the writer
+// leaves, a deadline passes or the transport closes.
+func (t *Transport) serveInbound(c net.Conn) {
+	defer func() {
+		t.mu.Lock()
+		delete(t.inbound, c)
+		t.mu.Unlock()
+		_ = c.Close()
+	}()
+	t.tuneConn(c)
+	peerID, err := t.acceptHello(c)
+	if err != nil {
+		t.opts.Logf("tcpdata: writer at %s refused: %v", c.RemoteAddr(), err)
+		return
+	}
+	r := &receiver{t: t, conn: c, peerID: peerID}
+	for {
+		if err := r.receivePart(); err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				t.opts.Logf("tcpdata: connection from %s (%s) dropped: %v", peerID, c.RemoteAddr(), err)
+			}
+			return
+		}
+	}
+}
+
+// acceptHello challenges the writer and returns its peer id.
+func (t *Transport) acceptHello(c net.Conn) (string, error) {
+	_ = c.SetDeadline(time.Now().Add(t.opts.IOTimeout))
+	var server [serverHelloLen]byte
+	binary.LittleEndian.PutUint32(server[0:], helloMagic)
+	server[4] = protocolVersion
+	if t.opts.AuthSecret != "" {
+		server[5] = 1
+	}
+	nonce := server[8 : 8+nonceLen]
+	if _, err := rand.Read(nonce); err != nil {
+		return "", fmt.Errorf("nonce: %w", err)
+	}
+	if _, err := c.Write(server[:]); err != nil {
+		return "", fmt.Errorf("send hello: %w", err)
+	}
+
+	var client [clientHelloLen]byte
+	if _, err := io.ReadFull(c, client[:]); err != nil {
+		return "", fmt.Errorf("read hello: %w", err)
+	}
+	refuse := func(st status, reason string) (string, error) {
+		_ = writeHelloStatus(c, st, reason)
+		return "", fmt.Errorf("%v: %s", st, reason)
+	}
+	if magic := binary.LittleEndian.Uint32(client[0:]); magic != helloMagic {
+		return refuse(statusBadRequest, fmt.Sprintf("hello magic %#x", magic))
+	}
+	if v := client[4]; v != protocolVersion {
+		return refuse(statusBadVersion, fmt.Sprintf("version %d, expected %d", v, protocolVersion))
+	}
+	idLen := binary.LittleEndian.Uint16(client[6:])
+	if idLen == 0 || idLen > maxPeerIDLen {
+		return refuse(statusBadRequest, fmt.Sprintf("peer id of %d bytes", idLen))
+	}
+	id := make([]byte, idLen)
+	if _, err := io.ReadFull(c, id); err != nil {
+		return "", fmt.Errorf("read hello peer id: %w", err)
+	}
+	peerID := string(id)
+	rowLen := binary.LittleEndian.Uint64(client[8:])
+	if t.opts.AuthSecret != "" {
+		want := helloMAC(t.opts.AuthSecret, nonce, rowLen, peerID)
+		if !hmac.Equal(want, client[16:16+macLen]) {
+			return refuse(statusAuthFailed, fmt.Sprintf("%s did not prove the shared secret", peerID))
+		}
+	}
+	if rowLen != t.region.RowLen {
+		return refuse(statusRowLenMismatch, fmt.Sprintf("%s sends %d-byte rows, ours are %d", peerID, rowLen, t.region.RowLen))
+	}
+	if err := writeHelloStatus(c, statusOK, ""); err != nil {
+		return "", fmt.Errorf("answer hello of %s: %w", peerID, err)
+	}
+	_ = c.SetDeadline(time.Time{})
+	return peerID, nil
+}
+
+// idleDeadline is how long a receiver waits for the next part: longer than
+// the producer's idle close, so only the producer retires a connection.
+func (t *Transport) idleDeadline() time.Time {
+	return time.Now().Add(2*t.opts.IdleTimeout + t.opts.IOTimeout)
+}
+
+// receivePart reads one part into the region (or discards it when a row is
+// refused) and acks it. An error means the connection must be dropped.
+func (r *receiver) receivePart() error {
+	t, c := r.t, r.conn
+	_ = c.SetReadDeadline(t.idleDeadline())
+	if _, err := io.ReadFull(c, r.header[:]); err != nil {
+		return err
+	}
+	raceSync()
+	h, err := parsePartHeader(r.header[:])
+	if err != nil {
+		return err
+	}
+	if !h.valid(t.region.RowLen) {
+		_ = r.writeAck(ack{transferID: h.transferID, status: statusBadRequest})
+		return fmt.Errorf("%w: transfer %d header %+v", ErrProtocol, h.transferID, h)
+	}
+
+	total := int(h.totalRows)
+	if cap(r.indices) < total*rowIndexLen {
+		r.indices = make([]byte, total*rowIndexLen)
+		r.rows = make([]uint64, total)
+	}
+	indices, rows := r.indices[:total*rowIndexLen], r.rows[:total]
+	if err := r.readFull(indices); err != nil {
+		return err
+	}
+	verdict := ack{transferID: h.transferID, status: statusOK}
+	for i := range rows {
+		row := binary.LittleEndian.Uint64(indices[i*rowIndexLen:])
+		rows[i] = row
+		if verdict.status != statusOK {
+			continue
+		}
+		switch {
+		case row >= t.region.NumRows():
+			verdict.status, verdict.row = statusRowOutOfRange, row
+		case t.opts.Guard != nil && !t.opts.Guard(r.peerID, row):
+			verdict.status, verdict.row = statusRejected, row
+		}
+	}
+	rows = rows[h.first : h.first+h.partRows]
+
+	if verdict.status == statusOK {
+		for _, row := range rows {
+			if err := r.readFull(t.region.Row(row)); err != nil {
+				return fmt.Errorf("transfer %d row %d: %w", h.transferID, row, err)
+			}
+		}
+	} else {
+		t.opts.Logf("tcpdata: refused transfer %d from %s: %v (row %d)", h.transferID, r.peerID, verdict.status, verdict.row)
+		if err := r.skip(uint64(h.partRows) * h.rowLen); err != nil {
+			return fmt.Errorf("transfer %d discarding refused rows: %w", h.transferID, err)
+		}
+	}
+	return r.writeAck(verdict)
+}
+
+// readFull fills b with a fresh deadline: the deadline bounds a stall.
+func (r *receiver) readFull(b []byte) error {
+	_ = r.conn.SetReadDeadline(time.Now().Add(r.t.opts.IOTimeout))
+	_, err := io.ReadFull(r.conn, b)
+	return err
+}
+
+// skip reads and drops n bytes so the stream stays in step.
+func (r *receiver) skip(n uint64) error {
+	if r.discard == nil {
+		r.discard = make([]byte, discardBufferSize)
+	}
+	for n > 0 {
+		chunk := r.discard[:min(n, uint64(len(r.discard)))]
+		if err := r.readFull(chunk); err != nil {
+			return err
+		}
+		n -= uint64(len(chunk))
+	}
+	return nil
+}
+
+func (r *receiver) writeAck(a ack) error {
+	raceSync()
+	a.put(r.ackBuf[:])
+	_ = r.conn.SetWriteDeadline(time.Now().Add(r.t.opts.IOTimeout))
+	_, err := r.conn.Write(r.ackBuf[:])
+	return err
+}

@@ -1,0 +1,308 @@
+package tcpdata
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// writeBatchBytes is how much one writev call may carry before the write
+// deadline is renewed: the deadline bounds a stall, not a whole transfer.
+const writeBatchBytes = 8 << 20
+
+// part is a run of a transfer's rows sent on one connection: local rows
+// src[first:end] go to the peer's rows dst[first:end]. src and dst are the
+// whole transfer's, shared read-only by its parts.
+type part struct {
+	tr         *transfer
+	src, dst   []uint64
+	first, end int
+}
+
+// peerLink is the producer side of one peer: a queue of parts and Streams
+// sender goroutines that each own one connection.
+type peerLink struct {
+	t      *Transport
+	peerID string
+	addr   string
+	ctx    context.Context // cancelled by shutdown; aborts dials
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	queue  []*part
+	conns  map[net.Conn]struct{} // open connections, closed by shutdown
+	closed bool
+	wake   chan struct{}
+}
+
+func newPeerLink(t *Transport, peerID, addr string) *peerLink {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &peerLink{
+		t: t, peerID: peerID, addr: addr, ctx: ctx, cancel: cancel,
+		conns: map[net.Conn]struct{}{},
+		wake:  make(chan struct{}, t.opts.Streams),
+	}
+}
+
+// enqueue hands parts to the sender goroutines.
+func (l *peerLink) enqueue(parts []*part) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return // dropLink has failed or will fail their transfer
+	}
+	l.queue = append(l.queue, parts...)
+	l.mu.Unlock()
+	for range parts {
+		select {
+		case l.wake <- struct{}{}:
+		default: // enough wake-ups pending; woken senders drain the queue
+		}
+	}
+}
+
+// pop takes the next part, or nil when the queue is empty.
+func (l *peerLink) pop() *part {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.queue) == 0 {
+		return nil
+	}
+	p := l.queue[0]
+	l.queue[0] = nil
+	l.queue = l.queue[1:]
+	return p
+}
+
+// takeQueue empties the queue and returns what it held.
+func (l *peerLink) takeQueue() []*part {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	q := l.queue
+	l.queue = nil
+	return q
+}
+
+// shutdown stops the senders and closes their connections.
+func (l *peerLink) shutdown() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	l.closed = true
+	l.cancel()
+	l.queue = nil
+	for c := range l.conns {
+		_ = c.Close()
+	}
+}
+
+// track registers a new connection so shutdown can close it; it refuses
+// (and closes c) when the link is already shut down.
+func (l *peerLink) track(c net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		_ = c.Close()
+		return false
+	}
+	l.conns[c] = struct{}{}
+	return true
+}
+
+func (l *peerLink) untrack(c net.Conn) {
+	l.mu.Lock()
+	delete(l.conns, c)
+	l.mu.Unlock()
+	_ = c.Close()
+}
+
+// sender is one stream's state, owned by its goroutine.
+type sender struct {
+	link   *peerLink
+	conn   net.Conn
+	header []byte   // part header and indices, reused
+	iov    [][]byte // writev vector, reused
+	ackBuf [ackLen]byte
+}
+
+// runStream is one sender goroutine: it sends queued parts on its
+// connection until the link shuts down.
+func (l *peerLink) runStream() {
+	s := &sender{link: l}
+	defer s.dropConn()
+	idle := time.NewTimer(l.t.opts.IdleTimeout)
+	defer idle.Stop()
+	for {
+		if p := l.pop(); p != nil {
+			s.process(p)
+			idle.Reset(l.t.opts.IdleTimeout)
+			continue
+		}
+		select {
+		case <-l.wake:
+		case <-l.ctx.Done():
+			return
+		case <-idle.C:
+			s.dropConn() // the receiver drops it at twice this age
+			idle.Reset(l.t.opts.IdleTimeout)
+		}
+	}
+}
+
+// process sends one part and reports its outcome; a panic fails the part
+// instead of leaving its transfer pending forever.
+func (s *sender) process(p *part) {
+	t := s.link.t
+	if t.transferDone(p.tr) {
+		return // another part failed it, or it was cancelled
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			t.opts.Logf("tcpdata: panic sending to %s: %v", s.link.peerID, r)
+			s.dropConn()
+			t.finishPart(p.tr, fmt.Errorf("%w: panic while sending transfer %d", ErrProtocol, p.tr.id))
+		}
+	}()
+	if s.conn == nil {
+		if err := s.connect(); err != nil {
+			// The peer is unreachable: fail what is queued now rather than
+			// let each part wait out its own dial.
+			t.finishPart(p.tr, err)
+			for _, q := range s.link.takeQueue() {
+				t.finishPart(q.tr, err)
+			}
+			return
+		}
+	}
+	keepConn, err := s.send(p)
+	if !keepConn {
+		s.dropConn()
+	}
+	t.finishPart(p.tr, err)
+}
+
+func (s *sender) dropConn() {
+	if s.conn != nil {
+		s.link.untrack(s.conn)
+		s.conn = nil
+	}
+}
+
+// connect dials the peer and runs the hello; see doc.go.
+func (s *sender) connect() error {
+	l, opts := s.link, &s.link.t.opts
+	dialer := net.Dialer{Timeout: opts.IOTimeout}
+	c, err := dialer.DialContext(l.ctx, "tcp", l.addr)
+	if err != nil {
+		return fmt.Errorf("tcpdata: dial %s at %s: %w", l.peerID, l.addr, err)
+	}
+	if !l.track(c) {
+		return fmt.Errorf("tcpdata: link to %s shut down", l.peerID)
+	}
+	l.t.tuneConn(c)
+	if err := s.hello(c); err != nil {
+		l.untrack(c)
+		return err
+	}
+	s.conn = c
+	return nil
+}
+
+func (s *sender) hello(c net.Conn) error {
+	l, opts := s.link, &s.link.t.opts
+	_ = c.SetDeadline(time.Now().Add(opts.IOTimeout))
+	var server [serverHelloLen]byte
+	if _, err := io.ReadFull(c, server[:]); err != nil {
+		return fmt.Errorf("tcpdata: hello from %s at %s: %w", l.peerID, l.addr, err)
+	}
+	if magic := binary.LittleEndian.Uint32(server[0:]); magic != helloMagic {
+		return fmt.Errorf("%w: %s at %s is not a peerkv data port (magic %#x)", ErrProtocol, l.peerID, l.addr, magic)
+	}
+	if v := server[4]; v != protocolVersion {
+		return fmt.Errorf("%w: %s speaks data protocol version %d, we speak %d", ErrHandshake, l.peerID, v, protocolVersion)
+	}
+	nonce := server[8 : 8+nonceLen]
+
+	id := opts.LocalID
+	msg := make([]byte, clientHelloLen+len(id))
+	binary.LittleEndian.PutUint32(msg[0:], helloMagic)
+	msg[4] = protocolVersion
+	binary.LittleEndian.PutUint16(msg[6:], uint16(len(id)))
+	binary.LittleEndian.PutUint64(msg[8:], l.t.region.RowLen)
+	if opts.AuthSecret != "" {
+		copy(msg[16:], helloMAC(opts.AuthSecret, nonce, l.t.region.RowLen, id))
+	}
+	copy(msg[clientHelloLen:], id)
+	if _, err := c.Write(msg); err != nil {
+		return fmt.Errorf("tcpdata: hello to %s at %s: %w", l.peerID, l.addr, err)
+	}
+	st, reason, err := readHelloStatus(c)
+	if err != nil {
+		return fmt.Errorf("tcpdata: hello answer from %s at %s: %w", l.peerID, l.addr, err)
+	}
+	if st != statusOK {
+		return helloError(l.peerID, st, reason)
+	}
+	_ = c.SetDeadline(time.Time{})
+	return nil
+}
+
+// send writes one part and waits for its ack. keepConn is false when the
+// connection is no longer in step and must be dropped.
+func (s *sender) send(p *part) (keepConn bool, err error) {
+	t, c := s.link.t, s.conn
+	rowLen := t.region.RowLen
+	need := partHeaderLen + rowIndexLen*len(p.dst)
+	if cap(s.header) < need {
+		s.header = make([]byte, need)
+	}
+	hdr := s.header[:need]
+	partHeader{
+		partRows: uint32(p.end - p.first), transferID: p.tr.id, rowLen: rowLen,
+		totalRows: uint32(len(p.dst)), first: uint32(p.first),
+	}.put(hdr)
+	for i, row := range p.dst {
+		binary.LittleEndian.PutUint64(hdr[partHeaderLen+rowIndexLen*i:], row)
+	}
+
+	// Header and rows go out as writev batches straight from the region.
+	raceSync()
+	s.iov = append(s.iov[:0], hdr)
+	batchBytes := uint64(len(hdr))
+	for i := p.first; i < p.end; i++ {
+		s.iov = append(s.iov, t.region.Row(p.src[i]))
+		batchBytes += rowLen
+		if batchBytes >= writeBatchBytes || i == p.end-1 {
+			if err := s.writeBatch(c); err != nil {
+				return false, fmt.Errorf("tcpdata: send transfer %d to %s: %w", p.tr.id, s.link.peerID, err)
+			}
+			s.iov, batchBytes = s.iov[:0], 0
+		}
+	}
+
+	_ = c.SetReadDeadline(time.Now().Add(t.opts.IOTimeout))
+	if _, err := io.ReadFull(c, s.ackBuf[:]); err != nil {
+		return false, fmt.Errorf("tcpdata: ack of transfer %d from %s: %w", p.tr.id, s.link.peerID, err)
+	}
+	raceSync()
+	a := parseAck(s.ackBuf[:])
+	if a.transferID != p.tr.id {
+		return false, fmt.Errorf("%w: %s acked transfer %d while %d was pending", ErrProtocol, s.link.peerID, a.transferID, p.tr.id)
+	}
+	// A bad-request answer means the receiver is dropping the connection.
+	return a.status != statusBadRequest, partError(s.link.peerID, a.status, a.row)
+}
+
+func (s *sender) writeBatch(c net.Conn) error {
+	_ = c.SetWriteDeadline(time.Now().Add(s.link.t.opts.IOTimeout))
+	bufs := net.Buffers(s.iov)
+	_, err := bufs.WriteTo(c)
+	clear(s.iov) // drop references to region memory
+	return err
+}

@@ -1,0 +1,370 @@
+package tcpdata
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/peerkv/peerkv/core/data"
+)
+
+// Defaults for zero Options fields.
+const (
+	DefaultIOTimeout   = 10 * time.Second
+	DefaultIdleTimeout = 60 * time.Second
+	DefaultStreams     = 2
+	// completionBuffer bounds unread completions before senders wait.
+	completionBuffer = 4096
+	// minPartBytes keeps small transfers on one connection: splitting a
+	// transfer only pays when each part is large.
+	minPartBytes = 256 << 10
+)
+
+// Options configure a Transport. Zero durations and counts take defaults.
+type Options struct {
+	// LocalID is this peer's id, sent to receivers so their guard knows
+	// who writes.
+	LocalID string
+	// Region is this peer's primary region: rows are sent from it and
+	// received into it.
+	Region data.Region
+	// Guard decides which rows a peer may write here (nil allows all). It
+	// is called for every row of every part, concurrently, while the writer
+	// waits under its IOTimeout: it must be fast.
+	Guard data.WriteGuard
+	// ListenHost and ListenPort are where the data listener binds
+	// (ListenPort 0 = ephemeral). DataAddr reports the bound address.
+	ListenHost string
+	ListenPort int
+	// AuthSecret, when set, is required of every writer (HMAC over a
+	// challenge) and used to answer receivers' challenges.
+	AuthSecret string
+	// IOTimeout bounds every read and write without progress, the dial,
+	// the handshake and the wait for an ack (default 10 s).
+	IOTimeout time.Duration
+	// IdleTimeout closes a producer's connection unused this long
+	// (default 60 s); receivers drop connections idle twice as long.
+	IdleTimeout time.Duration
+	// Streams is the number of parallel connections per peer (default 2).
+	Streams int
+	// SocketBufferBytes sets SO_SNDBUF/SO_RCVBUF on data connections
+	// (0 = leave the kernel's autotuning on, usually the fastest).
+	SocketBufferBytes int
+	// Logf receives diagnostics (nil = silent).
+	Logf func(format string, args ...any)
+}
+
+func (o *Options) validate() error {
+	if o.Region.RowLen == 0 || uint64(len(o.Region.Mem))%o.Region.RowLen != 0 {
+		return fmt.Errorf("tcpdata: region of %d bytes is not a whole number of %d-byte rows", len(o.Region.Mem), o.Region.RowLen)
+	}
+	if o.LocalID == "" || len(o.LocalID) > maxPeerIDLen {
+		return fmt.Errorf("tcpdata: LocalID must be 1 to %d bytes", maxPeerIDLen)
+	}
+	if o.ListenHost == "" {
+		return errors.New("tcpdata: ListenHost is required")
+	}
+	if o.IOTimeout < 0 || o.IdleTimeout < 0 || o.Streams < 0 || o.SocketBufferBytes < 0 {
+		return errors.New("tcpdata: negative timeout, stream count or buffer size")
+	}
+	if o.IOTimeout == 0 {
+		o.IOTimeout = DefaultIOTimeout
+	}
+	if o.IdleTimeout == 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	if o.Streams == 0 {
+		o.Streams = DefaultStreams
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	return nil
+}
+
+// Transport is a TCP data path; see the package documentation.
+type Transport struct {
+	opts     Options
+	region   data.Region
+	listener net.Listener
+	addr     string
+
+	mu      sync.Mutex
+	links   map[string]*peerLink
+	pending map[uint64]*transfer
+	inbound map[net.Conn]struct{}
+	nextID  uint64
+	closed  bool
+
+	outbox  *data.Outbox
+	closing chan struct{} // closed when Close starts
+	workers sync.WaitGroup
+}
+
+// transfer is one Write; its fields are guarded by Transport.mu.
+type transfer struct {
+	id        uint64
+	link      *peerLink
+	remaining int // parts not yet acked
+	done      bool
+}
+
+var _ data.Transport = (*Transport)(nil)
+
+// New binds the data listener and starts accepting writers.
+func New(opts Options) (*Transport, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(opts.ListenHost, strconv.Itoa(opts.ListenPort)))
+	if err != nil {
+		return nil, fmt.Errorf("tcpdata: listen: %w", err)
+	}
+	t := &Transport{
+		opts:     opts,
+		region:   opts.Region,
+		listener: ln,
+		addr:     ln.Addr().String(),
+		links:    map[string]*peerLink{},
+		pending:  map[uint64]*transfer{},
+		inbound:  map[net.Conn]struct{}{},
+		outbox:   data.NewOutbox(completionBuffer),
+		closing:  make(chan struct{}),
+	}
+	t.goSafe("accept loop", t.acceptLoop)
+	return t, nil
+}
+
+// goSafe runs fn on a tracked goroutine that logs instead of crashing.
+func (t *Transport) goSafe(what string, fn func()) {
+	t.workers.Add(1)
+	go func() {
+		defer t.workers.Done()
+		defer func() {
+			if p := recover(); p != nil {
+				t.opts.Logf("tcpdata: panic in %s: %v", what, p)
+			}
+		}()
+		fn()
+	}()
+}
+
+// Name implements data.Transport.
+func (t *Transport) Name() string { return "tcp" }
+
+// AgentMetadata implements data.Transport; TCP needs none.
+func (t *Transport) AgentMetadata() []byte { return nil }
+
+// DataAddr is the bound listener address, "host:port".
+func (t *Transport) DataAddr() string { return t.addr }
+
+// AddPeer registers peerID's data listener. Adding a peer again with a new
+// address replaces its link and fails the old link's transfers.
+func (t *Transport) AddPeer(peerID string, info data.PeerInfo) error {
+	if info.RowLen != t.region.RowLen {
+		return fmt.Errorf("tcpdata: peer %s row length %d differs from ours %d", peerID, info.RowLen, t.region.RowLen)
+	}
+	if _, _, err := net.SplitHostPort(info.DataAddr); err != nil {
+		return fmt.Errorf("tcpdata: peer %s data address %q: %w", peerID, info.DataAddr, err)
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return data.ErrClosed
+	}
+	old := t.links[peerID]
+	if old != nil && old.addr == info.DataAddr {
+		t.mu.Unlock()
+		return nil
+	}
+	link := newPeerLink(t, peerID, info.DataAddr)
+	t.links[peerID] = link
+	for range t.opts.Streams {
+		t.goSafe("sender "+peerID, link.runStream)
+	}
+	t.mu.Unlock()
+	if old != nil {
+		t.dropLink(old, fmt.Errorf("%w: %s re-added with a new data address", data.ErrUnknownPeer, peerID))
+	}
+	return nil
+}
+
+// RemovePeer forgets peerID, closes its connections and fails its transfers.
+func (t *Transport) RemovePeer(peerID string) {
+	t.mu.Lock()
+	link := t.links[peerID]
+	if link != nil {
+		delete(t.links, peerID)
+	}
+	t.mu.Unlock()
+	if link != nil {
+		t.dropLink(link, fmt.Errorf("%w: %s removed while the transfer was pending", data.ErrUnknownPeer, peerID))
+	}
+}
+
+// dropLink fails every transfer link carries, then shuts it down (in that
+// order, so the transfers report reason, not the closed connections).
+func (t *Transport) dropLink(link *peerLink, reason error) {
+	t.mu.Lock()
+	var failed []*transfer
+	for _, tr := range t.pending {
+		if tr.link == link {
+			failed = append(failed, tr)
+		}
+	}
+	t.mu.Unlock()
+	for _, tr := range failed {
+		t.finishPart(tr, reason)
+	}
+	link.shutdown()
+}
+
+// Write queues local rows src[i] for the peer's rows dst[i] and returns at
+// once. Argument errors (lengths, a source row outside our region, an
+// unknown peer, a closed transport) are returned; everything the receiver
+// decides arrives on Completions.
+func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
+	if len(src) != len(dst) {
+		return 0, fmt.Errorf("tcpdata: %d source rows but %d destination rows", len(src), len(dst))
+	}
+	if len(src) > maxTransferRows {
+		return 0, fmt.Errorf("tcpdata: %d rows in one transfer, at most %d", len(src), maxTransferRows)
+	}
+	for _, row := range src {
+		if row >= t.region.NumRows() {
+			return 0, fmt.Errorf("%w: source row %d, region has %d", data.ErrRowOutOfRange, row, t.region.NumRows())
+		}
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return 0, data.ErrClosed
+	}
+	link := t.links[peerID]
+	if link == nil {
+		t.mu.Unlock()
+		return 0, fmt.Errorf("%w: %s", data.ErrUnknownPeer, peerID)
+	}
+	t.nextID++
+	tr := &transfer{id: t.nextID, link: link}
+	parts := t.split(tr, src, dst)
+	tr.remaining = len(parts)
+	if len(parts) > 0 {
+		t.pending[tr.id] = tr
+	}
+	t.mu.Unlock()
+	if len(parts) == 0 {
+		t.report(data.Completion{PeerID: peerID, ID: tr.id})
+		return tr.id, nil
+	}
+	link.enqueue(parts)
+	return tr.id, nil
+}
+
+// split cuts a transfer into at most Streams parts of consecutive rows, each
+// at least minPartBytes unless the transfer is smaller.
+func (t *Transport) split(tr *transfer, src, dst []uint64) []*part {
+	n := len(src)
+	if n == 0 {
+		return nil
+	}
+	count := t.opts.Streams
+	if byBytes := int(uint64(n) * t.region.RowLen / minPartBytes); byBytes < count {
+		count = max(byBytes, 1)
+	}
+	count = min(count, n)
+	src, dst = append([]uint64(nil), src...), append([]uint64(nil), dst...)
+	parts := make([]*part, 0, count)
+	for i := range count {
+		parts = append(parts, &part{tr: tr, src: src, dst: dst, first: i * n / count, end: (i + 1) * n / count})
+	}
+	return parts
+}
+
+// finishPart records one part's outcome and reports the transfer once: on
+// its first error, or when its last part succeeded.
+func (t *Transport) finishPart(tr *transfer, err error) {
+	t.mu.Lock()
+	if tr.done {
+		t.mu.Unlock()
+		return
+	}
+	if err == nil {
+		tr.remaining--
+		if tr.remaining > 0 {
+			t.mu.Unlock()
+			return
+		}
+	}
+	tr.done = true
+	delete(t.pending, tr.id)
+	t.mu.Unlock()
+	t.report(data.Completion{PeerID: tr.link.peerID, ID: tr.id, Err: err})
+}
+
+// transferDone says whether tr was already reported (its queued parts can
+// be skipped).
+func (t *Transport) transferDone(tr *transfer) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return tr.done
+}
+
+// report delivers a completion, logging one dropped at shutdown.
+func (t *Transport) report(c data.Completion) {
+	if !t.outbox.Send(c) {
+		t.opts.Logf("tcpdata: dropped completion of transfer %d to %s: transport closing", c.ID, c.PeerID)
+	}
+}
+
+// Completions implements data.Transport. It is closed when Close returns.
+func (t *Transport) Completions() <-chan data.Completion { return t.outbox.C() }
+
+// Close stops the listener and every connection, fails pending transfers
+// and returns after all goroutines exited. It is idempotent.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	close(t.closing)
+	t.outbox.StartClosing()
+	links := make([]*peerLink, 0, len(t.links))
+	for _, link := range t.links {
+		links = append(links, link)
+	}
+	t.links = map[string]*peerLink{}
+	for c := range t.inbound {
+		_ = c.Close()
+	}
+	t.mu.Unlock()
+
+	err := t.listener.Close()
+	for _, link := range links {
+		t.dropLink(link, data.ErrClosed)
+	}
+	t.workers.Wait()
+
+	t.outbox.Finish()
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("tcpdata: close listener: %w", err)
+	}
+	return nil
+}
+
+// tuneConn applies socket options to a data connection.
+func (t *Transport) tuneConn(c net.Conn) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	if n := t.opts.SocketBufferBytes; n > 0 {
+		_ = tc.SetReadBuffer(n)
+		_ = tc.SetWriteBuffer(n)
+	}
+}
