@@ -1,0 +1,335 @@
+package nixl
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/peerkv/peerkv/core/data"
+)
+
+const (
+	testRows   = 32
+	testRowLen = 16 << 10
+)
+
+func newTestTransport(t *testing.T, seed int) *Transport {
+	t.Helper()
+	tr, err := New(Options{Region: mmapRegion(t, testRows, testRowLen, seed)})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := tr.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return tr
+}
+
+func infoOf(tr *Transport) data.PeerInfo {
+	return data.PeerInfo{
+		AgentMetadata: tr.AgentMetadata(),
+		BaseAddr:      tr.BaseAddr(),
+		NumRows:       tr.opts.Region.NumRows(),
+		RowLen:        tr.opts.Region.RowLen,
+	}
+}
+
+// expectRegion checks every byte of got against want, naming the first bad row.
+func expectRegion(t *testing.T, what string, got, want []byte, rowLen int) {
+	t.Helper()
+	if bytes.Equal(got, want) {
+		return
+	}
+	for r := 0; r*rowLen < len(want); r++ {
+		if !bytes.Equal(got[r*rowLen:(r+1)*rowLen], want[r*rowLen:(r+1)*rowLen]) {
+			t.Fatalf("%s: row %d differs from the expected bytes", what, r)
+		}
+	}
+	t.Fatalf("%s: length %d, want %d", what, len(got), len(want))
+}
+
+// applyWrite is the model: dst rows of want become src rows of from.
+func applyWrite(want, from []byte, src, dst []uint64, rowLen int) {
+	for i := range src {
+		copy(want[int(dst[i])*rowLen:(int(dst[i])+1)*rowLen], from[int(src[i])*rowLen:(int(src[i])+1)*rowLen])
+	}
+}
+
+func TestTwoAgentsOneProcessWriteEveryByte(t *testing.T) {
+	requireNIXL(t)
+	a, b := newTestTransport(t, 1), newTestTransport(t, 2)
+	if err := a.AddPeer("b", infoOf(b)); err != nil {
+		t.Fatalf("a.AddPeer: %v", err)
+	}
+	if err := b.AddPeer("a", infoOf(a)); err != nil {
+		t.Fatalf("b.AddPeer: %v", err)
+	}
+	wantA, wantB := fillPattern(1, testRows*testRowLen), fillPattern(2, testRows*testRowLen)
+
+	// a → b: scattered rows, out of order, one contiguous run.
+	src, dst := []uint64{0, 5, 6, 7, 31}, []uint64{9, 2, 3, 4, 0}
+	if err := writeAndWait(a, "b", src, dst, 20*time.Second); err != nil {
+		t.Fatalf("a→b: %v", err)
+	}
+	applyWrite(wantB, wantA, src, dst, testRowLen)
+	expectRegion(t, "b after a→b", b.opts.Region.Mem, wantB, testRowLen)
+	expectRegion(t, "a after a→b", a.opts.Region.Mem, wantA, testRowLen)
+
+	// b → a, including rows a just wrote into b.
+	src, dst = []uint64{9, 2, 10}, []uint64{30, 1, 2}
+	if err := writeAndWait(b, "a", src, dst, 20*time.Second); err != nil {
+		t.Fatalf("b→a: %v", err)
+	}
+	applyWrite(wantA, wantB, src, dst, testRowLen)
+	expectRegion(t, "a after b→a", a.opts.Region.Mem, wantA, testRowLen)
+}
+
+func TestConcurrentWritesCompleteOnceEach(t *testing.T) {
+	requireNIXL(t)
+	a, b := newTestTransport(t, 3), newTestTransport(t, 4)
+	if err := a.AddPeer("b", infoOf(b)); err != nil {
+		t.Fatal(err)
+	}
+	const writers = 8
+	ids := make(chan uint64, testRows)
+	var wg sync.WaitGroup
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for r := w; r < testRows; r += writers {
+				id, err := a.Write("b", []uint64{uint64(r)}, []uint64{uint64(testRows - 1 - r)})
+				if err != nil {
+					t.Errorf("Write row %d: %v", r, err)
+					return
+				}
+				ids <- id
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(ids)
+	pending := map[uint64]bool{}
+	for id := range ids {
+		if pending[id] {
+			t.Fatalf("transfer id %d returned twice", id)
+		}
+		pending[id] = true
+	}
+	deadline := time.After(20 * time.Second)
+	for len(pending) > 0 {
+		select {
+		case c := <-a.Completions():
+			if !pending[c.ID] {
+				t.Fatalf("unexpected or duplicate completion %+v", c)
+			}
+			if c.Err != nil || c.PeerID != "b" {
+				t.Fatalf("completion %+v", c)
+			}
+			delete(pending, c.ID)
+		case <-deadline:
+			t.Fatalf("%d transfers not complete", len(pending))
+		}
+	}
+	want := fillPattern(4, testRows*testRowLen)
+	from := fillPattern(3, testRows*testRowLen)
+	for r := 0; r < testRows; r++ {
+		applyWrite(want, from, []uint64{uint64(r)}, []uint64{uint64(testRows - 1 - r)}, testRowLen)
+	}
+	expectRegion(t, "b", b.opts.Region.Mem, want, testRowLen)
+}
+
+func TestWriteErrors(t *testing.T) {
+	requireNIXL(t)
+	a, b := newTestTransport(t, 5), newTestTransport(t, 6)
+	if _, err := a.Write("nobody", []uint64{0}, []uint64{0}); !errors.Is(err, data.ErrUnknownPeer) || !strings.Contains(err.Error(), "nobody") {
+		t.Fatalf("write to unknown peer: %v", err)
+	}
+	if err := a.AddPeer("b", infoOf(b)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Write("b", []uint64{testRows}, []uint64{0}); !errors.Is(err, data.ErrRowOutOfRange) {
+		t.Fatalf("local row out of range: %v", err)
+	}
+	if _, err := a.Write("b", []uint64{0}, []uint64{testRows}); !errors.Is(err, data.ErrRowOutOfRange) {
+		t.Fatalf("remote row out of range: %v", err)
+	}
+	if _, err := a.Write("b", []uint64{0, 1}, []uint64{0}); err == nil {
+		t.Fatal("mismatched row lists accepted")
+	}
+	if _, err := a.Write("b", nil, nil); err == nil {
+		t.Fatal("empty write accepted")
+	}
+	a.RemovePeer("b")
+	if _, err := a.Write("b", []uint64{0}, []uint64{0}); !errors.Is(err, data.ErrUnknownPeer) {
+		t.Fatalf("write after RemovePeer: %v", err)
+	}
+	// Re-adding works after removal.
+	if err := a.AddPeer("b", infoOf(b)); err != nil {
+		t.Fatalf("re-add: %v", err)
+	}
+	if err := writeAndWait(a, "b", []uint64{1}, []uint64{1}, 20*time.Second); err != nil {
+		t.Fatalf("write after re-add: %v", err)
+	}
+}
+
+func TestAddPeerRejectsBadInfo(t *testing.T) {
+	requireNIXL(t)
+	a, b := newTestTransport(t, 7), newTestTransport(t, 8)
+	good := infoOf(b)
+	cases := map[string]func(*data.PeerInfo){
+		"no metadata":      func(i *data.PeerInfo) { i.AgentMetadata = nil },
+		"garbage metadata": func(i *data.PeerInfo) { i.AgentMetadata = []byte("not nixl metadata") },
+		"row length":       func(i *data.PeerInfo) { i.RowLen++ },
+		"no rows":          func(i *data.PeerInfo) { i.NumRows = 0 },
+	}
+	for name, mutate := range cases {
+		info := good
+		mutate(&info)
+		if err := a.AddPeer("b", info); err == nil {
+			t.Errorf("%s: AddPeer accepted it", name)
+		}
+	}
+	if err := a.AddPeer("b", good); err != nil {
+		t.Fatalf("good info after bad: %v", err)
+	}
+	if err := a.AddPeer("b-again", good); err == nil || !strings.Contains(err.Error(), "already added") {
+		t.Fatalf("same agent under a second peer id: %v", err)
+	}
+}
+
+func TestCloseIsIdempotentAndEndsEverything(t *testing.T) {
+	requireNIXL(t)
+	b := newTestTransport(t, 10)
+	a, err := New(Options{Region: mmapRegion(t, testRows, testRowLen, 9)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddPeer("b", infoOf(b)); err != nil {
+		t.Fatal(err)
+	}
+	id, err := a.Write("b", []uint64{0, 1, 2}, []uint64{3, 4, 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := a.Write("b", []uint64{0}, []uint64{0}); !errors.Is(err, data.ErrClosed) {
+		t.Fatalf("Write after Close: %v", err)
+	}
+	if err := a.AddPeer("c", infoOf(b)); !errors.Is(err, data.ErrClosed) {
+		t.Fatalf("AddPeer after Close: %v", err)
+	}
+	// The write reports exactly once (done, or failed by Close), then the
+	// channel closes.
+	var got []data.Completion
+	timeout := time.After(10 * time.Second)
+	for open := true; open; {
+		select {
+		case c, ok := <-a.Completions():
+			if ok {
+				got = append(got, c)
+			}
+			open = ok
+		case <-timeout:
+			t.Fatal("Completions not closed after Close")
+		}
+	}
+	if len(got) != 1 || got[0].ID != id {
+		t.Fatalf("completions after Close: %+v", got)
+	}
+	if got[0].Err != nil && !errors.Is(got[0].Err, data.ErrClosed) {
+		t.Fatalf("failed transfer names %v, want ErrClosed", got[0].Err)
+	}
+}
+
+func TestTransferTimeoutFails(t *testing.T) {
+	requireNIXL(t)
+	// A nanosecond budget expires before the first poll unless NIXL
+	// finished the WRITE while posting it; both outcomes are checked.
+	b := newTestTransport(t, 12)
+	a, err := New(Options{Region: mmapRegion(t, testRows, testRowLen, 11), TransferTimeout: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.AddPeer("b", infoOf(b)); err != nil {
+		t.Fatal(err)
+	}
+	err = writeAndWait(a, "b", []uint64{0, 1, 2, 3}, []uint64{0, 1, 2, 3}, 10*time.Second)
+	if err != nil && !errors.Is(err, ErrTransferTimeout) {
+		t.Fatalf("want nil or ErrTransferTimeout, got %v", err)
+	}
+	t.Logf("outcome with a 1ns budget: %v", err)
+}
+
+func TestLoadFailuresNameTheCause(t *testing.T) {
+	// Each probe runs in a fresh process: Load is once per process.
+	bogus := filepath.Join(t.TempDir(), "libnixl_capi.so")
+	if err := os.WriteFile(bogus, []byte("not an ELF file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{
+		bogus:                                   "NIXL unavailable: " + bogus + ": dlopen: ",
+		filepath.Join(t.TempDir(), "absent.so"): "NIXL unavailable: ",
+		"/lib/x86_64-linux-gnu/libc.so.6":       "missing symbol nixl_capi_is_stub",
+	} {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), helperEnv+"=load", "PEER_LIB="+path)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("probe %s: %v\n%s", path, err, out)
+		}
+		if !strings.Contains(string(out), want) {
+			t.Errorf("Load(%s) = %q, want it to contain %q", path, strings.TrimSpace(string(out)), want)
+		}
+	}
+	t.Setenv(LibEnv, "/nonexistent/libnixl_capi.so")
+	if _, err := FindLibrary(); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "/nonexistent/libnixl_capi.so") {
+		t.Fatalf("FindLibrary with a bad %s: %v", LibEnv, err)
+	}
+}
+
+// TestGoNilPanicSurvivesUCX checks the environment New sets up: with UCX
+// loaded and initialised, a Go nil dereference is still a recoverable panic.
+// The control run turns UCX's fault handlers on and must crash, proving the
+// probe detects UCX stealing SIGSEGV.
+func TestGoNilPanicSurvivesUCX(t *testing.T) {
+	requireNIXL(t)
+	probe := func(env ...string) (string, error) {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(withoutUCXErrorEnv(os.Environ()), append(env, helperEnv+"=nilpanic")...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := probe()
+	if err != nil || !strings.Contains(out, "recovered: runtime error: invalid memory address or nil pointer dereference") {
+		t.Fatalf("with peerkv's UCX defaults the nil dereference was not recovered (%v):\n%s", err, out)
+	}
+	out, err = probe("UCX_HANDLE_ERRORS=bt", "UCX_ERROR_SIGNALS=SIGILL,SIGSEGV,SIGBUS,SIGFPE")
+	if err == nil || strings.Contains(out, "recovered:") || !strings.Contains(out, "Caught signal 11") {
+		t.Fatalf("control: with UCX fault handlers on the probe should crash in UCX's handler (%v):\n%s", err, out)
+	}
+}
+
+func withoutUCXErrorEnv(env []string) []string {
+	var kept []string
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "UCX_HANDLE_ERRORS=") && !strings.HasPrefix(kv, "UCX_ERROR_SIGNALS=") {
+			kept = append(kept, kv)
+		}
+	}
+	return kept
+}
