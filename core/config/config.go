@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"strconv"
@@ -147,19 +148,31 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("data_transport must be \"tcp\" or \"nixl\", got %q", c.DataTransport)
 	}
-	if c.MaxPeers < 1 {
-		return fmt.Errorf("max_peers must be >= 1, got %d", c.MaxPeers)
-	}
-	for name, d := range map[string]time.Duration{
-		"handshake_timeout_s": c.HandshakeTimeout, "lookup_timeout_s": c.LookupTimeout,
-		"load_timeout_s": c.LoadTimeout, "abort_ack_timeout_s": c.AbortAckTimeout,
-		"store_timeout_s": c.StoreTimeout, "unbound_store_timeout_s": c.UnboundStoreTimeout,
-		"inbound_lookup_timeout_s": c.InboundLookupTimeout, "reaped_id_retention_s": c.ReapedIDRetention,
-		"shutdown_drain_timeout_s": c.ShutdownDrainTimeout, "drain_timeout_s": c.DrainTimeout,
-		"tick_s": c.Tick,
+	// A slice, not a map, so that the first invalid field is always the same.
+	for _, n := range []struct {
+		name string
+		v    int
+	}{
+		{"max_peers", c.MaxPeers}, {"nixl_num_threads", c.NixlNumThreads},
+		{"max_frame_bytes", c.MaxFrameBytes}, {"max_list_items", c.MaxListItems},
 	} {
-		if d <= 0 {
-			return fmt.Errorf("%s must be positive, got %v", name, d)
+		if n.v < 1 {
+			return fmt.Errorf("%s must be >= 1, got %d", n.name, n.v)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"handshake_timeout_s", c.HandshakeTimeout}, {"lookup_timeout_s", c.LookupTimeout},
+		{"load_timeout_s", c.LoadTimeout}, {"abort_ack_timeout_s", c.AbortAckTimeout},
+		{"store_timeout_s", c.StoreTimeout}, {"unbound_store_timeout_s", c.UnboundStoreTimeout},
+		{"inbound_lookup_timeout_s", c.InboundLookupTimeout}, {"reaped_id_retention_s", c.ReapedIDRetention},
+		{"shutdown_drain_timeout_s", c.ShutdownDrainTimeout}, {"drain_timeout_s", c.DrainTimeout},
+		{"tick_s", c.Tick},
+	} {
+		if d.v <= 0 {
+			return fmt.Errorf("%s must be positive, got %v", d.name, d.v)
 		}
 	}
 	return nil
@@ -201,9 +214,25 @@ func FromJSON(b []byte) (Config, error) {
 	var j jsonConfig
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	if len(b) > 0 {
+	if len(bytes.TrimSpace(b)) > 0 {
 		if err := dec.Decode(&j); err != nil {
 			return Config{}, fmt.Errorf("options: %w", err)
+		}
+		if _, err := dec.Token(); err != io.EOF {
+			return Config{}, fmt.Errorf("options: unexpected data after the JSON object")
+		}
+	}
+	// Zero means "default" inside Config; given explicitly it is a mistake
+	// that would otherwise be silently replaced.
+	for _, n := range []struct {
+		name string
+		v    *int
+	}{
+		{"port", j.Port}, {"max_peers", j.MaxPeers}, {"nixl_num_threads", j.NixlNumThreads},
+		{"max_frame_bytes", j.MaxFrameBytes}, {"max_list_items", j.MaxListItems},
+	} {
+		if n.v != nil && *n.v == 0 {
+			return Config{}, fmt.Errorf("options: %s must not be 0 (omit it for the default)", n.name)
 		}
 	}
 	var c Config
@@ -257,6 +286,9 @@ func FromJSON(b []byte) (Config, error) {
 			return Config{}, fmt.Errorf("options: %s must be a positive number of seconds up to 86400, got %v", s.name, v)
 		}
 		*s.dst = time.Duration(v * float64(time.Second))
+		if *s.dst <= 0 { // would read as "use the default"
+			return Config{}, fmt.Errorf("options: %s must be at least 1e-9 seconds, got %v", s.name, v)
+		}
 	}
 	c = c.WithDefaults()
 	if err := c.Validate(); err != nil {

@@ -71,6 +71,13 @@ func Parse(raw []byte) (Params, error) {
 	if err := json.Unmarshal(raw, &top); err != nil {
 		return Params{}, fmt.Errorf("%w: kv_transfer_params must be a JSON object: %v", ErrMalformed, err)
 	}
+	// Like vLLM (kv_params.get(key) is None), a key set to null is absent:
+	// orchestrators that serialize optional fields as null are not refused.
+	for k, v := range top {
+		if isJSONNull(v) {
+			delete(top, k)
+		}
+	}
 	_, hasDec := top[KeyRemoteDecoder]
 	_, hasPre := top[KeyRemotePrefiller]
 	_, hasSrc := top[KeyRemoteKVSource]
@@ -125,9 +132,9 @@ func requestID(key string, fields map[string]json.RawMessage) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("%w: %s.kv_request_id is missing", ErrMalformed, key)
 	}
-	var id string
-	if err := json.Unmarshal(raw, &id); err != nil {
-		return "", fmt.Errorf("%w: %s.kv_request_id must be a string", ErrMalformed, key)
+	id, ok := jsonString(raw)
+	if !ok {
+		return "", fmt.Errorf("%w: %s.kv_request_id must be a string, got %s", ErrMalformed, key, excerpt(raw))
 	}
 	if id == "" {
 		return "", fmt.Errorf("%w: %s.kv_request_id is empty", ErrMalformed, key)
@@ -144,11 +151,13 @@ func source(key string, raw json.RawMessage) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	var host string
-	if hr, ok := fields[fieldRemoteHost]; !ok {
+	hr, ok := fields[fieldRemoteHost]
+	if !ok {
 		return nil, fmt.Errorf("%w: %s.remote_host is missing", ErrMalformed, key)
-	} else if err := json.Unmarshal(hr, &host); err != nil {
-		return nil, fmt.Errorf("%w: %s.remote_host must be a string", ErrMalformed, key)
+	}
+	host, ok := jsonString(hr)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s.remote_host must be a string, got %s", ErrMalformed, key, excerpt(hr))
 	}
 	if strings.TrimSpace(host) == "" {
 		return nil, fmt.Errorf("%w: %s.remote_host is empty", ErrMalformed, key)
@@ -158,17 +167,38 @@ func source(key string, raw json.RawMessage) (*Source, error) {
 		return nil, fmt.Errorf("%w: %s.remote_port is missing", ErrMalformed, key)
 	}
 	if t := strings.TrimSpace(string(pr)); t == "" || t[0] == '"' {
-		return nil, fmt.Errorf("%w: %s.remote_port must be an integer in 1..65535, got %s", ErrMalformed, key, pr)
+		return nil, fmt.Errorf("%w: %s.remote_port must be an integer in 1..65535, got %s", ErrMalformed, key, excerpt(pr))
 	}
 	var port json.Number
 	dec := json.NewDecoder(strings.NewReader(string(pr)))
 	dec.UseNumber()
 	if err := dec.Decode(&port); err != nil {
-		return nil, fmt.Errorf("%w: %s.remote_port must be an integer in 1..65535, got %s", ErrMalformed, key, pr)
+		return nil, fmt.Errorf("%w: %s.remote_port must be an integer in 1..65535, got %s", ErrMalformed, key, excerpt(pr))
 	}
 	n, err := strconv.ParseInt(port.String(), 10, 64)
 	if err != nil || n < 1 || n > 65535 {
-		return nil, fmt.Errorf("%w: %s.remote_port must be an integer in 1..65535, got %s", ErrMalformed, key, pr)
+		return nil, fmt.Errorf("%w: %s.remote_port must be an integer in 1..65535, got %s", ErrMalformed, key, excerpt(pr))
 	}
 	return &Source{KVRequestID: id, Host: host, Port: int(n), Probe: key == KeyRemoteKVSource}, nil
+}
+
+func isJSONNull(raw json.RawMessage) bool { return strings.TrimSpace(string(raw)) == "null" }
+
+// jsonString decodes raw if it is a JSON string. json.Unmarshal alone would
+// turn null into "" and report a null id as empty rather than not a string.
+func jsonString(raw json.RawMessage) (string, bool) {
+	var s string
+	if isJSONNull(raw) || json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// excerpt bounds how much of a caller's value an error message repeats.
+func excerpt(raw json.RawMessage) string {
+	const limit = 64
+	if len(raw) > limit {
+		return string(raw[:limit]) + "..."
+	}
+	return string(raw)
 }

@@ -133,7 +133,7 @@ func (s *Session) HandleDecodeError(err error) {
 		s.env.Logf("WARNING", "peer %s sent a message of unknown type (ignored): %v", s.peerID, err)
 		return
 	}
-	s.protocolError(fmt.Sprintf("malformed message: %v", err))
+	s.protocolError(err.Error())
 }
 
 // Kill ends the session without a goodbye, e.g. when the connection dropped.

@@ -1,0 +1,119 @@
+package config
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestFromJSONDefaults(t *testing.T) {
+	for _, raw := range []string{"", " \n", "{}", "null"} {
+		c, err := FromJSON([]byte(raw))
+		require.NoError(t, err, "%q", raw)
+		assert.Equal(t, "localhost", c.Host)
+		assert.Equal(t, DefaultPort, c.Port)
+		assert.Equal(t, "localhost:5710", c.LocalID())
+		assert.Equal(t, "tcp", c.DataTransport)
+		assert.Equal(t, "localhost", c.DataHost, "data host follows host")
+		assert.Equal(t, 0, c.DataPort, "ephemeral data port")
+		assert.Equal(t, DefaultMaxPeers, c.MaxPeers)
+		assert.Equal(t, []string{"UCX"}, c.NixlBackends)
+		assert.Equal(t, 4, c.NixlNumThreads)
+		assert.Equal(t, DefaultMaxFrameBytes, c.MaxFrameBytes)
+		assert.Equal(t, DefaultMaxListItems, c.MaxListItems)
+		assert.Equal(t, 30*time.Second, c.HandshakeTimeout)
+		assert.Equal(t, 10*time.Second, c.LookupTimeout)
+		assert.Equal(t, 30*time.Second, c.LoadTimeout)
+		assert.Equal(t, 10*time.Second, c.AbortAckTimeout)
+		assert.Equal(t, 30*time.Second, c.StoreTimeout)
+		assert.Equal(t, 60*time.Second, c.UnboundStoreTimeout)
+		assert.Equal(t, 5*time.Second, c.InboundLookupTimeout)
+		assert.Equal(t, 60*time.Second, c.ReapedIDRetention)
+		assert.Equal(t, 3*time.Second, c.ShutdownDrainTimeout)
+		assert.Equal(t, 60*time.Second, c.DrainTimeout)
+		assert.Equal(t, 20*time.Millisecond, c.Tick)
+		assert.Equal(t, "", c.AuthSecret)
+		assert.Equal(t, 0, c.KeyLen)
+	}
+}
+
+func TestFromJSONSetsEveryField(t *testing.T) {
+	c, err := FromJSON([]byte(`{"host": "127.0.0.1", "port": 6000, "config_fingerprint": "0123456789abcdef",
+		"hash_seed": "42", "key_len": 36, "data_transport": "nixl", "data_host": "::1", "data_port": 6001,
+		"auth_secret": "s3cret", "max_peers": 3, "nixl_library": "/x/libnixl_capi.so", "nixl_backends": ["UCX", "GDS"],
+		"nixl_num_threads": 2, "handshake_timeout_s": 1.5, "lookup_timeout_s": 2, "load_timeout_s": 3,
+		"abort_ack_timeout_s": 4, "store_timeout_s": 5, "unbound_store_timeout_s": 6, "inbound_lookup_timeout_s": 7,
+		"reaped_id_retention_s": 8, "shutdown_drain_timeout_s": 9, "drain_timeout_s": 10, "tick_s": 0.005,
+		"max_frame_bytes": 1024, "max_list_items": 16}`))
+	require.NoError(t, err)
+	assert.Equal(t, Config{Host: "127.0.0.1", Port: 6000, ConfigFingerprint: "0123456789abcdef", HashSeed: "42",
+		KeyLen: 36, DataTransport: "nixl", DataHost: "::1", DataPort: 6001, AuthSecret: "s3cret", MaxPeers: 3,
+		NixlLibrary: "/x/libnixl_capi.so", NixlBackends: []string{"UCX", "GDS"}, NixlNumThreads: 2,
+		HandshakeTimeout: 1500 * time.Millisecond, LookupTimeout: 2 * time.Second, LoadTimeout: 3 * time.Second,
+		AbortAckTimeout: 4 * time.Second, StoreTimeout: 5 * time.Second, UnboundStoreTimeout: 6 * time.Second,
+		InboundLookupTimeout: 7 * time.Second, ReapedIDRetention: 8 * time.Second, ShutdownDrainTimeout: 9 * time.Second,
+		DrainTimeout: 10 * time.Second, Tick: 5 * time.Millisecond, MaxFrameBytes: 1024, MaxListItems: 16}, c)
+	assert.Equal(t, "127.0.0.1:6000", c.LocalID())
+}
+
+func TestFromJSONRejects(t *testing.T) {
+	cases := map[string]struct {
+		raw  string
+		want string
+	}{
+		"unknown key":           {`{"prot": 5710}`, `unknown field "prot"`},
+		"not an object":         {`[1]`, "options: json"},
+		"trailing data":         {`{} {"port": 1}`, "unexpected data after the JSON object"},
+		"trailing garbage":      {`{"port": 5710}x`, "unexpected data after the JSON object"},
+		"NaN":                   {`{"load_timeout_s": NaN}`, "options: invalid character 'N'"},
+		"huge number":           {`{"load_timeout_s": 1e400}`, "load_timeout_s"},
+		"timeout string":        {`{"load_timeout_s": "30"}`, "load_timeout_s"},
+		"zero timeout":          {`{"load_timeout_s": 0}`, "load_timeout_s must be a positive number of seconds up to 86400, got 0"},
+		"negative timeout":      {`{"tick_s": -0.5}`, "tick_s must be a positive number of seconds up to 86400, got -0.5"},
+		"timeout over a day":    {`{"drain_timeout_s": 86401}`, "drain_timeout_s must be a positive number of seconds up to 86400"},
+		"timeout below 1ns":     {`{"abort_ack_timeout_s": 1e-12}`, "abort_ack_timeout_s must be at least 1e-9 seconds"},
+		"port zero":             {`{"port": 0}`, "port must not be 0"},
+		"port negative":         {`{"port": -1}`, "port must be in 1..65535, got -1"},
+		"port too big":          {`{"port": 65536}`, "port must be in 1..65535, got 65536"},
+		"port float":            {`{"port": 5710.5}`, "port"},
+		"port string":           {`{"port": "5710"}`, "port"},
+		"data_port negative":    {`{"data_port": -1}`, "data_port must be in 0..65535, got -1"},
+		"data_port too big":     {`{"data_port": 70000}`, "data_port must be in 0..65535, got 70000"},
+		"key_len negative":      {`{"key_len": -36}`, "key_len must be in 0..4096, got -36"},
+		"bad transport":         {`{"data_transport": "rdma"}`, `data_transport must be "tcp" or "nixl", got "rdma"`},
+		"max_peers negative":    {`{"max_peers": -2}`, "max_peers must be >= 1, got -2"},
+		"max_peers zero":        {`{"max_peers": 0}`, "max_peers must not be 0"},
+		"max_frame negative":    {`{"max_frame_bytes": -1}`, "max_frame_bytes must be >= 1, got -1"},
+		"max_list_items zero":   {`{"max_list_items": 0}`, "max_list_items must not be 0"},
+		"nixl threads negative": {`{"nixl_num_threads": -4}`, "nixl_num_threads must be >= 1, got -4"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			cfg, err := FromJSON([]byte(c.raw))
+			require.Error(t, err)
+			assert.Equal(t, Config{}, cfg)
+			assert.Contains(t, err.Error(), c.want)
+			assert.Contains(t, err.Error(), "options: ")
+		})
+	}
+}
+
+func TestValidateNamesFirstBadTimeout(t *testing.T) {
+	c := Config{}.WithDefaults()
+	require.NoError(t, c.Validate())
+	c.LoadTimeout = -time.Second
+	c.Tick = -time.Second
+	for range 20 { // the order is fixed, not map order
+		assert.EqualError(t, c.Validate(), "load_timeout_s must be positive, got -1s")
+	}
+}
+
+func TestWithDefaultsKeepsSetValues(t *testing.T) {
+	c := Config{Host: "::1", Port: 7000, DataHost: "127.0.0.1", LookupTimeout: time.Millisecond}.WithDefaults()
+	assert.Equal(t, "[::1]:7000", c.LocalID())
+	assert.Equal(t, "127.0.0.1", c.DataHost)
+	assert.Equal(t, time.Millisecond, c.LookupTimeout)
+	assert.Equal(t, DefaultLoadTimeout, c.LoadTimeout)
+}

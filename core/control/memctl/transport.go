@@ -1,0 +1,133 @@
+package memctl
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+
+	"github.com/peerkv/peerkv/core/control"
+)
+
+// Transport is one peer on a Hub; it implements control.Transport.
+type Transport struct {
+	hub     *Hub
+	localID string
+	inbox   *inbox
+	events  chan control.Event
+	done    chan struct{} // closed when the delivery goroutine exits
+
+	mu        sync.Mutex
+	closed    bool
+	connected map[string]bool // peers we hold a connection to
+}
+
+var _ control.Transport = (*Transport)(nil)
+
+func newTransport(h *Hub, localID string) *Transport {
+	t := &Transport{
+		hub:       h,
+		localID:   localID,
+		inbox:     newInbox(),
+		events:    make(chan control.Event),
+		done:      make(chan struct{}),
+		connected: map[string]bool{},
+	}
+	go t.deliver()
+	return t
+}
+
+// LocalID returns the transport's identity.
+func (t *Transport) LocalID() string { return t.localID }
+
+// Events returns the inbound stream; it is closed after Close or Kill.
+func (t *Transport) Events() <-chan control.Event { return t.events }
+
+// Connect records a connection to peerID; a missing peer is reported with
+// EventPeerDown.
+func (t *Transport) Connect(peerID string) error {
+	if err := t.open(peerID); err != nil {
+		return err
+	}
+	if !t.hub.exists(peerID) {
+		t.peerGone(peerID)
+	}
+	return nil
+}
+
+// Send delivers a copy of frame to peerID's Events, in order.
+func (t *Transport) Send(peerID string, frame []byte) error {
+	if err := t.open(peerID); err != nil {
+		return err
+	}
+	if _, err := t.hub.route(t.localID, peerID, bytes.Clone(frame)); err != nil {
+		t.peerGone(peerID)
+	}
+	return nil
+}
+
+// Disconnect forgets the connection to peerID without an event.
+func (t *Transport) Disconnect(peerID string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.connected, peerID)
+}
+
+// Close stops the transport; peers connected to it see EventPeerDown.
+func (t *Transport) Close() error {
+	t.shutdown()
+	return nil
+}
+
+func (t *Transport) open(peerID string) error {
+	if err := validPeerID(peerID); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return control.ErrClosed
+	}
+	t.connected[peerID] = true
+	return nil
+}
+
+// peerGone reports peerID down once per connection and forgets it.
+func (t *Transport) peerGone(peerID string) {
+	t.mu.Lock()
+	wasConnected := t.connected[peerID] && !t.closed
+	delete(t.connected, peerID)
+	t.mu.Unlock()
+	if wasConnected {
+		t.inbox.push(control.Event{Kind: control.EventPeerDown, PeerID: peerID, Err: fmt.Errorf("%w: %s", ErrPeerGone, peerID)})
+	}
+}
+
+func (t *Transport) shutdown() {
+	t.mu.Lock()
+	already := t.closed
+	t.closed = true
+	t.mu.Unlock()
+	if !already {
+		t.inbox.close()
+		t.hub.leave(t)
+	}
+	<-t.done
+}
+
+// deliver moves inbox events to the Events channel, blocking on a slow
+// consumer until Close.
+func (t *Transport) deliver() {
+	defer close(t.done)
+	defer close(t.events)
+	for {
+		ev, ok := t.inbox.pop()
+		if !ok {
+			return
+		}
+		select {
+		case t.events <- ev:
+		case <-t.inbox.closed:
+			return
+		}
+	}
+}

@@ -1,0 +1,59 @@
+// Package zmqctl is the ZMQ control transport, wire-compatible with vLLM's
+// P2P tier (vllm/v1/kv_offload/tiering/p2p/control/zmq.py).
+//
+// # Sockets
+//
+// One ROUTER is bound at tcp://bindHost:port and is used only for receiving.
+// Every outbound path goes through one DEALER per remote peer whose ZMQ
+// identity is the local id, "host:port", exactly the string peers dial. A
+// link A<->B is therefore two TCP connections, A.DEALER->B.ROUTER and
+// B.DEALER->A.ROUTER. The ROUTER delivers [identity, payload]; any other
+// frame count is dropped and counted in Stats.DroppedInbound.
+//
+// All sockets belong to one pump goroutine (libzmq sockets are not thread
+// safe). Public methods only append commands to a queue and wake the pump
+// through an inproc PAIR socket; the pump blocks in zmq_poll when idle.
+//
+// # Identity rules
+//
+// A ROUTER routes by identity and does not hand an identity over to a new
+// connection (vLLM sets no ROUTER_HANDOVER, and neither do we, to behave the
+// same). A peer that restarts with the same "host:port" can therefore be
+// refused, its frames silently not routed, while the receiver still holds the
+// old connection. A cleanly closed peer is released at once; a peer that died
+// without closing its socket is reaped by the ZMTP heartbeat (interval 2 s,
+// timeout 10 s, TTL 10 s, as vLLM), so expect up to ~10 s before a restarted
+// peer with the same id is heard. The sender's identity must equal the string
+// the receiver dialed, or the receiver sees its replies as a new peer.
+//
+// # Peer loss
+//
+// Each DEALER is watched through a socket monitor. The events vLLM treats as
+// fatal (disconnected, closed, handshake failed) end the peer; so does a
+// DEALER whose ZMTP handshake has not completed within Options.ConnectTimeout
+// (vLLM waits forever there), and a DEALER whose queue stays full for
+// Options.SendTimeout (the peer stopped reading). The DEALER is then closed and forgotten, and one
+// EventPeerDown is reported; a later Send or Connect opens a fresh DEALER.
+// Loss is reported only for peers this transport has a DEALER to (after
+// Connect or Send): a peer that only sends to us is not watched.
+//
+// # Back-pressure
+//
+// Frames are never dropped for a slow consumer: when the Events channel is
+// full the pump stops reading the ROUTER (libzmq and TCP then push back on
+// the senders) while it keeps sending, connecting and watching peers.
+//
+// Send never blocks. Frames that libzmq's queue (ZMQ_SNDHWM) refuses wait
+// in order in front of it and go out when the DEALER becomes writable;
+// libzmq learns late what its I/O thread consumed, so a full queue alone
+// is not a dead peer (vLLM fails the connection at once; we wait up to
+// Options.SendTimeout). Send fails with ErrSendQueueFull once
+// Options.SendHWM frames for the peer are waiting in front of libzmq.
+//
+// # Latency
+//
+// A wake-up costs one inproc message, coalesced across concurrent Sends.
+// On a 2-core loopback box a round trip A→B→A takes about 160 µs (raw
+// pebbe sockets without the pump: ~90 µs; polling every 1 ms instead of
+// a waker: ~2.3 ms). Idle transports block in zmq_poll and use no CPU.
+package zmqctl

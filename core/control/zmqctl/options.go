@@ -1,0 +1,81 @@
+package zmqctl
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Defaults match vLLM's zmq.py where vLLM has a value.
+const (
+	DefaultHeartbeatInterval = 2 * time.Second
+	DefaultHeartbeatTimeout  = 10 * time.Second
+	DefaultHeartbeatTTL      = 10 * time.Second
+	DefaultConnectTimeout    = 10 * time.Second
+	DefaultSendTimeout       = 10 * time.Second
+	DefaultSendHWM           = 1000
+	DefaultEventBuffer       = 1024
+	DefaultCloseTimeout      = 5 * time.Second
+)
+
+// Options tunes a Transport. Zero fields take the defaults above.
+type Options struct {
+	HeartbeatInterval time.Duration // ZMQ_HEARTBEAT_IVL
+	HeartbeatTimeout  time.Duration // ZMQ_HEARTBEAT_TIMEOUT
+	HeartbeatTTL      time.Duration // ZMQ_HEARTBEAT_TTL
+	// ConnectTimeout bounds the time from opening a DEALER to its completed
+	// ZMTP handshake; past it the peer is reported down.
+	ConnectTimeout time.Duration
+	// SendTimeout bounds how long frames may wait for room in a peer's
+	// libzmq queue; past it the peer has stopped reading and is reported
+	// down.
+	SendTimeout time.Duration
+	// SendHWM bounds the frames queued per peer, both in libzmq (ZMQ_SNDHWM)
+	// and in front of it (Send fails with ErrSendQueueFull beyond that).
+	SendHWM int
+	// EventBuffer is the capacity of the Events channel.
+	EventBuffer int
+	// CloseTimeout bounds how long Close waits for the pump to exit.
+	CloseTimeout time.Duration
+	Logger       *slog.Logger
+
+	// pumpHook, when set (tests only), runs at the top of every pump
+	// iteration; it lets a test inject a panic into the pump.
+	pumpHook func()
+}
+
+func (o Options) withDefaults() (Options, error) {
+	durations := []struct {
+		name  string
+		value *time.Duration
+		def   time.Duration
+	}{
+		{"HeartbeatInterval", &o.HeartbeatInterval, DefaultHeartbeatInterval},
+		{"HeartbeatTimeout", &o.HeartbeatTimeout, DefaultHeartbeatTimeout},
+		{"HeartbeatTTL", &o.HeartbeatTTL, DefaultHeartbeatTTL},
+		{"ConnectTimeout", &o.ConnectTimeout, DefaultConnectTimeout},
+		{"SendTimeout", &o.SendTimeout, DefaultSendTimeout},
+		{"CloseTimeout", &o.CloseTimeout, DefaultCloseTimeout},
+	}
+	for _, d := range durations {
+		switch {
+		case *d.value < 0:
+			return o, fmt.Errorf("zmqctl: Options.%s is negative (%v)", d.name, *d.value)
+		case *d.value == 0:
+			*d.value = d.def
+		}
+	}
+	if o.SendHWM < 0 || o.EventBuffer < 0 {
+		return o, fmt.Errorf("zmqctl: Options.SendHWM (%d) and EventBuffer (%d) must not be negative", o.SendHWM, o.EventBuffer)
+	}
+	if o.SendHWM == 0 {
+		o.SendHWM = DefaultSendHWM
+	}
+	if o.EventBuffer == 0 {
+		o.EventBuffer = DefaultEventBuffer
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o, nil
+}

@@ -1,0 +1,95 @@
+package zmqctl
+
+import (
+	"fmt"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// fatalEvents are the monitor events vLLM's zmq.py treats as the end of a
+// connection. EVENT_CLOSED also fires when a connect attempt is refused.
+const fatalEvents = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED |
+	zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL |
+	zmq.EVENT_HANDSHAKE_FAILED_AUTH
+
+// monitoredEvents adds the handshake success that ends the connect deadline.
+const monitoredEvents = fatalEvents | zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+// peerConn is the DEALER to one remote peer and the PAIR reading its monitor.
+type peerConn struct {
+	id       string
+	dealer   *zmq.Socket
+	monitor  *zmq.Socket
+	deadline time.Time // for the handshake; zero once up
+
+	// pending holds frames libzmq refused (queue full), oldest first; they
+	// go out when the DEALER polls writable. stalledSince bounds the wait.
+	pending      [][]byte
+	stalledSince time.Time
+}
+
+// heartbeat applies the ZMTP heartbeat settings vLLM uses on all sockets.
+func heartbeat(sock *zmq.Socket, o Options) error {
+	if err := sock.SetHeartbeatIvl(o.HeartbeatInterval); err != nil {
+		return fmt.Errorf("set heartbeat interval: %w", err)
+	}
+	if err := sock.SetHeartbeatTimeout(o.HeartbeatTimeout); err != nil {
+		return fmt.Errorf("set heartbeat timeout: %w", err)
+	}
+	if err := sock.SetHeartbeatTtl(o.HeartbeatTTL); err != nil {
+		return fmt.Errorf("set heartbeat ttl: %w", err)
+	}
+	return nil
+}
+
+// openPeer creates the monitored DEALER and starts connecting. The monitor
+// is attached before connect so no event is missed; monitorAddr must be
+// unique per DEALER because libzmq frees inproc names asynchronously.
+func openPeer(ctx *zmq.Context, localID, peerID string, ep endpoint, monitorAddr string, o Options) (pc *peerConn, err error) {
+	pc = &peerConn{id: peerID, deadline: time.Now().Add(o.ConnectTimeout)}
+	defer func() {
+		if err != nil {
+			pc.close()
+			pc = nil
+		}
+	}()
+	if pc.dealer, err = newSocket(ctx, zmq.DEALER); err != nil {
+		return pc, err
+	}
+	settings := []struct {
+		what string
+		err  func() error
+	}{
+		{"identity", func() error { return pc.dealer.SetIdentity(localID) }},
+		{"send hwm", func() error { return pc.dealer.SetSndhwm(o.SendHWM) }},
+		{"ipv6", func() error { return pc.dealer.SetIpv6(ep.ipv6) }},
+		{"heartbeat", func() error { return heartbeat(pc.dealer, o) }},
+		{"monitor", func() error { return pc.dealer.Monitor(monitorAddr, monitoredEvents) }},
+	}
+	for _, s := range settings {
+		if err := s.err(); err != nil {
+			return pc, fmt.Errorf("dealer %s: %w", s.what, err)
+		}
+	}
+	if pc.monitor, err = newSocket(ctx, zmq.PAIR); err != nil {
+		return pc, err
+	}
+	if err = pc.monitor.Connect(monitorAddr); err != nil {
+		return pc, fmt.Errorf("connect monitor %s: %w", monitorAddr, err)
+	}
+	if err = pc.dealer.Connect(ep.addr); err != nil {
+		return pc, fmt.Errorf("connect %s: %w", ep.addr, err)
+	}
+	return pc, nil
+}
+
+func (pc *peerConn) close() {
+	// The monitor first, so the DEALER's teardown events go nowhere.
+	if pc.monitor != nil {
+		pc.monitor.Close()
+	}
+	if pc.dealer != nil {
+		pc.dealer.Close()
+	}
+}

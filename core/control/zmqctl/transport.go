@@ -1,0 +1,222 @@
+package zmqctl
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/peerkv/peerkv/core/control"
+)
+
+// Transport is a control.Transport over ZMQ; see the package comment.
+type Transport struct {
+	localID  string
+	bindAddr string
+	opts     Options
+	log      *slog.Logger
+
+	events chan control.Event
+	wake   *waker
+	done   chan struct{} // closed when the pump has exited
+
+	mu       sync.Mutex
+	closing  atomic.Bool           // set under mu; read by the pump without it
+	commands []command             // guarded by mu
+	queued   map[string]int        // guarded by mu: frames per peer not yet taken by the pump
+	failure  atomic.Pointer[error] // why the pump died, if it did
+
+	closeOnce sync.Once
+	counters  counters
+}
+
+var _ control.Transport = (*Transport)(nil)
+
+type commandKind int
+
+const (
+	cmdConnect commandKind = iota + 1
+	cmdSend
+	cmdDisconnect
+)
+
+type command struct {
+	kind   commandKind
+	peerID string
+	ep     endpoint
+	frame  []byte
+}
+
+// Stats is a snapshot of a transport's counters.
+type Stats struct {
+	FramesIn        uint64 // frames delivered as EventFrame
+	FramesOut       uint64 // frames handed to a DEALER
+	DroppedInbound  uint64 // ROUTER messages without exactly [identity, payload]
+	DroppedOutbound uint64 // frames discarded: peer down, send queue full, disconnect
+	PeersUp         uint64 // ZMTP handshakes completed on DEALERs
+	PeersDown       uint64 // EventPeerDown reported
+	OpenPeers       int64  // DEALERs open now
+}
+
+type counters struct {
+	framesIn, framesOut, droppedIn, droppedOut, peersUp, peersDown atomic.Uint64
+	openPeers                                                      atomic.Int64
+}
+
+// New binds the ROUTER at tcp://bindHost:port and starts the pump. localID is
+// the identity peers will see and must be the "host:port" they dial.
+func New(localID, bindHost string, port int, opts Options) (*Transport, error) {
+	if _, err := parsePeerID(localID); err != nil {
+		return nil, fmt.Errorf("zmqctl: local id: %w", err)
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	bind := tcpEndpoint(bindHost, port)
+	t := &Transport{
+		localID:  localID,
+		bindAddr: bind.addr,
+		opts:     opts,
+		log:      opts.Logger.With("component", "zmqctl", "local", localID),
+		events:   make(chan control.Event, opts.EventBuffer),
+		done:     make(chan struct{}),
+		queued:   make(map[string]int),
+	}
+	p, err := newPump(t, bind)
+	if err != nil {
+		return nil, fmt.Errorf("zmqctl: %s: %w", bind.addr, err)
+	}
+	t.log.Info("control transport bound", "addr", bind.addr)
+	go p.run()
+	return t, nil
+}
+
+// LocalID returns the identity this transport sends with.
+func (t *Transport) LocalID() string { return t.localID }
+
+// BindAddr returns the ZMQ address the ROUTER is bound to.
+func (t *Transport) BindAddr() string { return t.bindAddr }
+
+// Events returns the inbound stream; it is closed once the pump has exited.
+func (t *Transport) Events() <-chan control.Event { return t.events }
+
+// Connect opens the DEALER to peerID ahead of the first Send.
+func (t *Transport) Connect(peerID string) error {
+	return t.enqueue(cmdConnect, peerID, nil)
+}
+
+// Send queues a copy of frame for peerID, opening a DEALER if needed.
+func (t *Transport) Send(peerID string, frame []byte) error {
+	return t.enqueue(cmdSend, peerID, bytes.Clone(frame))
+}
+
+// Disconnect closes the DEALER to peerID, dropping its queued frames. No
+// EventPeerDown is reported for it.
+func (t *Transport) Disconnect(peerID string) {
+	_ = t.enqueue(cmdDisconnect, peerID, nil)
+}
+
+func (t *Transport) enqueue(kind commandKind, peerID string, frame []byte) error {
+	ep, err := parsePeerID(peerID)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	if t.closing.Load() {
+		t.mu.Unlock()
+		return t.closedErr()
+	}
+	if kind == cmdSend {
+		if t.queued[peerID] >= t.opts.SendHWM {
+			t.mu.Unlock()
+			t.counters.droppedOut.Add(1)
+			return fmt.Errorf("zmqctl: %w: %s (%d frames waiting)", ErrSendQueueFull, peerID, t.opts.SendHWM)
+		}
+		t.queued[peerID]++
+	}
+	t.commands = append(t.commands, command{kind: kind, peerID: peerID, ep: ep, frame: frame})
+	t.mu.Unlock()
+	t.wake.wake()
+	return nil
+}
+
+// takeCommands hands the queued commands to the pump.
+func (t *Transport) takeCommands() []command {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	batch := t.commands
+	t.commands = nil
+	return batch
+}
+
+// released is called by the pump for frames libzmq accepted or that were
+// discarded, making room for more Sends to peerID.
+func (t *Transport) released(peerID string, frames int) {
+	if frames == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.queued[peerID] -= frames; t.queued[peerID] <= 0 {
+		delete(t.queued, peerID)
+	}
+}
+
+// Close stops the pump, which closes every socket (linger 0) and terminates
+// the ZMQ context, then closes Events. It is idempotent.
+func (t *Transport) Close() error {
+	t.closeOnce.Do(func() {
+		t.stopAccepting()
+		t.wake.wake()
+	})
+	timer := time.NewTimer(t.opts.CloseTimeout)
+	defer timer.Stop()
+	select {
+	case <-t.done:
+	case <-timer.C:
+		return fmt.Errorf("zmqctl: %s: pump did not stop within %v", t.localID, t.opts.CloseTimeout)
+	}
+	if f := t.failure.Load(); f != nil {
+		return *f
+	}
+	return nil
+}
+
+// Stats returns a snapshot of the counters.
+func (t *Transport) Stats() Stats {
+	c := &t.counters
+	return Stats{
+		FramesIn:        c.framesIn.Load(),
+		FramesOut:       c.framesOut.Load(),
+		DroppedInbound:  c.droppedIn.Load(),
+		DroppedOutbound: c.droppedOut.Load(),
+		PeersUp:         c.peersUp.Load(),
+		PeersDown:       c.peersDown.Load(),
+		OpenPeers:       c.openPeers.Load(),
+	}
+}
+
+func (t *Transport) closedErr() error {
+	if f := t.failure.Load(); f != nil {
+		return fmt.Errorf("%w: %v", control.ErrClosed, *f)
+	}
+	return control.ErrClosed
+}
+
+// fail records why the pump died and refuses further calls.
+func (t *Transport) fail(err error) {
+	t.failure.CompareAndSwap(nil, &err)
+	t.stopAccepting()
+}
+
+// stopAccepting makes later calls fail with ErrClosed and drops the queue.
+func (t *Transport) stopAccepting() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closing.Store(true)
+	t.commands = nil
+	clear(t.queued)
+}
