@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/peerkv/peerkv/core/config"
+	"github.com/peerkv/peerkv/core/control/memctl"
 
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/data/memdata"
@@ -26,12 +27,12 @@ const (
 
 type cluster struct {
 	t    *testing.T
-	ctl  *ctlHub
+	ctl  *memctl.Hub
 	data *memdata.Hub
 }
 
 func newCluster(t *testing.T) *cluster {
-	return &cluster{t: t, ctl: newCtlHub(), data: memdata.NewHub()}
+	return &cluster{t: t, ctl: memctl.NewHub(), data: memdata.NewHub()}
 }
 
 // peer is one tier plus the host-side bookkeeping a test needs.
