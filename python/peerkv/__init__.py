@@ -1,0 +1,79 @@
+"""peerkv: a peer-to-peer KV-cache tier for vLLM (Go core, ctypes binding).
+
+Importing this package never loads libpeerkv.so; the library is loaded on the
+first call that needs it (see peerkv._lib). The vLLM tier class lives in
+peerkv.vllm and needs vLLM installed.
+"""
+
+from peerkv._lib import LIBRARY_ENV, in_forked_child, is_loaded, library_path
+from peerkv.errors import (
+    ABIMismatchError,
+    BadParamsError,
+    BufferTooSmallError,
+    ClosedError,
+    DuplicateError,
+    InternalError,
+    InvalidArgumentError,
+    LibraryLoadError,
+    PeerKVError,
+    PeerKVForkError,
+    PeerKVTimeoutError,
+    TransportError,
+    UnavailableError,
+    UnknownHandleError,
+    UnknownRequestError,
+)
+from peerkv.peer import (
+    INBOUND_EVALUATE,
+    INBOUND_FINISH,
+    LOOKUP_HIT,
+    LOOKUP_HIT_PENDING,
+    LOOKUP_MISS,
+    LOOKUP_RETRY,
+    POLICY_BLOCK_LEVEL,
+    POLICY_REQUEST_LEVEL,
+    Inbound,
+    JobResult,
+    Peer,
+    abi_version,
+    info,
+    version,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ABIMismatchError",
+    "BadParamsError",
+    "BufferTooSmallError",
+    "ClosedError",
+    "DuplicateError",
+    "INBOUND_EVALUATE",
+    "INBOUND_FINISH",
+    "Inbound",
+    "InternalError",
+    "InvalidArgumentError",
+    "JobResult",
+    "LIBRARY_ENV",
+    "LOOKUP_HIT",
+    "LOOKUP_HIT_PENDING",
+    "LOOKUP_MISS",
+    "LOOKUP_RETRY",
+    "LibraryLoadError",
+    "POLICY_BLOCK_LEVEL",
+    "POLICY_REQUEST_LEVEL",
+    "Peer",
+    "PeerKVError",
+    "PeerKVForkError",
+    "PeerKVTimeoutError",
+    "TransportError",
+    "UnavailableError",
+    "UnknownHandleError",
+    "UnknownRequestError",
+    "abi_version",
+    "in_forked_child",
+    "info",
+    "is_loaded",
+    "library_path",
+    "version",
+]

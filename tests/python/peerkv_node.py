@@ -1,0 +1,320 @@
+"""A vLLM "engine" stand-in for the tests: real TieringOffloadingManagers with a
+PeerKVTier each, hosted in a spawned process and driven step by step the way
+vLLM's OffloadingConnector scheduler drives them (manager lock held, lookup
+per chunk key, on_schedule_end(ScheduleEndContext) each step, prepare_store /
+complete_store to put rows into the primary tier, prepare_load to read them).
+
+The parent talks to a node through `NodeProcess` (a pipe with bounded waits);
+the child runs `serve()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import socket
+import time
+import traceback
+import uuid
+from typing import Any
+
+ROW_BYTES = 4096  # worker_kv_bytes_per_block * blocks_per_chunk, page aligned
+PRIMARY_BYTES = 256 * ROW_BYTES
+
+# Short deadlines so failure paths finish within seconds.
+FAST_TIMEOUTS = {
+    "handshake_timeout_s": 5.0,  # generous: a loaded 2-core box delays ZMTP
+    "lookup_timeout_s": 3.0,
+    "load_timeout_s": 3.0,
+    "abort_ack_timeout_s": 1.0,
+    "store_timeout_s": 5.0,
+    "inbound_lookup_timeout_s": 2.0,
+    "shutdown_drain_timeout_s": 1.0,
+    "drain_timeout_s": 5.0,
+}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kv_transfer_config(port: int, **tier_options: Any) -> dict[str, Any]:
+    """The --kv-transfer-config JSON a user would pass to `vllm serve`."""
+    tier = {"type": "PeerKVTier", "module_path": "peerkv.vllm", "host": "127.0.0.1", "port": port}
+    tier.update(FAST_TIMEOUTS)
+    tier.update(tier_options)
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "spec_name": "TieringOffloadingSpec",
+            "cpu_bytes_to_use": PRIMARY_BYTES,
+            "secondary_tiers": [tier],
+        },
+    }
+
+
+# ---------------------------------------------------------------------------
+# Child side
+# ---------------------------------------------------------------------------
+
+
+class _LogCapture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+def _build_manager(config_json: dict[str, Any]):
+    """vLLM's real spec factory -> TieringOffloadingSpec -> get_manager()."""
+    from vllm.config import KVTransferConfig
+    from vllm.v1.kv_offload.config import (
+        OffloadingCacheConfig,
+        OffloadingConfig,
+        OffloadingGroupConfig,
+        OffloadingModelConfig,
+        OffloadingParallelConfig,
+    )
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+    transfer = KVTransferConfig(**config_json)
+    config = OffloadingConfig(
+        groups=(
+            OffloadingGroupConfig(
+                tokens_per_block=16,
+                layer_names=("model.layers.0.self_attn.attn",),
+                group_id=0,
+            ),
+        ),
+        worker_kv_bytes_per_block=ROW_BYTES,
+        enable_kv_cache_events=False,
+        extra_config=transfer.kv_connector_extra_config,
+        engine_id=f"peerkv-test-{uuid.uuid4().hex}",
+        model=OffloadingModelConfig(name="peerkv-test/tiny", dtype="float16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(
+            rank=0,
+            world_size=1,
+            tp_size=1,
+            pp_size=1,
+            pcp_size=1,
+            dcp_size=1,
+            data_parallel_index=0,
+            data_parallel_size=1,
+            data_parallel_rank_local=None,
+            is_parallelism_agnostic=True,
+        ),
+    )
+    return OffloadingSpecFactory.create_spec(config).get_manager()
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.managers: dict[str, Any] = {}
+        self.contexts: dict[tuple[str, str], Any] = {}
+        self.logs = _LogCapture()
+        logging.getLogger("vllm").addHandler(self.logs)
+        logging.getLogger("vllm.peerkv").setLevel(logging.DEBUG)
+
+    def add(self, name: str, config_json: dict[str, Any]) -> dict[str, Any]:
+        manager = _build_manager(config_json)
+        self.managers[name] = manager
+        tier = manager.secondary_tiers[0]
+        return {"tier_class": type(tier).__name__, "tier_type": tier.tier_type}
+
+    def _ctx(self, name: str, req_id: str, params: dict | None):
+        from vllm.v1.kv_offload.base import ReqContext
+
+        key = (name, req_id)
+        if key not in self.contexts:
+            ctx = ReqContext(req_id=req_id, kv_transfer_params=params)
+            manager = self.managers[name]
+            with manager.lock:
+                policy = manager.on_new_request(ctx)
+            self.contexts[key] = ctx
+            ctx._peerkv_test_policy = policy.policy.value
+        return self.contexts[key]
+
+    def _step(self, name: str, new_req_ids=()) -> None:
+        from vllm.v1.kv_offload.base import ScheduleEndContext
+
+        manager = self.managers[name]
+        with manager.lock:
+            manager.on_schedule_end(ScheduleEndContext(new_req_ids=list(new_req_ids), preempted_req_ids=[]))
+
+    def start(self, name: str, req_id: str, params: dict | None) -> str:
+        return self._ctx(name, req_id, params)._peerkv_test_policy
+
+    def store(self, name: str, req_id: str, params: dict | None, keys: list[bytes], rows: list[bytes]) -> int:
+        """The GPU->CPU store path: rows land in the primary tier, then cascade."""
+        manager = self.managers[name]
+        ctx = self._ctx(name, req_id, params)
+        with manager.lock:
+            out = manager.prepare_store(keys, ctx)
+            assert out is not None, "primary tier full"
+            payload = dict(zip(keys, rows))
+            with manager.primary_tier.get_kv_memoryview().cast("B") as flat:
+                for key, chunk in zip(out.keys_to_store, out.store_spec.chunk_ids.tolist()):
+                    start = chunk * ROW_BYTES
+                    flat[start : start + len(payload[key])] = payload[key]
+            if out.keys_to_store:
+                manager.complete_store(out.keys_to_store, ctx, True)
+        self._step(name, [req_id])
+        return len(out.keys_to_store)
+
+    def finish(self, name: str, req_id: str) -> None:
+        manager = self.managers[name]
+        ctx = self.contexts.pop((name, req_id))
+        with manager.lock:
+            manager.on_request_finished(ctx)
+        self._step(name)
+
+    def pull(self, name: str, req_id: str, params: dict | None, keys: list[bytes], timeout: float) -> dict[str, Any]:
+        """The scheduler's lookup loop until every key is HIT or MISS, then read."""
+        from vllm.v1.kv_offload.base import LookupResult
+
+        manager = self.managers[name]
+        ctx = self._ctx(name, req_id, params)
+        final: dict[bytes, str] = {}
+        start = time.monotonic()
+        deadline = start + timeout
+        while len(final) < len(keys) and time.monotonic() < deadline:
+            with manager.lock:
+                for key in keys:
+                    if key in final:
+                        continue
+                    result = manager.lookup(key, ctx)
+                    if result is LookupResult.HIT:
+                        final[key] = "HIT"
+                    elif result is LookupResult.MISS:
+                        final[key] = "MISS"
+            self._step(name, [req_id])
+            time.sleep(0.005)
+        elapsed = time.monotonic() - start
+        hits = [k for k in keys if final.get(k) == "HIT"]
+        rows: dict[bytes, bytes] = {}
+        if hits:
+            with manager.lock:
+                spec = manager.prepare_load(hits, ctx)
+                with manager.primary_tier.get_kv_memoryview().cast("B") as flat:
+                    for key, chunk in zip(hits, spec.chunk_ids.tolist()):
+                        rows[key] = bytes(flat[chunk * ROW_BYTES : (chunk + 1) * ROW_BYTES])
+                manager.complete_load(hits, ctx)
+        return {
+            "results": [final.get(k, "PENDING") for k in keys],
+            "rows": [rows.get(k) for k in keys],
+            "elapsed": elapsed,
+        }
+
+    def step(self, name: str, count: int = 1) -> None:
+        for _ in range(count):
+            self._step(name)
+            time.sleep(0.005)
+
+    def pending(self, name: str) -> bool:
+        manager = self.managers[name]
+        with manager.lock:
+            return manager.has_pending_work()
+
+    def stats(self, name: str) -> dict[str, Any]:
+        tier = self.managers[name].secondary_tiers[0]
+        return tier._peer.stats()
+
+    def metrics(self, name: str) -> dict[str, float]:
+        manager = self.managers[name]
+        with manager.lock:
+            stats = manager.get_stats()
+        return {} if stats is None else stats.reduce()
+
+    def take_logs(self) -> list[str]:
+        lines, self.logs.lines = self.logs.lines, []
+        return lines
+
+    def shutdown(self, name: str) -> None:
+        self.managers.pop(name).shutdown()
+
+
+def serve(conn) -> None:
+    node = _Node()
+    while True:
+        try:
+            command, args = conn.recv()
+        except EOFError:
+            break
+        if command == "startup":  # import vLLM now, in parallel with other nodes
+            import peerkv.vllm  # noqa: F401
+            import vllm.v1.kv_offload.tiering.spec  # noqa: F401
+
+            conn.send(("ok", None))
+            continue
+        if command == "exit":
+            for name in list(node.managers):
+                node.shutdown(name)
+            conn.send(("ok", None))
+            break
+        try:
+            conn.send(("ok", getattr(node, command)(*args)))
+        except BaseException:  # report to the test, keep serving
+            conn.send(("error", traceback.format_exc()))
+
+
+# ---------------------------------------------------------------------------
+# Parent side
+# ---------------------------------------------------------------------------
+
+
+class NodeError(AssertionError):
+    pass
+
+
+class NodeProcess:
+    """A spawned node process; every call waits at most `timeout` seconds."""
+
+    def __init__(self, startup_timeout: float = 120.0) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self.process = ctx.Process(target=serve, args=(child_conn,), daemon=True)
+        self.process.start()
+        child_conn.close()
+        self.submit("startup")
+        self._startup_timeout = startup_timeout
+
+    def ready(self) -> NodeProcess:
+        """Waits for the process to answer its first command."""
+        self.result("startup", self._startup_timeout)
+        return self
+
+    def call(self, command: str, *args: Any, timeout: float = 60.0) -> Any:
+        self.submit(command, *args)
+        return self.result(command, timeout)
+
+    def submit(self, command: str, *args: Any) -> None:
+        """Starts a command; collect it with result()."""
+        self._conn.send((command, args))
+
+    def result(self, command: str, timeout: float = 60.0) -> Any:
+        if not self._conn.poll(timeout):
+            raise NodeError(f"node did not answer {command} within {timeout}s")
+        status, value = self._conn.recv()
+        if status != "ok":
+            raise NodeError(f"{command} failed in node:\n{value}")
+        return value
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(10)
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.call("exit", timeout=30)
+            except (NodeError, OSError):
+                pass
+        self.process.join(10)
+        self.kill()

@@ -1,0 +1,111 @@
+"""The ctypes binding against the real library: one Peer, no vLLM."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import peerkv
+from conftest import REPO
+from peerkv_node import free_port
+
+KEY_LEN = 36
+ROWS, ROW_LEN = 8, 4096
+
+
+@pytest.fixture
+def region():
+    return bytearray(ROWS * ROW_LEN)
+
+
+def _options(**extra):
+    options = {"host": "127.0.0.1", "port": free_port(), "key_len": KEY_LEN, "drain_timeout_s": 2.0}
+    options.update(extra)
+    return options
+
+
+def test_library_loads_with_defaults(library):
+    major, _ = peerkv.abi_version()
+    assert major == 1
+    assert peerkv.is_loaded()
+    assert os.environ["GOMAXPROCS"]
+    assert os.environ["UCX_HANDLE_ERRORS"] == "none"
+    assert peerkv.version().startswith("peerkv")
+    host = peerkv.info()
+    assert {"version", "abi", "gpus", "nvml", "nixl"} <= set(host)
+
+
+def test_create_lookup_and_lifecycle(library, region):
+    with peerkv.Peer(region, ROWS, ROW_LEN, _options()) as peer:
+        assert peer.handle != 0
+        key = bytes(range(KEY_LEN))
+        # Unknown request: every key MISS, no error.
+        assert peer.lookup("nobody", [key, key]) == [peerkv.LOOKUP_MISS] * 2
+        assert peer.request_start("plain", None) == peerkv.POLICY_BLOCK_LEVEL
+        with pytest.raises(peerkv.DuplicateError):
+            peer.request_start("plain", None)
+        # A store for a request that serves nobody succeeds at once.
+        peer.submit_store("plain", 7, [key], [3])
+        finished = []
+        for _ in range(200):
+            finished += peer.get_finished()
+            if finished:
+                break
+        assert [(r.job_id, r.success, r.is_load) for r in finished] == [(7, True, False)]
+        assert peer.next_inbound() is None
+        peer.request_finish("plain")
+        stats = peer.stats()
+        assert isinstance(stats, dict) and stats
+        peer.drain()
+        assert isinstance(peer.take_logs(), list)
+        peer.shutdown()
+        peer.shutdown()  # idempotent
+    assert peer.handle == 0
+
+
+def test_errors_carry_the_library_message(library, region):
+    options = _options()
+    with peerkv.Peer(region, ROWS, ROW_LEN, options) as peer:
+        with pytest.raises(peerkv.TransportError) as in_use:
+            peerkv.Peer(bytearray(ROWS * ROW_LEN), ROWS, ROW_LEN, dict(options))
+        assert in_use.value.code == -6 and in_use.value.message
+        forbidden = {
+            "remote_prefiller": {"kv_request_id": "a", "remote_host": "127.0.0.1", "remote_port": 1},
+            "remote_decoder": {"kv_request_id": "a"},
+        }
+        with pytest.raises(peerkv.BadParamsError) as bad:
+            peer.request_start("r1", forbidden)
+        assert "remote_prefiller" in bad.value.message
+        with pytest.raises(peerkv.InvalidArgumentError):
+            peer.submit_store("r1", 1, [b"x" * KEY_LEN], [ROWS + 5])
+    with pytest.raises(peerkv.InvalidArgumentError) as unknown:
+        peerkv.Peer(region, ROWS, ROW_LEN, _options(no_such_option=1))
+    assert "no_such_option" in unknown.value.message
+
+
+def test_ld_bind_now_is_refused_clearly(library):
+    code = "import peerkv; peerkv.abi_version()"
+    env = dict(os.environ, LD_BIND_NOW="1", PYTHONPATH=str(REPO / "python"))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "LD_BIND_NOW" in proc.stderr and "LibraryLoadError" in proc.stderr
+
+
+def test_missing_library_is_a_clear_error(tmp_path):
+    code = "import peerkv; peerkv.abi_version()"
+    env = dict(os.environ, PEERKV_LIBRARY=str(tmp_path / "nope.so"), PYTHONPATH=str(REPO / "python"))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "libpeerkv not found" in proc.stderr
+
+
+def test_options_reach_the_library_as_json(library, region):
+    # Every deadline option the header names is accepted.
+    names = json.loads(
+        '["handshake_timeout_s","lookup_timeout_s","load_timeout_s","abort_ack_timeout_s",'
+        '"store_timeout_s","unbound_store_timeout_s","inbound_lookup_timeout_s",'
+        '"shutdown_drain_timeout_s","drain_timeout_s"]'
+    )
+    with peerkv.Peer(region, ROWS, ROW_LEN, _options(**{n: 1.5 for n in names})):
+        pass

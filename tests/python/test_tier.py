@@ -1,0 +1,213 @@
+"""PeerKVTier inside vLLM's real TieringOffloadingManager, two or three engines
+in separate spawned processes, driven step by step like vLLM's scheduler.
+
+Rows written into a producer's primary tier must appear byte for byte in the
+consumer's primary tier; every failure path must end in MISS (local
+recompute) within its deadline, with the reason logged.
+"""
+
+import os
+import time
+import uuid
+
+import pytest
+
+from peerkv_node import FAST_TIMEOUTS, ROW_BYTES, NodeProcess, free_port, kv_transfer_config
+
+HOST = "127.0.0.1"
+# A failed pull must end within handshake + lookup/load + abort-ack deadlines.
+FAILURE_DEADLINE_S = (
+    FAST_TIMEOUTS["handshake_timeout_s"]
+    + FAST_TIMEOUTS["load_timeout_s"]
+    + FAST_TIMEOUTS["abort_ack_timeout_s"]
+    + 3.0
+)
+PULL_TIMEOUT_S = 20.0
+
+
+def _keys(n):
+    return [os.urandom(32) + (0).to_bytes(4, "big") for _ in range(n)]
+
+
+def _rows(n):
+    return [os.urandom(ROW_BYTES) for _ in range(n)]
+
+
+def _kid():
+    return uuid.uuid4().hex
+
+
+class Cluster:
+    def __init__(self):
+        self.ports = {}
+        self.nodes = {}
+
+    def add(self, node, name, **tier_options):
+        port = free_port()
+        info = node.call("add", name, kv_transfer_config(port, **tier_options), timeout=60)
+        assert info == {"tier_class": "PeerKVTier", "tier_type": "PeerKVTier"}
+        self.ports[name] = port
+        self.nodes[name] = node
+        return port
+
+    def source(self, key, name, kid):
+        return {key: {"kv_request_id": kid, "remote_host": HOST, "remote_port": self.ports[name]}}
+
+
+@pytest.fixture(scope="module")
+def cluster(library):
+    a, b = NodeProcess(), NodeProcess()
+    try:
+        a.ready(), b.ready()
+        c = Cluster()
+        c.a, c.b = a, b
+        c.add(a, "a")
+        c.add(a, "a_dec")
+        c.add(b, "b")
+        c.add(b, "b_fp", config_fingerprint="0123456789abcdef")
+        c.add(b, "b_seed", hash_seed="some-other-seed")
+        yield c
+    finally:
+        a.close()
+        b.close()
+
+
+def _logs(*nodes):
+    return [line for node in nodes for line in node.call("take_logs")]
+
+
+def test_pd_prefiller_first(cluster):
+    a, b = cluster.a, cluster.b
+    keys, rows, kid = _keys(4), _rows(4), _kid()
+    params = {"remote_decoder": {"kv_request_id": kid}}
+    assert a.call("start", "a", "p-pf", params) == "request_level"
+    assert a.call("store", "a", "p-pf", params, keys, rows) == 4
+    a.call("finish", "a", "p-pf")
+    got = b.call("pull", "b", "d-pf", cluster.source("remote_prefiller", "a", kid), keys, PULL_TIMEOUT_S)
+    assert got["results"] == ["HIT"] * 4
+    assert got["rows"] == rows
+    b.call("finish", "b", "d-pf")
+    metrics = b.call("metrics", "b")
+    assert metrics.get("vllm:peerkv_bytes_received", 0) >= 4 * ROW_BYTES
+
+
+def test_pd_decoder_first(cluster):
+    a, b = cluster.a, cluster.b
+    keys, rows, kid = _keys(3), _rows(3), _kid()
+    b.submit("pull", "b", "d-df", cluster.source("remote_prefiller", "a", kid), keys, PULL_TIMEOUT_S)
+    time.sleep(0.5)  # the decoder's fetch reaches the prefiller first
+    params = {"remote_decoder": {"kv_request_id": kid}}
+    a.call("store", "a", "p-df", params, keys, rows)
+    a.call("finish", "a", "p-df")
+    got = b.result("pull", PULL_TIMEOUT_S + 10)
+    assert got["results"] == ["HIT"] * 3
+    assert got["rows"] == rows
+    b.call("finish", "b", "d-df")
+
+
+def test_p2p_partial_hits_load_only_hits(cluster):
+    a, b = cluster.a, cluster.b
+    keys, rows = _keys(5), _rows(3)
+    a.call("store", "a", "src-partial", None, keys[:3], rows)
+    a.call("finish", "a", "src-partial")
+    got = b.call("pull", "b", "c-partial", cluster.source("remote_kv_source", "a", _kid()), keys, PULL_TIMEOUT_S)
+    assert got["results"] == ["HIT"] * 3 + ["MISS"] * 2
+    assert got["rows"][:3] == rows and got["rows"][3:] == [None, None]
+    b.call("finish", "b", "c-partial")
+
+
+def test_prefiller_pulls_prefix_and_serves_decoder(cluster):
+    """remote_decoder + remote_kv_source: B pulls a prefix from A, computes the
+    rest, and serves everything to a decoder (a_dec) that never saw either."""
+    a, b = cluster.a, cluster.b
+    prefix, prefix_rows = _keys(2), _rows(2)
+    new, new_rows = _keys(2), _rows(2)
+    a.call("store", "a", "src-prefix", None, prefix, prefix_rows)
+    a.call("finish", "a", "src-prefix")
+    decode_kid = _kid()
+    params = {"remote_decoder": {"kv_request_id": decode_kid}}
+    params.update(cluster.source("remote_kv_source", "a", _kid()))
+    got = b.call("pull", "b", "pp", params, prefix, PULL_TIMEOUT_S)
+    assert got["results"] == ["HIT", "HIT"] and got["rows"] == prefix_rows
+    b.call("store", "b", "pp", params, prefix + new, prefix_rows + new_rows)
+    b.call("finish", "b", "pp")
+    got = a.call("pull", "a_dec", "dec", cluster.source("remote_prefiller", "b", decode_kid), prefix + new, PULL_TIMEOUT_S)
+    assert got["results"] == ["HIT"] * 4
+    assert got["rows"] == prefix_rows + new_rows
+    a.call("finish", "a_dec", "dec")
+
+
+def test_forbidden_combination_is_rejected_and_logged_once(cluster):
+    a, b = cluster.a, cluster.b
+    keys, rows = _keys(2), _rows(2)
+    a.call("store", "a", "src-forbidden", None, keys, rows)
+    _logs(b)
+    params = {"remote_decoder": {"kv_request_id": _kid()}}
+    params.update(cluster.source("remote_prefiller", "a", _kid()))
+    assert b.call("start", "b", "forbidden", params) == "chunk_level"
+    got = b.call("pull", "b", "forbidden", params, keys, 5.0)
+    assert got["results"] == ["MISS", "MISS"] and got["elapsed"] < 1.0
+    b.call("finish", "b", "forbidden")
+    lines = [line for line in _logs(b) if "forbidden" in line and "does not use peerkv" in line]
+    assert len(lines) == 1, lines
+    assert "remote_prefiller" in lines[0] and lines[0].startswith("WARNING")
+    a.call("finish", "a", "src-forbidden")
+
+
+@pytest.mark.parametrize("key", ["remote_kv_source", "remote_prefiller"])
+def test_unreachable_peer_falls_back_within_deadline(cluster, key):
+    b = cluster.b
+    keys = _keys(2)
+    _logs(b)
+    dead = free_port()
+    source = {key: {"kv_request_id": _kid(), "remote_host": HOST, "remote_port": dead}}
+    got = b.call("pull", "b", f"unreach-{key}", source, keys, PULL_TIMEOUT_S)
+    b.call("finish", "b", f"unreach-{key}")
+    assert got["results"] == ["MISS", "MISS"]
+    assert got["elapsed"] < FAILURE_DEADLINE_S
+    assert any(f"{HOST}:{dead}" in line for line in _logs(b))
+
+
+@pytest.mark.parametrize("consumer,word", [("b_fp", "fingerprint"), ("b_seed", "seed")])
+def test_incompatible_peer_is_rejected_and_request_recomputes(cluster, consumer, word):
+    a, b = cluster.a, cluster.b
+    keys, rows = _keys(2), _rows(2)
+    a.call("store", "a", f"src-{consumer}", None, keys, rows)
+    _logs(a, b)
+    got = b.call("pull", consumer, "c-" + consumer, cluster.source("remote_kv_source", "a", _kid()), keys, PULL_TIMEOUT_S)
+    b.call("finish", consumer, "c-" + consumer)
+    a.call("finish", "a", f"src-{consumer}")
+    assert got["results"] == ["MISS", "MISS"]
+    assert got["elapsed"] < FAILURE_DEADLINE_S
+    all_lines = _logs(a, b)
+    lines = [line for line in all_lines if word in line.lower()]
+    assert lines, f"no log line names the {word} mismatch: {all_lines}"
+
+
+def test_vanishing_producer_fails_the_load_within_deadline(cluster):
+    b = cluster.b
+    victim = NodeProcess().ready()
+    try:
+        cluster.add(victim, "v")
+        keys, kid = _keys(3), _kid()
+        b.submit("pull", "b", "d-vanish", cluster.source("remote_prefiller", "v", kid), keys, PULL_TIMEOUT_S)
+        time.sleep(1.0)  # handshake done, fetch parked at the producer
+        victim.kill()
+        got = b.result("pull", PULL_TIMEOUT_S + 10)
+        b.call("finish", "b", "d-vanish")
+        assert got["results"] == ["MISS"] * 3
+        assert got["elapsed"] < 1.0 + FAILURE_DEADLINE_S
+    finally:
+        victim.close()
+
+
+def test_shutdown_reports_jobs_and_releases_the_primary_view(cluster):
+    """A producer with a parked store shuts down: the manager's own shutdown
+    (tier, then primary view release and region cleanup) must succeed."""
+    a = cluster.a
+    cluster.add(a, "short_lived")
+    params = {"remote_decoder": {"kv_request_id": _kid()}}
+    a.call("store", "short_lived", "parked", params, _keys(2), _rows(2))
+    assert a.call("pending", "short_lived") is True
+    # NodeError if our export of the view survived (BufferError on release).
+    a.call("shutdown", "short_lived")
