@@ -1,0 +1,74 @@
+package main
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/peerkv/peerkv/core/tier"
+)
+
+// peer is what a handle refers to.
+type peer struct {
+	tier *tier.Tier
+}
+
+// firstHandle is an unlikely value, so a stray 0, small integer or fd passed
+// as a handle is never valid.
+const firstHandle int64 = 42<<16 + 1
+
+// handleTable maps integer handles to peers. Handles are never reused, so a
+// handle below next that is no longer in the map was released.
+type handleTable struct {
+	mu    sync.Mutex
+	next  int64
+	peers map[int64]*peer
+}
+
+var handles = handleTable{next: firstHandle, peers: map[int64]*peer{}}
+
+func (t *handleTable) add(p *peer) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := t.next
+	t.next++
+	t.peers[h] = p
+	return h
+}
+
+func (t *handleTable) get(h int64) (*peer, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p, ok := t.peers[h]; ok {
+		return p, nil
+	}
+	return nil, t.unknown(h)
+}
+
+// remove deletes h from the table. released reports a handle that was valid
+// once and is already gone (destroy is idempotent for those).
+func (t *handleTable) remove(h int64) (p *peer, released bool, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p, ok := t.peers[h]; ok {
+		delete(t.peers, h)
+		return p, false, nil
+	}
+	if h >= firstHandle && h < t.next {
+		return nil, true, nil
+	}
+	return nil, false, t.unknown(h)
+}
+
+func (t *handleTable) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.peers)
+}
+
+// unknown describes why h is not valid; t.mu is held.
+func (t *handleTable) unknown(h int64) error {
+	if h >= firstHandle && h < t.next {
+		return fmt.Errorf("handle %d was destroyed: %w", h, errUnknownHandle)
+	}
+	return fmt.Errorf("handle %d: %w", h, errUnknownHandle)
+}

@@ -1,0 +1,95 @@
+package node
+
+import (
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/peerkv/peerkv/core/config"
+	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/core/tier"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// freePort asks the kernel for a loopback port that is free right now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func testConfig(t *testing.T, extra string) config.Config {
+	t.Helper()
+	cfg, err := config.FromJSON([]byte(`{"host":"127.0.0.1","port":` + strconv.Itoa(freePort(t)) +
+		`,"data_port":0,"shutdown_drain_timeout_s":0.5` + extra + `}`))
+	require.NoError(t, err)
+	return cfg
+}
+
+func testRegion() data.Region { return data.Region{Mem: make([]byte, 4*4096), RowLen: 4096} }
+
+func TestOpenBindsTheControlPortAndShutsDown(t *testing.T) {
+	cfg := testConfig(t, "")
+	tr, err := Open(cfg, testRegion())
+	require.NoError(t, err)
+	assert.Equal(t, cfg.LocalID(), tr.LocalID())
+
+	_, err = Open(cfg, testRegion())
+	require.ErrorIs(t, err, ErrTransport, "a second peer on the same port must fail to bind")
+	assert.Contains(t, err.Error(), cfg.LocalID())
+
+	done := make(chan error, 1)
+	go func() { done <- tr.Shutdown() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Shutdown did not return within 10s")
+	}
+	// The port is free again.
+	tr, err = Open(cfg, testRegion())
+	require.NoError(t, err)
+	require.NoError(t, tr.Shutdown())
+}
+
+func TestNixlThatCannotLoadIsUnavailableAndReleasesThePort(t *testing.T) {
+	cfg := testConfig(t, `,"data_transport":"nixl","nixl_library":"/nonexistent/libnixl_capi.so"`)
+	_, err := Open(cfg, testRegion())
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), "NIXL unavailable")
+
+	cfg.DataTransport = "tcp"
+	tr, err := Open(cfg, testRegion())
+	require.NoError(t, err, "the failed open must have closed its control socket")
+	require.NoError(t, tr.Shutdown())
+}
+
+func TestDataPortInUseIsATransportError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	cfg := testConfig(t, `,"data_host":"127.0.0.1","data_port":`+strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	_, err = Open(cfg, testRegion())
+	require.ErrorIs(t, err, ErrTransport)
+	assert.Contains(t, err.Error(), "data path")
+}
+
+func TestInvalidConfigIsAnInvalidArgument(t *testing.T) {
+	cfg := testConfig(t, "")
+	cfg.DataTransport = "carrier-pigeon"
+	_, err := Open(cfg, testRegion())
+	require.ErrorIs(t, err, tier.ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "carrier-pigeon")
+}
+
+func TestNixlStatusIsOKOrSaysWhy(t *testing.T) {
+	s := NixlStatus()
+	assert.NotEmpty(t, s)
+	if s != "ok" {
+		assert.Contains(t, s, "NIXL unavailable")
+	}
+}

@@ -1,0 +1,467 @@
+/* scen_transfer.c — scenarios that move rows between two processes. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define ROWS 64
+#define ROW_LEN (64 * 1024)
+
+static hpeer peer; /* this process's peer (large: static) */
+
+/* ---- shared steps ---- */
+
+static void keys_for(uint8_t *keys, char tag, size_t first, size_t n) {
+  for (size_t i = 0; i < n; i++) make_key(keys + i * KEY_LEN, tag, first + i);
+}
+
+static void fill_rows(hpeer *p, const uint8_t *keys, const int64_t *slots, size_t n) {
+  for (size_t i = 0; i < n; i++) fill_row(peer_row(p, slots[i]), p->row_len, keys + i * KEY_LEN);
+}
+
+static void verify_rows(hpeer *p, const uint8_t *keys, const int64_t *slots, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t bad = check_row(peer_row(p, slots[i]), p->row_len, keys + i * KEY_LEN);
+    CHECK(bad == 0, "row %lld (key %zu): byte %llu differs from the producer's pattern", (long long)slots[i], i,
+          (unsigned long long)(bad - 1));
+  }
+}
+
+static int32_t start(hpeer *p, const char *req, const char *params_json) {
+  int32_t policy = -1;
+  int32_t rc = peerkv_request_start(p->h, req, params_json, &policy, p->err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, p->err);
+  return policy;
+}
+
+static void finish(hpeer *p, const char *req) {
+  int32_t rc = peerkv_request_finish(p->h, req, p->err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, p->err);
+}
+
+static int64_t submit(hpeer *p, int is_load, const char *req, const uint8_t *keys, const int64_t *slots, size_t n) {
+  int64_t job = peer_new_job(p, is_load, 0, n);
+  int32_t rc = is_load ? peerkv_submit_load(p->h, req, job, keys, KEY_LEN, n, slots, p->err, ERRLEN)
+                       : peerkv_submit_store(p->h, req, job, keys, KEY_LEN, n, slots, p->err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, p->err);
+  return job;
+}
+
+static void expect_success(job_t *j, uint64_t row_len) {
+  CHECK(j->success == 1, "job %lld (%s) failed", (long long)j->id, j->is_load ? "load" : "store");
+  CHECK(j->bytes == (int64_t)(j->rows * row_len), "job %lld reported %lld bytes, want %llu", (long long)j->id,
+        (long long)j->bytes, (unsigned long long)(j->rows * row_len));
+}
+
+static void expect_all(const int32_t *results, size_t n, int32_t want, const char *what) {
+  for (size_t i = 0; i < n; i++) CHECK(results[i] == want, "%s: result[%zu]=%d, want %d", what, i, results[i], want);
+}
+
+static char *pd_source(char *buf, size_t cap, const char *key, const char *kv, int port) {
+  snprintf(buf, cap, "{\"%s\":{\"kv_request_id\":\"%s\",\"remote_host\":\"127.0.0.1\",\"remote_port\":%d}}", key, kv,
+           port);
+  return buf;
+}
+
+/* Side b reports its port, then the sides exchange lines. */
+child_t start_side_b(int *port_b) {
+  const char *args[] = {"--scenario", g_current->name, "b", NULL};
+  child_t c = spawn_self(args, NULL, false, NULL);
+  char line[128];
+  step("wait for side b");
+  CHECK(read_line(c.from, line, sizeof line, 20000) == 1, "side b did not start");
+  CHECK(sscanf(line, "ready %d", port_b) == 1, "side b said %s", line);
+  return c;
+}
+
+void join_side_b(child_t *c) {
+  step("join side b");
+  int status = wait_child(c, 20000);
+  CHECK(status == 0, "side b exited with status %d", status);
+}
+
+/* a: wait for a line from b while serving; returns it in line. */
+static void expect_line(hpeer *p, int fd, const char *want, char *line, size_t cap) {
+  CHECK(peer_wait_line(p, fd, line, cap, 20) == 1, "side b closed its pipe before saying %s", want);
+  CHECK(strncmp(line, want, strlen(want)) == 0, "side b said '%s', want '%s'", line, want);
+}
+
+/* b: the scenario side's lines arrive on stdin. */
+static void b_expect(hpeer *p, const char *want, char *line, size_t cap) {
+  int r = p ? peer_wait_line(p, 0, line, cap, 20) : read_line(0, line, cap, 20000);
+  CHECK(r == 1, "side a went away before saying %s", want);
+  CHECK(strncmp(line, want, strlen(want)) == 0, "side a said '%s', want '%s'", line, want);
+}
+
+/* ---- PD, prefiller first ---- */
+
+#define PD_N 32
+
+static void pd_prefiller_first_b(void) {
+  step("open prefiller");
+  peer_open(&peer, ROWS, ROW_LEN, "");
+  uint8_t keys[PD_N * KEY_LEN];
+  int64_t slots[PD_N];
+  keys_for(keys, 'P', 0, PD_N);
+  for (int i = 0; i < PD_N; i++) slots[i] = i;
+  fill_rows(&peer, keys, slots, PD_N);
+  step("store before the decoder asks");
+  int32_t policy = start(&peer, "prefill-1", "{\"remote_decoder\":{\"kv_request_id\":\"kv-pd-1\"}}");
+  CHECK(policy == PEERKV_POLICY_REQUEST_LEVEL, "prefiller policy %d, want REQUEST_LEVEL", policy);
+  int64_t job = submit(&peer, 0, "prefill-1", keys, slots, PD_N);
+  finish(&peer, "prefill-1"); /* the prefill ends; its rows stay parked for the decoder */
+  send_line(1, "ready %d", peer.port);
+  char line[128];
+  step("serve the decoder");
+  b_expect(&peer, "done", line, sizeof line);
+  expect_success(peer_wait_job(&peer, job, 10), ROW_LEN);
+  step("leak check");
+  peer_check_clean(&peer, 5);
+  send_line(1, "clean");
+  b_expect(NULL, "bye", line, sizeof line);
+  peer_close(&peer);
+}
+
+static void pd_prefiller_first_a(void) {
+  step("open decoder");
+  peer_open(&peer, ROWS, ROW_LEN, "");
+  int port_b;
+  child_t b = start_side_b(&port_b);
+  uint8_t keys[PD_N * KEY_LEN];
+  int64_t slots[PD_N];
+  int32_t results[PD_N];
+  keys_for(keys, 'P', 0, PD_N);
+  for (int i = 0; i < PD_N; i++) slots[i] = ROWS - 1 - i; /* a different row mapping than the producer's */
+  step("decoder lookup");
+  char params[256];
+  int32_t policy = start(&peer, "decode-1", pd_source(params, sizeof params, "remote_prefiller", "kv-pd-1", port_b));
+  CHECK(policy == PEERKV_POLICY_BLOCK_LEVEL, "decoder policy %d", policy);
+  int32_t rc = peerkv_lookup(peer.h, "decode-1", keys, KEY_LEN, PD_N, results, peer.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, peer.err);
+  expect_all(results, PD_N, PEERKV_LOOKUP_HIT, "PD decoder lookup");
+  step("decoder load");
+  int64_t job = submit(&peer, 1, "decode-1", keys, slots, PD_N);
+  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
+  verify_rows(&peer, keys, slots, PD_N);
+  finish(&peer, "decode-1");
+  step("leak check");
+  peer_check_clean(&peer, 5);
+  send_line(b.to, "done");
+  char line[128];
+  expect_line(&peer, b.from, "clean", line, sizeof line);
+  send_line(b.to, "bye");
+  join_side_b(&b);
+  peer_close(&peer);
+}
+
+/* ---- PD, decoder first ---- */
+
+static void pd_decoder_first_b(void) {
+  step("open prefiller");
+  peer_open(&peer, ROWS, ROW_LEN, "");
+  send_line(1, "ready %d", peer.port);
+  char line[128];
+  step("wait for the decoder's load");
+  b_expect(&peer, "loading", line, sizeof line);
+  /* Keep serving a moment so the decoder's fetch arrives before any store. */
+  double until = now_s() + 0.2;
+  while (now_s() < until) {
+    peer_pump(&peer);
+    sleep_ms(2);
+  }
+  step("store after the decoder asked, in two batches");
+  uint8_t keys[PD_N * KEY_LEN];
+  int64_t slots[PD_N];
+  keys_for(keys, 'D', 0, PD_N);
+  for (int i = 0; i < PD_N; i++) slots[i] = 2 * i;
+  fill_rows(&peer, keys, slots, PD_N);
+  start(&peer, "prefill-2", "{\"remote_decoder\":{\"kv_request_id\":\"kv-pd-2\"}}");
+  int64_t j1 = submit(&peer, 0, "prefill-2", keys, slots, PD_N / 2);
+  int64_t j2 = submit(&peer, 0, "prefill-2", keys + (PD_N / 2) * KEY_LEN, slots + PD_N / 2, PD_N / 2);
+  expect_success(peer_wait_job(&peer, j1, 10), ROW_LEN);
+  expect_success(peer_wait_job(&peer, j2, 10), ROW_LEN);
+  finish(&peer, "prefill-2");
+  send_line(1, "stored");
+  b_expect(&peer, "done", line, sizeof line);
+  step("leak check");
+  peer_check_clean(&peer, 5);
+  send_line(1, "clean");
+  b_expect(NULL, "bye", line, sizeof line);
+  peer_close(&peer);
+}
+
+static void pd_decoder_first_a(void) {
+  step("open decoder");
+  peer_open(&peer, ROWS, ROW_LEN, "");
+  int port_b;
+  child_t b = start_side_b(&port_b);
+  uint8_t keys[PD_N * KEY_LEN];
+  int64_t slots[PD_N];
+  int32_t results[PD_N];
+  keys_for(keys, 'D', 0, PD_N);
+  for (int i = 0; i < PD_N; i++) slots[i] = 10 + i;
+  step("decoder loads before anything is stored");
+  char params[256];
+  start(&peer, "decode-2", pd_source(params, sizeof params, "remote_prefiller", "kv-pd-2", port_b));
+  int32_t rc = peerkv_lookup(peer.h, "decode-2", keys, KEY_LEN, PD_N, results, peer.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, peer.err);
+  expect_all(results, PD_N, PEERKV_LOOKUP_HIT, "PD decoder lookup");
+  int64_t job = submit(&peer, 1, "decode-2", keys, slots, PD_N);
+  send_line(b.to, "loading");
+  step("decoder load completes once the prefiller stores");
+  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
+  verify_rows(&peer, keys, slots, PD_N);
+  char line[128];
+  expect_line(&peer, b.from, "stored", line, sizeof line);
+  finish(&peer, "decode-2");
+  step("leak check");
+  peer_check_clean(&peer, 5);
+  send_line(b.to, "done");
+  expect_line(&peer, b.from, "clean", line, sizeof line);
+  send_line(b.to, "bye");
+  join_side_b(&b);
+  peer_close(&peer);
+}
+
+/* ---- P2P with partial hits ---- */
+
+#define P2P_N 24
+#define P2P_PENDING_KEY 5 /* answered HIT_PENDING on its first evaluation */
+
+static int p2p_held(size_t i) { return i % 4 != 3; }
+
+static void p2p_partial_b(void) {
+  step("open source");
+  peer_open(&peer, ROWS, ROW_LEN, "");
+  for (size_t i = 0; i < P2P_N; i++) {
+    if (!p2p_held(i)) continue;
+    uint8_t key[KEY_LEN];
+    make_key(key, 'Q', i);
+    fill_row(peer_row(&peer, (int64_t)i), ROW_LEN, key);
+    peer_hold(&peer, key, (int64_t)i, i == P2P_PENDING_KEY);
+  }
+  send_line(1, "ready %d", peer.port);
+  char line[128];
+  step("serve lookups and fetches");
+  b_expect(&peer, "done", line, sizeof line);
+  step("leak check");
+  peer_check_clean(&peer, 5);
+  CHECK(peer.lookups_started >= 1 && peer.lookups_started == peer.lookups_ended,
+        "inbound lookups started %llu, ended %llu", (unsigned long long)peer.lookups_started,
+        (unsigned long long)peer.lookups_ended);
+  CHECK(peer.evaluations >= 2, "HIT_PENDING key was never re-evaluated (%llu evaluations)",
+        (unsigned long long)peer.evaluations);
+  send_line(1, "clean");
+  b_expect(NULL, "bye", line, sizeof line);
+  peer_close(&peer);
+}
+
+static void p2p_partial_a(void) {
+  step("open consumer");
+  peer_open(&peer, ROWS, ROW_LEN, "");
+  int port_b;
+  child_t b = start_side_b(&port_b);
+  uint8_t keys[P2P_N * KEY_LEN];
+  int32_t results[P2P_N];
+  keys_for(keys, 'Q', 0, P2P_N);
+  char params[256];
+  step("first lookup answers RETRY");
+  int32_t policy = start(&peer, "p2p-1", pd_source(params, sizeof params, "remote_kv_source", "kv-p2p-1", port_b));
+  CHECK(policy == PEERKV_POLICY_BLOCK_LEVEL, "P2P consumer policy %d", policy);
+  int32_t rc = peerkv_lookup(peer.h, "p2p-1", keys, KEY_LEN, P2P_N, results, peer.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, peer.err);
+  expect_all(results, P2P_N, PEERKV_LOOKUP_RETRY, "first P2P lookup");
+  step("lookups settle into HIT and MISS");
+  peer_lookup_settled(&peer, "p2p-1", keys, P2P_N, results, 10);
+  uint8_t hit_keys[P2P_N * KEY_LEN];
+  int64_t hit_slots[P2P_N];
+  size_t n_hits = 0;
+  for (size_t i = 0; i < P2P_N; i++) {
+    int32_t want = p2p_held(i) ? PEERKV_LOOKUP_HIT : PEERKV_LOOKUP_MISS;
+    CHECK(results[i] == want, "key %zu: %d, want %d", i, results[i], want);
+    if (results[i] == PEERKV_LOOKUP_HIT) {
+      memcpy(hit_keys + n_hits * KEY_LEN, keys + i * KEY_LEN, KEY_LEN);
+      hit_slots[n_hits] = 32 + (int64_t)n_hits;
+      n_hits++;
+    }
+  }
+  step("load the hits only");
+  int64_t job = submit(&peer, 1, "p2p-1", hit_keys, hit_slots, n_hits);
+  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
+  verify_rows(&peer, hit_keys, hit_slots, n_hits);
+  finish(&peer, "p2p-1");
+  step("leak check");
+  peer_check_clean(&peer, 5);
+  send_line(b.to, "done");
+  char line[128];
+  expect_line(&peer, b.from, "clean", line, sizeof line);
+  send_line(b.to, "bye");
+  join_side_b(&b);
+  peer_close(&peer);
+}
+
+/* ---- remote_decoder + remote_kv_source on one request ---- */
+
+#define COMBO_N 16
+#define COMBO_HELD 8 /* the source holds the first 8 keys */
+
+static void combo_b(void) {
+  step("open prefiller");
+  peer_open(&peer, ROWS, ROW_LEN, "");
+  send_line(1, "ready %d", peer.port);
+  char line[128];
+  b_expect(&peer, "go", line, sizeof line);
+  int port_a;
+  CHECK(sscanf(line, "go %d", &port_a) == 1, "bad line %s", line);
+  uint8_t keys[COMBO_N * KEY_LEN];
+  int64_t slots[COMBO_N];
+  int32_t results[COMBO_N];
+  keys_for(keys, 'R', 0, COMBO_N);
+  for (int i = 0; i < COMBO_N; i++) slots[i] = i;
+  step("prefill request pulls its prefix from the source");
+  char params[512];
+  snprintf(params, sizeof params,
+           "{\"remote_decoder\":{\"kv_request_id\":\"kv-pd-3\"},"
+           "\"remote_kv_source\":{\"kv_request_id\":\"kv-src-3\",\"remote_host\":\"127.0.0.1\",\"remote_port\":%d}}",
+           port_a);
+  int32_t policy = start(&peer, "prefill-3", params);
+  CHECK(policy == PEERKV_POLICY_REQUEST_LEVEL, "combined policy %d, want REQUEST_LEVEL", policy);
+  peer_lookup_settled(&peer, "prefill-3", keys, COMBO_N, results, 10);
+  for (int i = 0; i < COMBO_N; i++)
+    CHECK(results[i] == (i < COMBO_HELD ? PEERKV_LOOKUP_HIT : PEERKV_LOOKUP_MISS), "key %d: %d", i, results[i]);
+  int64_t load = submit(&peer, 1, "prefill-3", keys, slots, COMBO_HELD);
+  expect_success(peer_wait_job(&peer, load, 15), ROW_LEN);
+  verify_rows(&peer, keys, slots, COMBO_HELD);
+  step("compute the misses, store everything for the decoder");
+  fill_rows(&peer, keys + COMBO_HELD * KEY_LEN, slots + COMBO_HELD, COMBO_N - COMBO_HELD);
+  int64_t store = submit(&peer, 0, "prefill-3", keys, slots, COMBO_N);
+  finish(&peer, "prefill-3");
+  send_line(1, "stored");
+  b_expect(&peer, "done", line, sizeof line);
+  expect_success(peer_wait_job(&peer, store, 10), ROW_LEN);
+  step("leak check");
+  peer_check_clean(&peer, 5);
+  send_line(1, "clean");
+  b_expect(NULL, "bye", line, sizeof line);
+  peer_close(&peer);
+}
+
+static void combo_a(void) {
+  step("open source + decoder");
+  peer_open(&peer, ROWS, ROW_LEN, "");
+  for (int i = 0; i < COMBO_HELD; i++) {
+    uint8_t key[KEY_LEN];
+    make_key(key, 'R', (uint64_t)i);
+    fill_row(peer_row(&peer, 48 + i), ROW_LEN, key);
+    peer_hold(&peer, key, 48 + i, 0);
+  }
+  int port_b;
+  child_t b = start_side_b(&port_b);
+  send_line(b.to, "go %d", peer.port);
+  char line[128];
+  step("serve the prefiller's lookup");
+  expect_line(&peer, b.from, "stored", line, sizeof line);
+  step("decode everything from the prefiller");
+  uint8_t keys[COMBO_N * KEY_LEN];
+  int64_t slots[COMBO_N];
+  int32_t results[COMBO_N];
+  keys_for(keys, 'R', 0, COMBO_N);
+  for (int i = 0; i < COMBO_N; i++) slots[i] = 16 + i;
+  char params[256];
+  start(&peer, "decode-3", pd_source(params, sizeof params, "remote_prefiller", "kv-pd-3", port_b));
+  int32_t rc = peerkv_lookup(peer.h, "decode-3", keys, KEY_LEN, COMBO_N, results, peer.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, peer.err);
+  expect_all(results, COMBO_N, PEERKV_LOOKUP_HIT, "decoder lookup");
+  int64_t job = submit(&peer, 1, "decode-3", keys, slots, COMBO_N);
+  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
+  verify_rows(&peer, keys, slots, COMBO_N); /* rows 0..7 went source -> prefiller -> decoder */
+  finish(&peer, "decode-3");
+  step("leak check");
+  peer_check_clean(&peer, 5);
+  CHECK(peer.lookups_started >= 1 && peer.lookups_started == peer.lookups_ended, "source lookups %llu/%llu",
+        (unsigned long long)peer.lookups_started, (unsigned long long)peer.lookups_ended);
+  send_line(b.to, "done");
+  expect_line(&peer, b.from, "clean", line, sizeof line);
+  send_line(b.to, "bye");
+  join_side_b(&b);
+  peer_close(&peer);
+}
+
+/* ---- the producer is killed mid-transfer ---- */
+
+#define KILL_ROWS 256
+#define KILL_ROW_LEN (1024 * 1024)
+#define KILL_OPTS "\"load_timeout_s\":3,\"abort_ack_timeout_s\":1,\"handshake_timeout_s\":2"
+
+static void killed_producer_b(void) {
+  step("open prefiller");
+  peer_open(&peer, KILL_ROWS, KILL_ROW_LEN, KILL_OPTS);
+  static uint8_t keys[KILL_ROWS * KEY_LEN];
+  static int64_t slots[KILL_ROWS];
+  keys_for(keys, 'K', 0, KILL_ROWS);
+  for (int i = 0; i < KILL_ROWS; i++) slots[i] = i;
+  fill_rows(&peer, keys, slots, KILL_ROWS);
+  start(&peer, "prefill-k", "{\"remote_decoder\":{\"kv_request_id\":\"kv-kill\"}}");
+  submit(&peer, 0, "prefill-k", keys, slots, KILL_ROWS);
+  send_line(1, "ready %d", peer.port);
+  step("serve until killed");
+  char line[128];
+  b_expect(&peer, "never", line, sizeof line);
+  failf("side a should have killed this process");
+}
+
+static void killed_producer_a(void) {
+  step("open decoder");
+  peer_open(&peer, KILL_ROWS, KILL_ROW_LEN, KILL_OPTS);
+  int port_b;
+  child_t b = start_side_b(&port_b);
+  static uint8_t keys[KILL_ROWS * KEY_LEN];
+  static int64_t slots[KILL_ROWS];
+  keys_for(keys, 'K', 0, KILL_ROWS);
+  for (int i = 0; i < KILL_ROWS; i++) slots[i] = i;
+  char params[256];
+  start(&peer, "decode-k", pd_source(params, sizeof params, "remote_prefiller", "kv-kill", port_b));
+  int64_t job = submit(&peer, 1, "decode-k", keys, slots, KILL_ROWS);
+  step("kill the producer once rows start landing");
+  /* The first 8 bytes of a row flip to the producer's pattern when that row
+   * starts arriving. */
+  double deadline = now_s() + 10;
+  int arrived = 0;
+  while (!arrived) {
+    CHECK(now_s() < deadline, "no row arrived within 10s");
+    for (int i = 0; i < KILL_ROWS && !arrived; i++) {
+      uint8_t head[8];
+      fill_row(head, 8, keys + i * KEY_LEN);
+      arrived = memcmp(peer_row(&peer, i), head, 8) == 0;
+    }
+  }
+  double killed_at = now_s();
+  kill(b.pid, SIGKILL);
+  step("the load is reported failed within its deadline");
+  job_t *j = peer_wait_job(&peer, job, 3 + 1 + 2);
+  int complete = 0;
+  for (int i = 0; i < KILL_ROWS; i++) complete += check_row(peer_row(&peer, i), KILL_ROW_LEN, keys + i * KEY_LEN) == 0;
+  CHECK(j->success == 0, "load succeeded although the producer was killed (%d of %d rows complete)", complete, KILL_ROWS);
+  CHECK(complete < KILL_ROWS, "all rows complete, yet the load failed");
+  fprintf(stderr, "  killed_producer: load failed %.2fs after the kill with %d of %d rows complete\n",
+          j->reported_at - killed_at, complete, KILL_ROWS);
+  int status = wait_child(&b, 5000);
+  CHECK(status == 128 + SIGKILL, "producer exit status %d, want killed", status);
+  finish(&peer, "decode-k");
+  step("leak check");
+  peer_check_clean(&peer, 5);
+  peer_close(&peer);
+}
+
+const scenario_t transfer_scenarios[] = {
+    {"pd_prefiller_first", pd_prefiller_first_a, pd_prefiller_first_b, 60},
+    {"pd_decoder_first", pd_decoder_first_a, pd_decoder_first_b, 60},
+    {"p2p_partial_hits", p2p_partial_a, p2p_partial_b, 60},
+    {"decoder_plus_kv_source", combo_a, combo_b, 60},
+    {"producer_killed", killed_producer_a, killed_producer_b, 60},
+};
+const size_t n_transfer_scenarios = sizeof transfer_scenarios / sizeof transfer_scenarios[0];
