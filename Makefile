@@ -125,8 +125,10 @@ test-python: $(LIB) ## the Python tests (tests/python) against build/libpeerkv.s
 test: setup-python all vet test-go test-harness test-python ## everything: build + visibility gate, vet, go test -race, C harness (plain + ASan), pytest
 	@echo "make test: all passed"
 
-bench: ## Go benchmarks (no tests)
-	$(GO) test -run '^$$' -bench . -benchmem ./...
+bench: ## the three headline figures (data path vs memcpy, lookup round trips, host-call cost), then Go micro-benchmarks
+	$(GO) run ./tests/bench/datapath
+	$(GO) run ./tests/bench/control
+	$(GO) test -run '^$$' -bench . -benchmem ./core/protocol ./core/control/zmqctl
 
 setup: ## install build prerequisites (apt packages, Go check) when missing
 	scripts/setup.sh

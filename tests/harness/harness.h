@@ -133,6 +133,10 @@ typedef struct hpeer {
   int64_t open_lookups[MAX_LOOKUPS];
   size_t n_open_lookups;
   uint64_t lookups_started, lookups_ended, evaluations;
+  /* When set, the next inbound item is first asked for with buffers that
+   * are too small (checks PEERKV_ERR_BUFFER_TOO_SMALL leaves it queued). */
+  int probe_small_buffers;
+  int small_buffer_probes;
 } hpeer;
 
 /* Creates a peer on 127.0.0.1 at a free port (retrying ports in use).

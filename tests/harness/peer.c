@@ -225,8 +225,26 @@ static void evaluate(hpeer *p, int64_t lookup_id, const uint8_t *keys, size_t n)
   free(pins);
 }
 
+/* Asks for the next inbound item with a 4-byte req_id buffer and no key
+ * buffer: it must be refused with the sizes it needs, and stay queued. */
+static void probe_small_buffers(hpeer *p) {
+  int64_t lookup_id = -1;
+  int32_t kind = 0, first = -1;
+  char req_id[4];
+  size_t req_needed = 0, n_keys = 0;
+  int32_t rc = peerkv_next_inbound(p->h, &lookup_id, &kind, &first, req_id, sizeof req_id, &req_needed, NULL, 0,
+                                   &n_keys, p->err, ERRLEN);
+  if (rc == 1) return; /* nothing queued yet */
+  CHECK_RC(rc, PEERKV_ERR_BUFFER_TOO_SMALL, p->err);
+  CHECK(req_needed > sizeof req_id && n_keys > 0, "BUFFER_TOO_SMALL with req_id_needed=%zu n_keys=%zu", req_needed,
+        n_keys);
+  p->probe_small_buffers = 0;
+  p->small_buffer_probes++;
+}
+
 static void serve_inbound(hpeer *p) {
   static uint8_t keys[MAX_HELD * KEY_LEN];
+  if (p->probe_small_buffers) probe_small_buffers(p);
   for (int round = 0; round < 1000; round++) {
     int64_t lookup_id = -1;
     int32_t kind = 0, first = -1;

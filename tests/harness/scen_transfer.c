@@ -244,6 +244,7 @@ static void p2p_partial_b(void) {
     fill_row(peer_row(&peer, (int64_t)i), ROW_LEN, key);
     peer_hold(&peer, key, (int64_t)i, i == P2P_PENDING_KEY);
   }
+  peer.probe_small_buffers = 1;
   send_line(1, "ready %d", peer.port);
   char line[128];
   step("serve lookups and fetches");
@@ -255,6 +256,7 @@ static void p2p_partial_b(void) {
         (unsigned long long)peer.lookups_ended);
   CHECK(peer.evaluations >= 2, "HIT_PENDING key was never re-evaluated (%llu evaluations)",
         (unsigned long long)peer.evaluations);
+  CHECK(peer.small_buffer_probes == 1, "the too-small-buffer probe never met an inbound item");
   send_line(1, "clean");
   b_expect(NULL, "bye", line, sizeof line);
   peer_close(&peer);

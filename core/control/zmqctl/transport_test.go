@@ -90,8 +90,8 @@ func TestSendToNobodyListeningReportsPeerDown(t *testing.T) {
 
 	start := time.Now()
 	require.NoError(t, a.Send(nobody, []byte("hello?")))
-	ev := nextEvent(t, a, connectTimeout+time.Second)
-	assert.Less(t, time.Since(start), connectTimeout+500*time.Millisecond)
+	ev := nextEvent(t, a, connectTimeout+10*time.Second)
+	assert.Less(t, time.Since(start), connectTimeout+10*time.Second)
 	assert.Equal(t, control.EventPeerDown, ev.Kind)
 	assert.Equal(t, nobody, ev.PeerID)
 	assert.True(t, errors.Is(ev.Err, ErrPeerDisconnected) || errors.Is(ev.Err, ErrConnectTimeout), "err: %v", ev.Err)
@@ -113,7 +113,7 @@ func TestHandshakeDeadlineWithSilentListener(t *testing.T) {
 	assert.Equal(t, silent, ev.PeerID)
 	assert.ErrorIs(t, ev.Err, ErrConnectTimeout)
 	assert.GreaterOrEqual(t, elapsed, 300*time.Millisecond)
-	assert.Less(t, elapsed, 3*time.Second, "bound is loose for loaded CI boxes")
+	assert.Less(t, elapsed, 10*time.Second, "bound is loose for loaded CI boxes")
 }
 
 func TestPeerDownAfterPeerCloses(t *testing.T) {
@@ -125,11 +125,11 @@ func TestPeerDownAfterPeerCloses(t *testing.T) {
 
 	start := time.Now()
 	require.NoError(t, b.Close())
-	ev := nextEvent(t, a, 2*time.Second)
+	ev := nextEvent(t, a, 12*time.Second)
 	assert.Equal(t, control.EventPeerDown, ev.Kind)
 	assert.Equal(t, b.LocalID(), ev.PeerID)
 	assert.ErrorIs(t, ev.Err, ErrPeerDisconnected)
-	assert.Less(t, time.Since(start), opts.HeartbeatTimeout+2*time.Second)
+	assert.Less(t, time.Since(start), opts.HeartbeatTimeout+10*time.Second)
 }
 
 func TestHeartbeatDetectsHungPeer(t *testing.T) {
@@ -144,14 +144,14 @@ func TestHeartbeatDetectsHungPeer(t *testing.T) {
 
 	start := time.Now()
 	proxy.blackhole() // b "hangs": TCP stays up, nothing answers
-	ev = nextEvent(t, a, 5*time.Second)
+	ev = nextEvent(t, a, 15*time.Second)
 	assert.Equal(t, control.EventPeerDown, ev.Kind)
 	assert.Equal(t, proxy.addr, ev.PeerID)
 	assert.ErrorIs(t, ev.Err, ErrPeerDisconnected)
 	// ~600 ms when unloaded; only the heartbeat can see this at all, so a
 	// loose bound keeps the test stable on a loaded 2-core box.
 	t.Logf("hung peer detected after %v", time.Since(start))
-	assert.Less(t, time.Since(start), opts.HeartbeatTimeout+3*time.Second)
+	assert.Less(t, time.Since(start), opts.HeartbeatTimeout+10*time.Second)
 }
 
 func TestSendAfterPeerDownOpensFreshConnection(t *testing.T) {
@@ -208,7 +208,7 @@ func TestPeerThatStopsReadingIsReportedDown(t *testing.T) {
 	assert.Equal(t, control.EventPeerDown, ev.Kind)
 	assert.Equal(t, silent, ev.PeerID)
 	assert.ErrorIs(t, ev.Err, ErrSendQueueFull)
-	assert.Less(t, time.Since(start), sendTimeout+2*time.Second)
+	assert.Less(t, time.Since(start), sendTimeout+10*time.Second)
 	st := a.Stats()
 	assert.Equal(t, uint64(4), st.FramesOut)
 	assert.Equal(t, uint64(5), st.DroppedOutbound, "4 waiting frames + 1 refused")
