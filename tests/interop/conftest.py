@@ -1,0 +1,35 @@
+"""Mixed-cluster interop tests: peerkv's PeerKVTier next to stock vLLM 0.33.0's
+built-in "p2p" tier, each engine a spawned process, NIXL moving the bytes.
+
+Reuses tests/python's node process (peerkv_node) and its library lookup.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON_TESTS = REPO / "tests" / "python"
+for path in (REPO / "python", PYTHON_TESTS, Path(__file__).resolve().parent):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+
+def _python_tests_conftest():
+    # Loaded under its own name: both folders have a module called conftest.
+    spec = importlib.util.spec_from_file_location("peerkv_python_conftest", PYTHON_TESTS / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def library() -> Path:
+    import os
+
+    helpers = _python_tests_conftest()
+    path = helpers._existing_library() or helpers._build_library()
+    os.environ["PEERKV_LIBRARY"] = str(path)
+    return path

@@ -1,0 +1,296 @@
+"""peerkv's PeerKVTier and stock vLLM 0.33.0's "p2p" tier in one cluster.
+
+Every engine is a spawned process hosting real TieringOffloadingManagers with
+the same model config (block length, fingerprint, hash seed), driven step by
+step like vLLM's scheduler. NIXL (UCX over loopback) carries the rows: the
+producer's primary rows are random bytes, and the consumer's primary rows must
+equal them byte for byte once the load job has succeeded (lookup HIT means the
+secondary tier's load job finished into the primary tier).
+
+Processes: V runs vLLM's p2p tier, P and Q run PeerKVTier with
+data_transport "nixl"; X (PeerKVTier) and Y (vLLM's tier) run under a
+different PYTHONHASHSEED.
+"""
+
+import os
+import time
+import uuid
+
+import pytest
+
+from interop_node import (
+    OTHER_HASH_SEED,
+    InteropNode,
+    peerkv_nixl_config,
+    vllm_p2p_config,
+)
+from peerkv_node import FAST_TIMEOUTS, ROW_BYTES, free_port
+
+HOST = "127.0.0.1"
+PULL_TIMEOUT_S = 20.0
+# A failed pull ends within handshake + load + abort-ack deadlines (both
+# implementations run with the same short deadlines here).
+FAILURE_DEADLINE_S = (
+    FAST_TIMEOUTS["handshake_timeout_s"]
+    + FAST_TIMEOUTS["load_timeout_s"]
+    + FAST_TIMEOUTS["abort_ack_timeout_s"]
+    + 3.0
+)
+
+VLLM, PEERKV = "p2p", "PeerKVTier"
+
+
+class Cluster:
+    def __init__(self, processes):
+        self.processes = processes
+        self.nodes, self.ports, self.kinds = {}, {}, {}
+
+    def add(self, process, name, kind):
+        port = free_port()
+        config = vllm_p2p_config(port) if kind == VLLM else peerkv_nixl_config(port)
+        node = self.processes[process]
+        node.call("take_logs")
+        info = node.call("add", name, config, timeout=60)
+        assert info["tier_type"] == kind, info
+        if kind == PEERKV:  # NIXL really is the data path, not the TCP default
+            lines = node.call("take_logs")
+            assert any(f"127.0.0.1:{port}:" in line and "transport nixl" in line for line in lines), lines
+        self.nodes[name], self.ports[name] = node, port
+        self.kinds[name] = kind
+
+    def peerkv_bytes(self, name, field):
+        """bytes_in / bytes_out of a PeerKVTier's data path; None for vLLM's tier."""
+        if self.kinds[name] != PEERKV:
+            return None
+        return self.nodes[name].call("stats", name)[field]
+
+    def source(self, role, name, kid):
+        return {role: {"kv_request_id": kid, "remote_host": HOST, "remote_port": self.ports[name]}}
+
+
+@pytest.fixture(scope="module")
+def cluster(library):
+    processes = {
+        "V": InteropNode(),
+        "P": InteropNode(),
+        "Q": InteropNode(),
+        "X": InteropNode(hash_seed=OTHER_HASH_SEED),
+        "Y": InteropNode(hash_seed=OTHER_HASH_SEED),
+    }
+    try:
+        for process in processes.values():
+            process.ready()
+        c = Cluster(processes)
+        c.add("V", "v", VLLM)
+        c.add("V", "v_dec", VLLM)
+        c.add("P", "p", PEERKV)
+        c.add("P", "p_dec", PEERKV)
+        c.add("Q", "q", PEERKV)
+        c.add("X", "x", PEERKV)
+        c.add("Y", "y", VLLM)
+        yield c
+    finally:
+        for process in processes.values():
+            process.close()
+
+
+def _keys(n):
+    return [os.urandom(32) + (0).to_bytes(4, "big") for _ in range(n)]
+
+
+def _rows(n):
+    return [os.urandom(ROW_BYTES) for _ in range(n)]
+
+
+def _kid():
+    return uuid.uuid4().hex
+
+
+def _rid(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# (producer, consumer): peerkv as consumer, as producer, and peerkv <-> peerkv.
+PAIRS = [
+    pytest.param("v", "p", id="vllm->peerkv"),
+    pytest.param("p", "v", id="peerkv->vllm"),
+    pytest.param("p", "q", id="peerkv->peerkv"),
+]
+
+
+@pytest.mark.parametrize("producer,consumer", PAIRS)
+def test_pd_prefiller_first(cluster, producer, consumer):
+    prod, cons = cluster.nodes[producer], cluster.nodes[consumer]
+    keys, rows, kid = _keys(4), _rows(4), _kid()
+    sent_before = cluster.peerkv_bytes(producer, "bytes_out")
+    received_before = cluster.peerkv_bytes(consumer, "bytes_in")
+    params = {"remote_decoder": {"kv_request_id": kid}}
+    req = _rid("pf-prefill")
+    assert prod.call("store", producer, req, params, keys, rows) == 4
+    prod.call("finish", producer, req)
+    dec = _rid("pf-decode")
+    got = cons.call("pull", consumer, dec, cluster.source("remote_prefiller", producer, kid), keys, PULL_TIMEOUT_S)
+    cons.call("finish", consumer, dec)
+    assert got["results"] == ["HIT"] * 4
+    assert got["rows"] == rows
+    # peerkv's side of the pair counted the rows on its NIXL data path.
+    if sent_before is not None:
+        assert cluster.peerkv_bytes(producer, "bytes_out") - sent_before == 4 * ROW_BYTES
+    if received_before is not None:
+        assert cluster.peerkv_bytes(consumer, "bytes_in") - received_before == 4 * ROW_BYTES
+
+
+@pytest.mark.parametrize("producer,consumer", PAIRS)
+def test_pd_decoder_first(cluster, producer, consumer):
+    prod, cons = cluster.nodes[producer], cluster.nodes[consumer]
+    keys, rows, kid = _keys(3), _rows(3), _kid()
+    dec = _rid("df-decode")
+    cons.submit("pull", consumer, dec, cluster.source("remote_prefiller", producer, kid), keys, PULL_TIMEOUT_S)
+    time.sleep(0.5)  # the decoder's handshake and fetch reach the prefiller first
+    params = {"remote_decoder": {"kv_request_id": kid}}
+    req = _rid("df-prefill")
+    assert prod.call("store", producer, req, params, keys, rows) == 3
+    prod.call("finish", producer, req)
+    got = cons.result("pull", PULL_TIMEOUT_S + 10)
+    cons.call("finish", consumer, dec)
+    assert got["results"] == ["HIT"] * 3
+    assert got["rows"] == rows
+
+
+@pytest.mark.parametrize("producer,consumer", PAIRS)
+def test_p2p_partial_hits(cluster, producer, consumer):
+    prod, cons = cluster.nodes[producer], cluster.nodes[consumer]
+    keys, rows = _keys(5), _rows(3)
+    src = _rid("partial-src")
+    assert prod.call("store", producer, src, None, keys[:3], rows) == 3
+    prod.call("finish", producer, src)
+    req = _rid("partial")
+    got = cons.call("pull", consumer, req, cluster.source("remote_kv_source", producer, _kid()), keys, PULL_TIMEOUT_S)
+    cons.call("finish", consumer, req)
+    assert got["results"] == ["HIT"] * 3 + ["MISS"] * 2
+    assert got["rows"] == rows + [None, None]
+
+
+# (source, prefiller, decoder): the prefiller pulls a prefix from the source,
+# computes the rest, and serves all of it to a decoder that saw neither.
+CHAINS = [
+    pytest.param("v", "p", "v_dec", id="vllm->peerkv->vllm"),
+    pytest.param("p", "v", "p_dec", id="peerkv->vllm->peerkv"),
+    pytest.param("p", "q", "p_dec", id="peerkv->peerkv->peerkv"),
+]
+
+
+@pytest.mark.parametrize("source,prefiller,decoder", CHAINS)
+def test_remote_decoder_with_remote_kv_source(cluster, source, prefiller, decoder):
+    src, pre, dec = cluster.nodes[source], cluster.nodes[prefiller], cluster.nodes[decoder]
+    prefix, prefix_rows = _keys(2), _rows(2)
+    new, new_rows = _keys(2), _rows(2)
+    src_req = _rid("chain-src")
+    src.call("store", source, src_req, None, prefix, prefix_rows)
+    src.call("finish", source, src_req)
+
+    decode_kid = _kid()
+    params = {"remote_decoder": {"kv_request_id": decode_kid}}
+    params.update(cluster.source("remote_kv_source", source, _kid()))
+    pre_req = _rid("chain-prefill")
+    got = pre.call("pull", prefiller, pre_req, params, prefix, PULL_TIMEOUT_S)
+    assert got["results"] == ["HIT", "HIT"]
+    assert got["rows"] == prefix_rows
+    pre.call("store", prefiller, pre_req, params, prefix + new, prefix_rows + new_rows)
+    pre.call("finish", prefiller, pre_req)
+
+    dec_req = _rid("chain-decode")
+    got = dec.call(
+        "pull", decoder, dec_req, cluster.source("remote_prefiller", prefiller, decode_kid), prefix + new, PULL_TIMEOUT_S
+    )
+    dec.call("finish", decoder, dec_req)
+    assert got["results"] == ["HIT"] * 4
+    assert got["rows"] == prefix_rows + new_rows
+
+
+def _logs(*nodes):
+    return [line for node in nodes for line in node.call("take_logs")]
+
+
+# Odd-seed engines (PYTHONHASHSEED differs) and the compatible engine of the
+# same kind that replaces each one for the "still healthy" check.
+COMPATIBLE_TWIN = {"x": "p", "y": "v"}
+# Seen in every run of this suite (not in a three-process probe, see the
+# report): after peerkv "p" and vLLM "y" reject each other's seed, p's later
+# pulls from / serves to a compatible vLLM peer fail, and a vLLM consumer
+# dialing p gets no Connect back (p logs nothing of it). Diagnosis unfinished.
+PEERKV_AFTER_VLLM_REJECTION = pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "peerkv bug (undiagnosed): after a seed rejection between PeerKVTier p and a vLLM p2p tier, "
+        "p's next v->p pull is all MISS and y's dial to p ends in 'handshake timed out' with no log on p"
+    ),
+)
+SEED_MISMATCHES = [
+    pytest.param("x", "v", id="peerkv(seed B)->vllm"),
+    pytest.param("v", "x", id="vllm->peerkv(seed B)"),
+    pytest.param("y", "p", id="vllm(seed B)->peerkv", marks=PEERKV_AFTER_VLLM_REJECTION),
+    pytest.param("p", "y", id="peerkv->vllm(seed B)", marks=PEERKV_AFTER_VLLM_REJECTION),
+]
+
+
+def _pull_across_seed_mismatch(cluster, producer, consumer):
+    prod, cons = cluster.nodes[producer], cluster.nodes[consumer]
+    keys, rows = _keys(2), _rows(2)
+    src = _rid("seed-src")
+    prod.call("store", producer, src, None, keys, rows)
+    _logs(prod, cons)
+    req = _rid("seed")
+    got = cons.call("pull", consumer, req, cluster.source("remote_kv_source", producer, _kid()), keys, PULL_TIMEOUT_S)
+    cons.call("finish", consumer, req)
+    prod.call("finish", producer, src)
+    return got, _logs(prod, cons)
+
+
+@pytest.mark.parametrize("producer,consumer", SEED_MISMATCHES)
+def test_hash_seed_mismatch_is_rejected_and_both_sides_stay_healthy(cluster, producer, consumer):
+    got, lines = _pull_across_seed_mismatch(cluster, producer, consumer)
+    assert got["results"] == ["MISS", "MISS"]
+    assert got["elapsed"] < FAILURE_DEADLINE_S
+    assert any("hash seed mismatch" in line for line in lines), f"no log line names the seed mismatch: {lines}"
+
+    # Both sides still serve compatible peers, in the same direction.
+    test_p2p_partial_hits(cluster, COMPATIBLE_TWIN.get(producer, producer), COMPATIBLE_TWIN.get(consumer, consumer))
+    # And the odd-seed engine still works locally: its store path and its tier answer.
+    odd = producer if producer in COMPATIBLE_TWIN else consumer
+    node = cluster.nodes[odd]
+    own = _rid("seed-local")
+    assert node.call("store", odd, own, None, _keys(2), _rows(2), timeout=10) == 2
+    node.call("finish", odd, own, timeout=10)
+    if cluster.kinds[odd] == PEERKV:
+        assert node.call("stats", odd, timeout=10)["jobs_unreported"] == 0
+
+
+# Stock vLLM <-> vLLM: both sides send their Connect at once and each checks
+# the other's, so the dialing consumer rejects the producer's Connect and
+# falls back at once, long before the handshake timeout.
+FAIL_FAST_S = 1.0
+PEERKV_ACCEPTOR_DROPS_CONNECT = pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "peerkv bug: a peerkv producer that rejects a dialing peer's Connect queues its own Connect and a "
+        "Disconnect on a fresh DEALER and closes it at once with ZMQ linger 0 (core/control/zmqctl newSocket), "
+        "so neither frame reaches the dialer (peerkv stats frames_out=2, vLLM logs nothing); the consumer only "
+        "falls back at its handshake timeout (vLLM default 30 s) instead of at once"
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    "producer,consumer",
+    [
+        pytest.param("y", "v", id="vllm(seed B)->vllm"),
+        pytest.param("y", "p", id="vllm(seed B)->peerkv", marks=PEERKV_AFTER_VLLM_REJECTION),
+        pytest.param("x", "v", id="peerkv(seed B)->vllm", marks=PEERKV_ACCEPTOR_DROPS_CONNECT),
+        pytest.param("x", "p", id="peerkv(seed B)->peerkv", marks=PEERKV_ACCEPTOR_DROPS_CONNECT),
+    ],
+)
+def test_seed_mismatch_falls_back_before_the_handshake_timeout(cluster, producer, consumer):
+    got, lines = _pull_across_seed_mismatch(cluster, producer, consumer)
+    assert got["results"] == ["MISS", "MISS"]
+    assert got["elapsed"] < FAIL_FAST_S, (got["elapsed"], lines)
