@@ -23,7 +23,7 @@ PRIMARY_BYTES = 256 * ROW_BYTES
 
 # Short deadlines so failure paths finish within seconds.
 FAST_TIMEOUTS = {
-    "handshake_timeout_s": 5.0,  # generous: a loaded 2-core box delays ZMTP
+    "handshake_timeout_s": 10.0,  # generous: a loaded 2-core box delays ZMTP
     "lookup_timeout_s": 3.0,
     "load_timeout_s": 3.0,
     "abort_ack_timeout_s": 1.0,
