@@ -21,10 +21,11 @@ import pytest
 from interop_node import (
     OTHER_HASH_SEED,
     InteropNode,
+    control_port,
     peerkv_nixl_config,
     vllm_p2p_config,
 )
-from peerkv_node import FAST_TIMEOUTS, ROW_BYTES, free_port
+from peerkv_node import FAST_TIMEOUTS, ROW_BYTES
 
 HOST = "127.0.0.1"
 PULL_TIMEOUT_S = 20.0
@@ -46,7 +47,7 @@ class Cluster:
         self.nodes, self.ports, self.kinds = {}, {}, {}
 
     def add(self, process, name, kind):
-        port = free_port()
+        port = control_port()
         config = vllm_p2p_config(port) if kind == VLLM else peerkv_nixl_config(port)
         node = self.processes[process]
         node.call("take_logs")
@@ -215,22 +216,21 @@ def _logs(*nodes):
 # Odd-seed engines (PYTHONHASHSEED differs) and the compatible engine of the
 # same kind that replaces each one for the "still healthy" check.
 COMPATIBLE_TWIN = {"x": "p", "y": "v"}
-# Seen in every run of this suite (not in a three-process probe, see the
-# report): after peerkv "p" and vLLM "y" reject each other's seed, p's later
-# pulls from / serves to a compatible vLLM peer fail, and a vLLM consumer
-# dialing p gets no Connect back (p logs nothing of it). Diagnosis unfinished.
-PEERKV_AFTER_VLLM_REJECTION = pytest.mark.xfail(
-    strict=True,
+# Intermittent (about 1 run in 2 on this host), so not strict: after a seed
+# rejection a PeerKVTier sometimes can no longer complete ZMQ connections.
+PEERKV_WEDGED_AFTER_REJECTION = pytest.mark.xfail(
+    strict=False,
     reason=(
-        "peerkv bug (undiagnosed): after a seed rejection between PeerKVTier p and a vLLM p2p tier, "
-        "p's next v->p pull is all MISS and y's dial to p ends in 'handshake timed out' with no log on p"
+        "peerkv bug, intermittent: after rejecting (or being rejected by) a peer's connect, a PeerKVTier's "
+        "later connections fail with 'peer did not complete the connection in time: <peer>: no ZMTP handshake "
+        "within 5s|10s' (core/control/zmqctl), inbound and outbound, so compatible requests MISS"
     ),
 )
 SEED_MISMATCHES = [
     pytest.param("x", "v", id="peerkv(seed B)->vllm"),
-    pytest.param("v", "x", id="vllm->peerkv(seed B)"),
-    pytest.param("y", "p", id="vllm(seed B)->peerkv", marks=PEERKV_AFTER_VLLM_REJECTION),
-    pytest.param("p", "y", id="peerkv->vllm(seed B)", marks=PEERKV_AFTER_VLLM_REJECTION),
+    pytest.param("v", "x", id="vllm->peerkv(seed B)", marks=PEERKV_WEDGED_AFTER_REJECTION),
+    pytest.param("y", "p", id="vllm(seed B)->peerkv", marks=PEERKV_WEDGED_AFTER_REJECTION),
+    pytest.param("p", "y", id="peerkv->vllm(seed B)", marks=PEERKV_WEDGED_AFTER_REJECTION),
 ]
 
 
@@ -273,10 +273,10 @@ FAIL_FAST_S = 1.0
 PEERKV_ACCEPTOR_DROPS_CONNECT = pytest.mark.xfail(
     strict=True,
     reason=(
-        "peerkv bug: a peerkv producer that rejects a dialing peer's Connect queues its own Connect and a "
-        "Disconnect on a fresh DEALER and closes it at once with ZMQ linger 0 (core/control/zmqctl newSocket), "
-        "so neither frame reaches the dialer (peerkv stats frames_out=2, vLLM logs nothing); the consumer only "
-        "falls back at its handshake timeout (vLLM default 30 s) instead of at once"
+        "peerkv bug: a peerkv producer that rejects a dialing vLLM consumer's connect sends its own connect and "
+        "a disconnect (stats frames_out=2) but vLLM receives neither (it logs no seed mismatch and no disconnect): "
+        "likely lost because the fresh DEALER is closed at once with ZMQ linger 0 (core/control/zmqctl "
+        "newSocket). The vLLM consumer only falls back at its handshake timeout (default 30 s)"
     ),
 )
 
@@ -285,9 +285,9 @@ PEERKV_ACCEPTOR_DROPS_CONNECT = pytest.mark.xfail(
     "producer,consumer",
     [
         pytest.param("y", "v", id="vllm(seed B)->vllm"),
-        pytest.param("y", "p", id="vllm(seed B)->peerkv", marks=PEERKV_AFTER_VLLM_REJECTION),
+        pytest.param("y", "p", id="vllm(seed B)->peerkv", marks=PEERKV_WEDGED_AFTER_REJECTION),
         pytest.param("x", "v", id="peerkv(seed B)->vllm", marks=PEERKV_ACCEPTOR_DROPS_CONNECT),
-        pytest.param("x", "p", id="peerkv(seed B)->peerkv", marks=PEERKV_ACCEPTOR_DROPS_CONNECT),
+        pytest.param("x", "p", id="peerkv(seed B)->peerkv", marks=PEERKV_WEDGED_AFTER_REJECTION),
     ],
 )
 def test_seed_mismatch_falls_back_before_the_handshake_timeout(cluster, producer, consumer):
