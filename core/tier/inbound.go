@@ -20,9 +20,9 @@ type inboundQueue struct {
 	later []inboundItem
 }
 
-func (q *inboundQueue) push(it inboundItem)   { q.now = append(q.now, it) }
-func (q *inboundQueue) defer_(it inboundItem) { q.later = append(q.later, it) }
-func (q *inboundQueue) len() int              { return len(q.now) + len(q.later) }
+func (q *inboundQueue) push(it inboundItem)     { q.now = append(q.now, it) }
+func (q *inboundQueue) postpone(it inboundItem) { q.later = append(q.later, it) }
+func (q *inboundQueue) len() int                { return len(q.now) + len(q.later) }
 
 func (q *inboundQueue) remove(id int64) {
 	keep := func(items []inboundItem) []inboundItem {
@@ -96,25 +96,21 @@ func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID in
 			return false, fmt.Errorf("%w: results[%d]=%d is not a lookup result", ErrInvalidArgument, i, r)
 		}
 	}
-	if len(pinSlots) > 0 {
-		if _, dup := t.jobs[pinJobID]; dup {
-			return false, fmt.Errorf("%w: pin job %d is already in flight", ErrDuplicate, pinJobID)
-		}
-	}
 	l := t.lookups[lookupID]
-	if l == nil {
-		// Dropped while the host evaluated it: release the pins now.
-		if len(pinSlots) > 0 {
-			t.jobs[pinJobID] = &job{at: t.now(), rows: len(rows)}
-			t.report(pinJobID, false, 0)
-		}
-		return true, nil
-	}
-	if !l.CheckedOut {
+	if l != nil && !l.CheckedOut {
 		return false, fmt.Errorf("%w: lookup %d was not handed out for evaluation", ErrInvalidArgument, lookupID)
 	}
 	if len(pinSlots) > 0 {
-		t.jobs[pinJobID] = &job{at: t.now(), rows: len(rows)}
+		if _, err := t.admitJob(pinJobID, false, rows); err != nil {
+			return false, err
+		}
+	}
+	if l == nil {
+		// Dropped while the host evaluated it: release the pins now.
+		if len(pinSlots) > 0 {
+			t.report(pinJobID, false, 0)
+		}
+		return true, nil
 	}
 	finished, err := l.Session().AnswerLookup(l, answers, pinJobID, rows)
 	if err != nil {
@@ -127,7 +123,7 @@ func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID in
 	if finished {
 		delete(t.lookups, lookupID)
 	} else {
-		t.inbound.defer_(inboundItem{id: lookupID, kind: InboundEvaluate})
+		t.inbound.postpone(inboundItem{id: lookupID, kind: InboundEvaluate})
 	}
 	t.reapDead()
 	return finished, nil

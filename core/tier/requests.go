@@ -110,11 +110,10 @@ func (t *Tier) SubmitLoad(reqID string, jobID int64, keys [][]byte, slots []int6
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err := t.admitJob(jobID); err != nil {
+	j, err := t.admitJob(jobID, true, rows)
+	if err != nil {
 		return err
 	}
-	j := &job{isLoad: true, at: t.now(), rows: len(rows)}
-	t.jobs[jobID] = j
 	r := t.requests[reqID]
 	switch {
 	case len(keys) == 0:
@@ -146,10 +145,9 @@ func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err := t.admitJob(jobID); err != nil {
+	if _, err := t.admitJob(jobID, false, rows); err != nil {
 		return err
 	}
-	t.jobs[jobID] = &job{at: t.now(), rows: len(rows)}
 	r := t.requests[reqID]
 	if r == nil || r.dest == nil || len(keys) == 0 {
 		t.report(jobID, true, 0) // nobody will fetch these: nothing to keep
@@ -314,14 +312,17 @@ func (t *Tier) transfersInFlight() bool {
 	return false
 }
 
-func (t *Tier) admitJob(jobID int64) error {
+// admitJob records a new job; called with t.mu held.
+func (t *Tier) admitJob(jobID int64, isLoad bool, rows []uint64) (*job, error) {
 	if t.closed {
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	if _, dup := t.jobs[jobID]; dup {
-		return fmt.Errorf("%w: job %d is already in flight", ErrDuplicate, jobID)
+		return nil, fmt.Errorf("%w: job %d is already in flight", ErrDuplicate, jobID)
 	}
-	return nil
+	j := &job{isLoad: isLoad, at: t.now(), rows: len(rows)}
+	t.jobs[jobID] = j
+	return j, nil
 }
 
 func (t *Tier) checkJob(keys [][]byte, slots []int64) ([]uint64, error) {
