@@ -47,7 +47,7 @@ GO_LDFLAGS = -s -w -X main.version=$(VERSION) '-extldflags=-Wl,--version-script=
 HARNESS_CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -O1 -g -I$(BUILD)/include
 HARNESS_LDFLAGS := -L$(BUILD) -lpeerkv -Wl,-rpath,'$$ORIGIN' -Wl,--allow-shlib-undefined
 
-.PHONY: all lib test test-go test-harness test-python vet bench demo setup setup-python clean help
+.PHONY: all lib test test-go test-harness test-python test-interop vet bench demo setup setup-python clean help
 
 # Scenarios bind ports and time themselves: run targets one at a time.
 .NOTPARALLEL:
@@ -122,7 +122,12 @@ test-python: $(LIB) ## the Python tests (tests/python) against build/libpeerkv.s
 	rc=0; PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) -m pytest -q tests/python || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
-test: setup-python all vet test-go test-harness test-python ## everything: build + visibility gate, vet, go test -race, C harness (plain + ASan), pytest
+# Real NIXL (UCX over loopback) between peerkv and stock vLLM's p2p tier.
+test-interop: $(LIB) ## the mixed-cluster matrix (tests/interop): peerkv <-> vLLM's p2p tier over NIXL
+	rc=0; PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) -m pytest -q tests/interop || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+test: setup-python all vet test-go test-harness test-python test-interop ## everything: build + visibility gate, vet, go test -race, C harness (plain + ASan), pytest, interop matrix
 	@echo "make test: all passed"
 
 bench: ## the three headline figures (data path vs memcpy, lookup round trips, host-call cost), then Go micro-benchmarks

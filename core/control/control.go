@@ -41,7 +41,9 @@ type Transport interface {
 	Connect(peerID string) error
 	// Send queues one frame for peerID.
 	Send(peerID string, frame []byte) error
-	// Disconnect closes the connection to peerID, dropping queued frames.
+	// Disconnect closes the connection to peerID. Frames already sent get a
+	// short, bounded chance to go out (a goodbye must reach a peer we
+	// reject); no EventPeerDown follows.
 	Disconnect(peerID string)
 	// Events is the inbound stream; see the package contract.
 	Events() <-chan Event

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import random
-import socket
 import sysconfig
 from pathlib import Path
 from typing import Any
@@ -37,42 +35,6 @@ VLLM_P2P_DEADLINES = {
     "vllm.v1.kv_offload.tiering.p2p.manager": {"_SHUTDOWN_DRAIN_TIMEOUT_S": 1.0},
 }
 VLLM_HANDSHAKE_TIMEOUT_S = 2  # envs.VLLM_P2P_HANDSHAKE_TIMEOUT_S is an int
-
-
-_ISSUED_PORTS: set[int] = set()
-
-
-def control_port() -> int:
-    """A free loopback port below Linux's ephemeral range (32768+).
-
-    A port from bind(0) is itself ephemeral: between closing it and the tier
-    binding it, a UCX listener or an outgoing connection in one of the five
-    node processes may take it, and a peer then dials something that never
-    speaks ZMTP. Ports below the range are only ever taken by explicit binds.
-    """
-    low, high = _ephemeral_range()
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, min(low, 32768))
-        if port in _ISSUED_PORTS:
-            continue
-        try:
-            for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET, "127.0.0.1")):
-                with socket.socket(family, socket.SOCK_STREAM) as probe:
-                    probe.bind((host, port))
-        except OSError:
-            continue
-        _ISSUED_PORTS.add(port)
-        return port
-    raise RuntimeError("no free port below the ephemeral range in 200 tries")
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
 
 
 def nixl_capi_library() -> str:

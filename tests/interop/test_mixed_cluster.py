@@ -21,11 +21,10 @@ import pytest
 from interop_node import (
     OTHER_HASH_SEED,
     InteropNode,
-    control_port,
     peerkv_nixl_config,
     vllm_p2p_config,
 )
-from peerkv_node import FAST_TIMEOUTS, ROW_BYTES
+from peerkv_node import FAST_TIMEOUTS, ROW_BYTES, control_port
 
 HOST = "127.0.0.1"
 PULL_TIMEOUT_S = 20.0
@@ -216,21 +215,11 @@ def _logs(*nodes):
 # Odd-seed engines (PYTHONHASHSEED differs) and the compatible engine of the
 # same kind that replaces each one for the "still healthy" check.
 COMPATIBLE_TWIN = {"x": "p", "y": "v"}
-# Intermittent (about 1 run in 2 on this host), so not strict: after a seed
-# rejection a PeerKVTier sometimes can no longer complete ZMQ connections.
-PEERKV_WEDGED_AFTER_REJECTION = pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "peerkv bug, intermittent: after rejecting (or being rejected by) a peer's connect, a PeerKVTier's "
-        "later connections fail with 'peer did not complete the connection in time: <peer>: no ZMTP handshake "
-        "within 5s|10s' (core/control/zmqctl), inbound and outbound, so compatible requests MISS"
-    ),
-)
 SEED_MISMATCHES = [
     pytest.param("x", "v", id="peerkv(seed B)->vllm"),
-    pytest.param("v", "x", id="vllm->peerkv(seed B)", marks=PEERKV_WEDGED_AFTER_REJECTION),
-    pytest.param("y", "p", id="vllm(seed B)->peerkv", marks=PEERKV_WEDGED_AFTER_REJECTION),
-    pytest.param("p", "y", id="peerkv->vllm(seed B)", marks=PEERKV_WEDGED_AFTER_REJECTION),
+    pytest.param("v", "x", id="vllm->peerkv(seed B)"),
+    pytest.param("y", "p", id="vllm(seed B)->peerkv"),
+    pytest.param("p", "y", id="peerkv->vllm(seed B)"),
 ]
 
 
@@ -270,24 +259,15 @@ def test_hash_seed_mismatch_is_rejected_and_both_sides_stay_healthy(cluster, pro
 # the other's, so the dialing consumer rejects the producer's Connect and
 # falls back at once, long before the handshake timeout.
 FAIL_FAST_S = 1.0
-PEERKV_ACCEPTOR_DROPS_CONNECT = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "peerkv bug: a peerkv producer that rejects a dialing vLLM consumer's connect sends its own connect and "
-        "a disconnect (stats frames_out=2) but vLLM receives neither (it logs no seed mismatch and no disconnect): "
-        "likely lost because the fresh DEALER is closed at once with ZMQ linger 0 (core/control/zmqctl "
-        "newSocket). The vLLM consumer only falls back at its handshake timeout (default 30 s)"
-    ),
-)
 
 
 @pytest.mark.parametrize(
     "producer,consumer",
     [
         pytest.param("y", "v", id="vllm(seed B)->vllm"),
-        pytest.param("y", "p", id="vllm(seed B)->peerkv", marks=PEERKV_WEDGED_AFTER_REJECTION),
-        pytest.param("x", "v", id="peerkv(seed B)->vllm", marks=PEERKV_ACCEPTOR_DROPS_CONNECT),
-        pytest.param("x", "p", id="peerkv(seed B)->peerkv", marks=PEERKV_WEDGED_AFTER_REJECTION),
+        pytest.param("y", "p", id="vllm(seed B)->peerkv"),
+        pytest.param("x", "v", id="peerkv(seed B)->vllm"),
+        pytest.param("x", "p", id="peerkv(seed B)->peerkv"),
     ],
 )
 def test_seed_mismatch_falls_back_before_the_handshake_timeout(cluster, producer, consumer):

@@ -9,7 +9,7 @@ import pytest
 
 import peerkv
 from conftest import REPO
-from peerkv_node import free_port
+from peerkv_node import control_port
 
 KEY_LEN = 36
 ROWS, ROW_LEN = 8, 4096
@@ -21,7 +21,7 @@ def region():
 
 
 def _options(**extra):
-    options = {"host": "127.0.0.1", "port": free_port(), "key_len": KEY_LEN, "drain_timeout_s": 2.0}
+    options = {"host": "127.0.0.1", "port": control_port(), "key_len": KEY_LEN, "drain_timeout_s": 2.0}
     options.update(extra)
     return options
 

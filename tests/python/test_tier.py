@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from peerkv_node import FAST_TIMEOUTS, ROW_BYTES, NodeProcess, free_port, kv_transfer_config
+from peerkv_node import FAST_TIMEOUTS, ROW_BYTES, NodeProcess, control_port, kv_transfer_config
 
 HOST = "127.0.0.1"
 # A failed pull must end within handshake + lookup/load + abort-ack deadlines.
@@ -43,7 +43,7 @@ class Cluster:
         self.nodes = {}
 
     def add(self, node, name, **tier_options):
-        port = free_port()
+        port = control_port()
         info = node.call("add", name, kv_transfer_config(port, **tier_options), timeout=60)
         assert info == {"tier_class": "PeerKVTier", "tier_type": "PeerKVTier"}
         self.ports[name] = port
@@ -159,7 +159,7 @@ def test_unreachable_peer_falls_back_within_deadline(cluster, key):
     b = cluster.b
     keys = _keys(2)
     _logs(b)
-    dead = free_port()
+    dead = control_port()
     source = {key: {"kv_request_id": _kid(), "remote_host": HOST, "remote_port": dead}}
     got = b.call("pull", "b", f"unreach-{key}", source, keys, PULL_TIMEOUT_S)
     b.call("finish", "b", f"unreach-{key}")

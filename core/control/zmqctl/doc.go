@@ -37,6 +37,15 @@
 // Loss is reported only for peers this transport has a DEALER to (after
 // Connect or Send): a peer that only sends to us is not watched.
 //
+// # Teardown
+//
+// A DEALER closed by Disconnect lingers up to Options.DisconnectLinger so a
+// goodbye queued on a connection that is not up yet still goes out (a
+// rejected peer must hear why); peers found dead and Close use linger 0.
+// Each DEALER's monitor is stopped before its reader or the DEALER closes:
+// libzmq's I/O thread sends monitor events with a blocking send, and one
+// raised with no reader left would stall every socket of the context.
+//
 // # Back-pressure
 //
 // Frames are never dropped for a slow consumer: when the Events channel is

@@ -16,6 +16,7 @@ const (
 	DefaultSendHWM           = 1000
 	DefaultEventBuffer       = 1024
 	DefaultCloseTimeout      = 5 * time.Second
+	DefaultDisconnectLinger  = 500 * time.Millisecond
 )
 
 // Options tunes a Transport. Zero fields take the defaults above.
@@ -33,6 +34,11 @@ type Options struct {
 	// SendHWM bounds the frames queued per peer, both in libzmq (ZMQ_SNDHWM)
 	// and in front of it (Send fails with ErrSendQueueFull beyond that).
 	SendHWM int
+	// DisconnectLinger bounds how long a DEALER closed by Disconnect keeps
+	// flushing frames already handed to libzmq (the goodbye to a peer we
+	// reject goes out on a connection that may not be up yet). vLLM's
+	// DEALERs linger 500 ms.
+	DisconnectLinger time.Duration
 	// EventBuffer is the capacity of the Events channel.
 	EventBuffer int
 	// CloseTimeout bounds how long Close waits for the pump to exit.
@@ -56,6 +62,7 @@ func (o Options) withDefaults() (Options, error) {
 		{"ConnectTimeout", &o.ConnectTimeout, DefaultConnectTimeout},
 		{"SendTimeout", &o.SendTimeout, DefaultSendTimeout},
 		{"CloseTimeout", &o.CloseTimeout, DefaultCloseTimeout},
+		{"DisconnectLinger", &o.DisconnectLinger, DefaultDisconnectLinger},
 	}
 	for _, d := range durations {
 		switch {

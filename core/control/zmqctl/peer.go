@@ -50,7 +50,7 @@ func openPeer(ctx *zmq.Context, localID, peerID string, ep endpoint, monitorAddr
 	pc = &peerConn{id: peerID, deadline: time.Now().Add(o.ConnectTimeout)}
 	defer func() {
 		if err != nil {
-			pc.close()
+			pc.close(0)
 			pc = nil
 		}
 	}()
@@ -84,12 +84,27 @@ func openPeer(ctx *zmq.Context, localID, peerID string, ep endpoint, monitorAddr
 	return pc, nil
 }
 
-func (pc *peerConn) close() {
-	// The monitor first, so the DEALER's teardown events go nowhere.
+// close releases the DEALER, keeping it up to linger to flush frames
+// already queued (a goodbye); zero drops them.
+func (pc *peerConn) close(linger time.Duration) {
+	pc.stopWatching()
+	if pc.dealer != nil {
+		_ = pc.dealer.SetLinger(linger)
+		pc.dealer.Close()
+	}
+}
+
+// stopWatching ends the monitor before its reader goes away. libzmq's I/O
+// thread sends monitor events with a blocking send, so an event raised
+// after the reading PAIR is closed (the remote dropping the connection
+// while we tear down) would block that thread forever and stall every other
+// socket of the context: no later connection would finish its handshake.
+func (pc *peerConn) stopWatching() {
+	if pc.dealer != nil && pc.monitor != nil {
+		_ = pc.dealer.Monitor("", 0)
+	}
 	if pc.monitor != nil {
 		pc.monitor.Close()
-	}
-	if pc.dealer != nil {
-		pc.dealer.Close()
+		pc.monitor = nil
 	}
 }

@@ -248,7 +248,7 @@ func (p *pump) runCommands(batch []command) {
 			p.send(c)
 		case cmdDisconnect:
 			if pc := p.peers[c.peerID]; pc != nil {
-				p.forget(pc)
+				p.forget(pc, p.t.opts.DisconnectLinger)
 				p.t.log.Info("peer disconnected on request", "peer", c.peerID)
 			}
 		}
@@ -336,7 +336,7 @@ func (p *pump) expireDeadlines(now time.Time) {
 }
 
 func (p *pump) peerDown(pc *peerConn, err error) {
-	p.forget(pc)
+	p.forget(pc, 0)
 	p.reportDown(pc.id, err)
 }
 
@@ -346,15 +346,16 @@ func (p *pump) reportDown(peerID string, err error) {
 	p.emit(control.Event{Kind: control.EventPeerDown, PeerID: peerID, Err: err})
 }
 
-// forget closes the DEALER and discards the frames still waiting for it.
-func (p *pump) forget(pc *peerConn) {
+// forget closes the DEALER and discards the frames still waiting in front
+// of it; those already in libzmq's queue get up to linger to go out.
+func (p *pump) forget(pc *peerConn, linger time.Duration) {
 	p.t.counters.droppedOut.Add(uint64(len(pc.pending)))
 	p.t.released(pc.id, len(pc.pending))
 	pc.pending = nil
 	delete(p.peers, pc.id)
 	delete(p.byMonitor, pc.monitor)
 	delete(p.byDealer, pc.dealer)
-	pc.close()
+	pc.close(linger)
 	p.pollerStale = true
 	p.t.counters.openPeers.Add(-1)
 }
@@ -402,7 +403,7 @@ func (p *pump) shutdown() {
 
 func (p *pump) closeSockets() {
 	for _, pc := range p.peers {
-		p.forget(pc)
+		p.forget(pc, 0) // as vLLM: closing does not wait for peers
 	}
 	if p.t.wake != nil {
 		p.t.wake.close()

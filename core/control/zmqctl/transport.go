@@ -113,8 +113,9 @@ func (t *Transport) Send(peerID string, frame []byte) error {
 	return t.enqueue(cmdSend, peerID, bytes.Clone(frame))
 }
 
-// Disconnect closes the DEALER to peerID, dropping its queued frames. No
-// EventPeerDown is reported for it.
+// Disconnect closes the DEALER to peerID. Frames libzmq already holds keep
+// going out for up to Options.DisconnectLinger; frames still waiting in
+// front of libzmq are dropped. No EventPeerDown is reported for it.
 func (t *Transport) Disconnect(peerID string) {
 	_ = t.enqueue(cmdDisconnect, peerID, nil)
 }
@@ -166,7 +167,8 @@ func (t *Transport) released(peerID string, frames int) {
 }
 
 // Close stops the pump, which closes every socket (linger 0) and terminates
-// the ZMQ context, then closes Events. It is idempotent.
+// the ZMQ context, then closes Events. A DEALER closed by a recent
+// Disconnect may hold it for up to Options.DisconnectLinger. Idempotent.
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
 		t.stopAccepting()
