@@ -108,10 +108,13 @@ int32_t peerkv_info(char *buf, size_t len, size_t *needed, char *err, size_t err
  *   options     JSON object (may be NULL or "{}"):
  *     "host" (str, default "localhost"), "port" (int, final port, default 5710),
  *     "config_fingerprint" (str, "" = accept any), "hash_seed" (str),
- *     "key_len" (int, 0 = unchecked), "data_transport" ("tcp" | "nixl"),
+ *     "key_len" (int, 0 = unchecked),
+ *     "data_transport" ("auto" (default): NIXL when it loads, plus TCP,
+ *       chosen per peer | "nixl": NIXL only | "tcp": TCP only),
  *     "data_host" (str), "data_port" (int, 0 = ephemeral),
  *     "auth_secret" (str, peers must prove it; refuses stock vLLM peers),
  *     "max_peers" (int), "nixl_library" (str path to libnixl_capi.so),
+ *     "python_prefix" (str, a Python environment searched for the nixl wheels),
  *     "nixl_backends" ([str]), "nixl_num_threads" (int), and deadlines in
  *     seconds: "handshake_timeout_s", "lookup_timeout_s", "load_timeout_s",
  *     "abort_ack_timeout_s", "store_timeout_s", "unbound_store_timeout_s",

@@ -47,9 +47,10 @@ func Available() (bool, string) {
 }
 
 // Load loads libnixl_capi.so once per process and returns the path in use.
-// An empty path means the default search (see FindLibrary). Loading a second,
-// different path is refused: two NIXL/UCX copies in one process conflict.
-func Load(path string) (string, error) {
+// An empty path means the default search (see FindLibrary), in prefixes
+// first. Loading a second, different path is refused: two NIXL/UCX copies
+// in one process conflict.
+func Load(path string, prefixes ...string) (string, error) {
 	lib.Lock()
 	defer lib.Unlock()
 	if lib.path != "" {
@@ -59,7 +60,7 @@ func Load(path string) (string, error) {
 		return lib.path, nil
 	}
 	if path == "" {
-		found, err := FindLibrary()
+		found, err := FindLibrary(prefixes...)
 		if err != nil {
 			return "", err
 		}
@@ -83,9 +84,9 @@ func Load(path string) (string, error) {
 
 // FindLibrary locates libnixl_capi.so, in order: $PEERKV_NIXL_LIB; next to a
 // libnixl.so this process already loaded (Python's nixl package inside
-// vLLM, so both share one UCX); the nixl_cu12 / nixl_cu13 wheels of
-// $VIRTUAL_ENV or of the Python prefixes on $PATH.
-func FindLibrary() (string, error) {
+// vLLM, so both share one UCX); the nixl_cu12 / nixl_cu13 wheels of the
+// given Python prefixes, of $VIRTUAL_ENV, or of the Python prefixes on $PATH.
+func FindLibrary(prefixes ...string) (string, error) {
 	if p := os.Getenv(LibEnv); p != "" {
 		if _, err := os.Stat(p); err != nil {
 			return "", fmt.Errorf("%w: %s=%s: %v", ErrUnavailable, LibEnv, p, err)
@@ -100,7 +101,7 @@ func FindLibrary() (string, error) {
 		}
 	}
 	var searched []string
-	for _, prefix := range pythonPrefixes() {
+	for _, prefix := range pythonPrefixes(prefixes) {
 		for _, pkg := range []string{".nixl_cu12.mesonpy.libs", ".nixl_cu13.mesonpy.libs"} {
 			pattern := filepath.Join(prefix, "lib", "python3*", "*-packages", pkg, capiName)
 			searched = append(searched, pattern)
@@ -114,9 +115,10 @@ func FindLibrary() (string, error) {
 	return "", fmt.Errorf("%w: %s not found (set %s; searched %v)", ErrUnavailable, capiName, LibEnv, searched)
 }
 
-// pythonPrefixes lists environments that may hold the nixl wheels:
-// $VIRTUAL_ENV, then the parent of every $PATH entry holding a python3.
-func pythonPrefixes() []string {
+// pythonPrefixes lists environments that may hold the nixl wheels: the
+// given ones, $VIRTUAL_ENV, then the parent of every $PATH entry holding a
+// python3.
+func pythonPrefixes(given []string) []string {
 	var prefixes []string
 	seen := map[string]bool{}
 	add := func(p string) {
@@ -124,6 +126,9 @@ func pythonPrefixes() []string {
 			seen[p] = true
 			prefixes = append(prefixes, p)
 		}
+	}
+	for _, p := range given {
+		add(p)
 	}
 	add(os.Getenv("VIRTUAL_ENV"))
 	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {

@@ -26,6 +26,8 @@ const DefaultUCXEngineConfig = "TLS=^rc_gda"
 type Options struct {
 	Region  data.Region // the host's primary region, registered once as DRAM
 	LibPath string      // libnixl_capi.so; "" = FindLibrary
+	// SearchPrefixes are Python prefixes FindLibrary searches first.
+	SearchPrefixes []string
 
 	AgentName       string   // "" = a random UUID (like vLLM)
 	Backends        []string // nil = ["UCX"]
@@ -145,7 +147,7 @@ func New(opts Options) (*Transport, error) {
 	if opts.Region.NumRows() > math.MaxInt32 {
 		return nil, fmt.Errorf("nixl transport: %d rows exceed NIXL's int indices", opts.Region.NumRows())
 	}
-	libPath, err := Load(opts.LibPath)
+	libPath, err := Load(opts.LibPath, opts.SearchPrefixes...)
 	if err != nil {
 		return nil, err
 	}

@@ -31,8 +31,12 @@ const (
 	DefaultMaxPeers             = 128 // VLLM_P2P_MAX_PEERS
 	DefaultMaxFrameBytes        = 64 << 20
 	DefaultMaxListItems         = 1 << 20
-	defaultDataTransport        = "tcp"
+	defaultDataTransport        = DataAuto
 )
+
+// DataAuto serves NIXL when this host can load it (stock vLLM peers need it)
+// and TCP beside it, choosing per peer; see core/data/multipath.
+const DataAuto = "auto"
 
 // Config is one peer's configuration. Zero durations mean "use the default".
 type Config struct {
@@ -46,7 +50,7 @@ type Config struct {
 	HashSeed string
 	// KeyLen is the exact byte length of every offload key (0 = not checked).
 	KeyLen int
-	// DataTransport is "tcp" or "nixl".
+	// DataTransport is DataAuto, "nixl" or "tcp".
 	DataTransport string
 	// DataHost is the address the TCP data listener binds (default Host).
 	DataHost string
@@ -59,6 +63,10 @@ type Config struct {
 	MaxPeers int
 	// NixlLibrary is the path of libnixl_capi.so ("" = search the nixl wheel).
 	NixlLibrary string
+	// PythonPrefix is the host Python's sys.prefix, searched first for the
+	// nixl wheels (the Python package sets it; a venv is otherwise invisible
+	// from here when its bin/ is not on PATH).
+	PythonPrefix string
 	// NixlBackends are the NIXL backends to create (default ["UCX"]).
 	NixlBackends []string
 	// NixlNumThreads is the UCX backend's worker thread count (default 4).
@@ -144,9 +152,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("key_len must be in 0..4096, got %d", c.KeyLen)
 	}
 	switch c.DataTransport {
-	case "tcp", "nixl":
+	case DataAuto, "tcp", "nixl":
 	default:
-		return fmt.Errorf("data_transport must be \"tcp\" or \"nixl\", got %q", c.DataTransport)
+		return fmt.Errorf("data_transport must be \"auto\", \"nixl\" or \"tcp\", got %q", c.DataTransport)
 	}
 	// A slice, not a map, so that the first invalid field is always the same.
 	for _, n := range []struct {
@@ -191,6 +199,7 @@ type jsonConfig struct {
 	AuthSecret            *string  `json:"auth_secret"`
 	MaxPeers              *int     `json:"max_peers"`
 	NixlLibrary           *string  `json:"nixl_library"`
+	PythonPrefix          *string  `json:"python_prefix"`
 	NixlBackends          []string `json:"nixl_backends"`
 	NixlNumThreads        *int     `json:"nixl_num_threads"`
 	HandshakeTimeoutS     *float64 `json:"handshake_timeout_s"`
@@ -257,6 +266,7 @@ func FromJSON(b []byte) (Config, error) {
 	str(&c.AuthSecret, j.AuthSecret)
 	num(&c.MaxPeers, j.MaxPeers)
 	str(&c.NixlLibrary, j.NixlLibrary)
+	str(&c.PythonPrefix, j.PythonPrefix)
 	c.NixlBackends = j.NixlBackends
 	num(&c.NixlNumThreads, j.NixlNumThreads)
 	num(&c.MaxFrameBytes, j.MaxFrameBytes)

@@ -15,7 +15,7 @@ func TestFromJSONDefaults(t *testing.T) {
 		assert.Equal(t, "localhost", c.Host)
 		assert.Equal(t, DefaultPort, c.Port)
 		assert.Equal(t, "localhost:5710", c.LocalID())
-		assert.Equal(t, "tcp", c.DataTransport)
+		assert.Equal(t, DataAuto, c.DataTransport)
 		assert.Equal(t, "localhost", c.DataHost, "data host follows host")
 		assert.Equal(t, 0, c.DataPort, "ephemeral data port")
 		assert.Equal(t, DefaultMaxPeers, c.MaxPeers)
@@ -82,7 +82,7 @@ func TestFromJSONRejects(t *testing.T) {
 		"data_port negative":    {`{"data_port": -1}`, "data_port must be in 0..65535, got -1"},
 		"data_port too big":     {`{"data_port": 70000}`, "data_port must be in 0..65535, got 70000"},
 		"key_len negative":      {`{"key_len": -36}`, "key_len must be in 0..4096, got -36"},
-		"bad transport":         {`{"data_transport": "rdma"}`, `data_transport must be "tcp" or "nixl", got "rdma"`},
+		"bad transport":         {`{"data_transport": "rdma"}`, `data_transport must be "auto", "nixl" or "tcp", got "rdma"`},
 		"max_peers negative":    {`{"max_peers": -2}`, "max_peers must be >= 1, got -2"},
 		"max_peers zero":        {`{"max_peers": 0}`, "max_peers must not be 0"},
 		"max_frame negative":    {`{"max_frame_bytes": -1}`, "max_frame_bytes must be >= 1, got -1"},

@@ -12,6 +12,7 @@ import (
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/control/zmqctl"
 	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/core/data/multipath"
 	"github.com/peerkv/peerkv/core/data/tcpdata"
 	"github.com/peerkv/peerkv/core/tier"
 	"github.com/peerkv/peerkv/nixl"
@@ -39,7 +40,9 @@ func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
 	}
 	t, err := tier.New(cfg, region, tier.Deps{
 		Control: ctl,
-		NewData: func(guard data.WriteGuard) (data.Transport, error) { return newData(cfg, region, guard) },
+		NewData: func(guard data.WriteGuard, logf tier.Logf) (data.Transport, error) {
+			return newData(cfg, region, guard, logf)
+		},
 	})
 	if err != nil {
 		_ = ctl.Close()
@@ -48,41 +51,93 @@ func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
 	return t, nil
 }
 
-// newData builds the data transport named by cfg.DataTransport.
-func newData(cfg config.Config, region data.Region, guard data.WriteGuard) (data.Transport, error) {
-	switch cfg.DataTransport {
-	case "tcp":
-		t, err := tcpdata.New(tcpdata.Options{
-			LocalID:    cfg.LocalID(),
-			Region:     region,
-			Guard:      guard,
-			ListenHost: cfg.DataHost,
-			ListenPort: cfg.DataPort,
-			AuthSecret: cfg.AuthSecret,
-			// A stalled socket must fail well before the load deadline.
-			IOTimeout: min(tcpdata.DefaultIOTimeout, cfg.LoadTimeout),
-		})
-		if err != nil {
-			return nil, fmt.Errorf("%w: data path at %s:%d: %v", ErrTransport, cfg.DataHost, cfg.DataPort, err)
+// newData builds the data paths cfg.DataTransport asks for, behind one
+// multipath transport that picks a path per peer.
+func newData(cfg config.Config, region data.Region, guard data.WriteGuard, logf tier.Logf) (data.Transport, error) {
+	var paths []data.Transport
+	var missing string
+	closeAll := func() {
+		for _, p := range paths {
+			_ = p.Close()
 		}
-		return t, nil
-	case "nixl":
-		t, err := nixl.New(nixl.Options{
-			Region:          region,
-			LibPath:         cfg.NixlLibrary,
-			Backends:        cfg.NixlBackends,
-			NumThreads:      cfg.NixlNumThreads,
-			TransferTimeout: cfg.LoadTimeout,
-		})
-		if err != nil {
-			if errors.Is(err, nixl.ErrUnavailable) {
-				return nil, err
-			}
-			return nil, fmt.Errorf("%w: NIXL data path: %v", ErrTransport, err)
-		}
-		return t, nil
 	}
-	return nil, fmt.Errorf("%w: data_transport %q", tier.ErrInvalidArgument, cfg.DataTransport)
+	switch cfg.DataTransport {
+	case config.DataAuto:
+		if cfg.AuthSecret != "" {
+			missing = "NIXL is off because auth_secret is set: NIXL writes can be neither authenticated nor " +
+				"guarded (set data_transport \"nixl\" to use it anyway)"
+		} else if nx, err := newNixl(cfg, region); err != nil {
+			missing = err.Error()
+		} else {
+			paths = append(paths, nx)
+		}
+		if missing != "" {
+			logf("WARNING", "%s: serving TCP only, for peerkv peers; stock vLLM peers need NIXL: %s", cfg.LocalID(), missing)
+		}
+	case "nixl":
+		nx, err := newNixl(cfg, region)
+		if err != nil {
+			return nil, err
+		}
+		paths = append(paths, nx)
+		missing = "TCP is off (data_transport \"nixl\")"
+	case "tcp":
+		missing = "NIXL is off (data_transport \"tcp\"; stock vLLM peers need \"auto\" or \"nixl\")"
+	default:
+		return nil, fmt.Errorf("%w: data_transport %q", tier.ErrInvalidArgument, cfg.DataTransport)
+	}
+	if cfg.DataTransport != "nixl" {
+		tcp, err := newTCP(cfg, region, guard, logf)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		paths = append(paths, tcp)
+	}
+	mp, err := multipath.New(missing, paths...)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	return mp, nil
+}
+
+func newTCP(cfg config.Config, region data.Region, guard data.WriteGuard, logf tier.Logf) (data.Transport, error) {
+	t, err := tcpdata.New(tcpdata.Options{
+		LocalID:    cfg.LocalID(),
+		Region:     region,
+		Guard:      guard,
+		ListenHost: cfg.DataHost,
+		ListenPort: cfg.DataPort,
+		AuthSecret: cfg.AuthSecret,
+		// A stalled socket must fail well before the load deadline.
+		IOTimeout: min(tcpdata.DefaultIOTimeout, cfg.LoadTimeout),
+		Logf:      func(format string, args ...any) { logf("WARNING", format, args...) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: data path at %s:%d: %v", ErrTransport, cfg.DataHost, cfg.DataPort, err)
+	}
+	return t, nil
+}
+
+// newNixl starts the NIXL path; errors wrap nixl.ErrUnavailable when the
+// library cannot be loaded here, else ErrTransport.
+func newNixl(cfg config.Config, region data.Region) (data.Transport, error) {
+	t, err := nixl.New(nixl.Options{
+		Region:          region,
+		LibPath:         cfg.NixlLibrary,
+		SearchPrefixes:  []string{cfg.PythonPrefix}, // "" is skipped
+		Backends:        cfg.NixlBackends,
+		NumThreads:      cfg.NixlNumThreads,
+		TransferTimeout: cfg.LoadTimeout,
+	})
+	if err != nil {
+		if errors.Is(err, nixl.ErrUnavailable) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: NIXL data path: %v", ErrTransport, err)
+	}
+	return t, nil
 }
 
 // NixlStatus is "ok" when NIXL can be loaded here, else why not.

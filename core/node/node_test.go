@@ -93,3 +93,34 @@ func TestNixlStatusIsOKOrSaysWhy(t *testing.T) {
 		assert.Contains(t, s, "NIXL unavailable")
 	}
 }
+
+func TestAutoWithoutNixlServesTCPAndSaysWhy(t *testing.T) {
+	cfg := testConfig(t, `,"nixl_library":"/nonexistent/libnixl_capi.so"`)
+	require.Equal(t, config.DataAuto, cfg.DataTransport, "auto is the default")
+	tr, err := Open(cfg, testRegion())
+	require.NoError(t, err, "auto must not fail when NIXL is missing")
+	defer tr.Shutdown()
+	assert.Equal(t, "tcp", tr.Stats().DataPaths)
+	logs := string(tr.TakeLogs(1 << 16))
+	assert.Contains(t, logs, "serving TCP only")
+	assert.Contains(t, logs, "NIXL unavailable")
+	assert.Contains(t, logs, "/nonexistent/libnixl_capi.so", "the log names what was tried")
+}
+
+func TestAutoWithAuthSecretLeavesNixlOff(t *testing.T) {
+	cfg := testConfig(t, `,"auth_secret":"s3cret"`)
+	tr, err := Open(cfg, testRegion())
+	require.NoError(t, err)
+	defer tr.Shutdown()
+	assert.Equal(t, "tcp", tr.Stats().DataPaths)
+	assert.Contains(t, string(tr.TakeLogs(1<<16)), "NIXL is off because auth_secret is set")
+}
+
+func TestTCPOnlyNeverLoadsNixl(t *testing.T) {
+	cfg := testConfig(t, `,"data_transport":"tcp"`)
+	tr, err := Open(cfg, testRegion())
+	require.NoError(t, err)
+	defer tr.Shutdown()
+	assert.Equal(t, "tcp", tr.Stats().DataPaths)
+	assert.NotContains(t, string(tr.TakeLogs(1<<16)), "NIXL")
+}

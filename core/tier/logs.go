@@ -56,6 +56,10 @@ func (r *logRing) take(max int) []byte {
 	return []byte(b.String())
 }
 
+// Logf writes one line to the host's log: level is "DEBUG", "INFO",
+// "WARNING" or "ERROR".
+type Logf func(level, format string, args ...any)
+
 func (t *Tier) logf(level, format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	t.logs.add(level + " " + strings.ReplaceAll(msg, "\n", "\n  ") + "\n")

@@ -13,6 +13,7 @@ type counters struct {
 // Stats is a snapshot of the peer's counters and gauges.
 type Stats struct {
 	LocalID        string `json:"local_id"`
+	DataPaths      string `json:"data_paths"` // e.g. "nixl+tcp"
 	Sessions       int    `json:"sessions"`
 	SessionsOpened int64  `json:"sessions_opened"`
 	SessionsClosed int64  `json:"sessions_closed"`
@@ -53,7 +54,7 @@ func (t *Tier) Stats() Stats {
 	expected := len(t.expected)
 	t.guardMu.RUnlock()
 	return Stats{
-		LocalID: t.env.LocalID, Sessions: len(t.sessions), SessionsOpened: c.sessionsOpened,
+		LocalID: t.env.LocalID, DataPaths: t.dt.Name(), Sessions: len(t.sessions), SessionsOpened: c.sessionsOpened,
 		SessionsClosed: c.sessionsClosed, Requests: len(t.requests), JobsInFlight: len(t.jobs),
 		JobsUnreported: len(t.finished), ParkedStores: parked, InboundQueued: t.inbound.len(),
 		InboundActive: len(t.lookups), ExpectedRows: expected,

@@ -19,8 +19,8 @@ import (
 type Deps struct {
 	Control control.Transport
 	// NewData builds the data transport; guard must be consulted for every
-	// row a peer writes into our region.
-	NewData func(guard data.WriteGuard) (data.Transport, error)
+	// row a peer writes into our region; logf reaches the host's log.
+	NewData func(guard data.WriteGuard, logf Logf) (data.Transport, error)
 	// Now is the clock (nil = time.Now).
 	Now func() time.Time
 }
@@ -121,11 +121,12 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		stop:       make(chan struct{}),
 		loopDone:   make(chan struct{}),
 	}
-	dt, err := deps.NewData(t.mayWrite)
+	dt, err := deps.NewData(t.mayWrite, t.logf)
 	if err != nil {
 		return nil, err
 	}
 	t.dt = dt
+	t.logf("INFO", "%s: data paths %s (TCP listener %q)", deps.Control.LocalID(), dt.Name(), dt.DataAddr())
 	t.env = &session.Env{
 		LocalID:      deps.Control.LocalID(),
 		Cfg:          cfg,
@@ -184,11 +185,22 @@ func (t *Tier) register(s *session.Session, info data.PeerInfo) {
 	go func() {
 		defer t.recoverLoop("registration")
 		err := t.dt.AddPeer(s.PeerID(), info)
+		if err == nil {
+			t.logf("INFO", "peer %s: data path %s", s.PeerID(), t.pathTo(s.PeerID()))
+		}
 		select {
 		case t.registered <- registration{s, err}:
 		case <-t.stop:
 		}
 	}()
+}
+
+// pathTo names the data path serving peerID.
+func (t *Tier) pathTo(peerID string) string {
+	if m, ok := t.dt.(interface{ PathTo(string) string }); ok {
+		return m.PathTo(peerID)
+	}
+	return t.dt.Name()
 }
 
 // loop is the progress goroutine: inbound frames, transfer completions,

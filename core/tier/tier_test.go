@@ -64,7 +64,7 @@ func (c *cluster) peer(n int, mutate ...func(*config.Config)) *peer {
 	id := cfg.LocalID()
 	tr, err := tier.New(cfg, region, tier.Deps{
 		Control: c.ctl.Transport(id),
-		NewData: func(guard data.WriteGuard) (data.Transport, error) {
+		NewData: func(guard data.WriteGuard, _ tier.Logf) (data.Transport, error) {
 			return c.data.Transport(id, region, guard), nil
 		},
 	})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import json
+import sys
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
@@ -100,7 +101,9 @@ class Peer:
 
     ``region`` is a writable buffer (kept alive by the Peer until destroy) or
     an integer address the caller keeps valid. ``options`` is the JSON object
-    of peerkv_create (see include/peerkv.h), given as a dict.
+    of peerkv_create (see include/peerkv.h), given as a dict; its
+    ``python_prefix`` defaults to this interpreter's ``sys.prefix``, so the
+    library finds the nixl wheels of the environment it runs in.
     """
 
     def __init__(
@@ -114,7 +117,8 @@ class Peer:
         self._lib = _lib.lib()
         self._lock = threading.Lock()
         self._err = ctypes.create_string_buffer(_ERR_CAP)
-        self.key_len = int((options or {}).get("key_len") or 0)
+        options = {"python_prefix": sys.prefix, **(options or {})}
+        self.key_len = int(options.get("key_len") or 0)
         if isinstance(region, int):
             self._region_owner = None
             address = region
@@ -129,7 +133,7 @@ class Peer:
             address,
             num_rows,
             row_len,
-            json.dumps(options or {}).encode(),
+            json.dumps(options).encode(),
             byref(handle),
             self._err,
             _ERR_CAP,

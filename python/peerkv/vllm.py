@@ -177,12 +177,12 @@ class PeerKVTier(SecondaryTierManager):
         rows, row_len = _region_shape(primary_kv_view)
         self._peer = Peer(primary_kv_view, rows, row_len, create_options)
         logger.info(
-            "PeerKVTier %s: %d rows x %d bytes, key_len %d, transport %s",
+            "PeerKVTier %s: %d rows x %d bytes, key_len %d, data paths %s",
             self._local_id,
             rows,
             row_len,
             self._key_len,
-            create_options.get("data_transport", "tcp"),
+            self._peer.stats().get("data_paths", "?"),
         )
 
     # ------------------------------------------------------------------

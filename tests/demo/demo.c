@@ -1,5 +1,5 @@
 /* demo.c — two peerkv peers on loopback, in two processes, over the real
- * path (ZMQ control + TCP data):
+ * path (ZMQ control; NIXL data when the library finds it, else TCP):
  *   1. PD: a prefiller stores 256 rows of 2 MiB; a decoder pulls them all.
  *   2. P2P, symmetric: each peer holds half of the other's keys and pulls
  *      from the other at the same time (partial hits).
@@ -124,9 +124,13 @@ int main(int argc, char **argv) {
   arm_watchdog(150);
   char version[128];
   peerkv_version(version, sizeof version);
-  printf("%s — two peers on 127.0.0.1, ZMQ control + TCP data, each in its own process\n", version);
   step("open decoder");
   peer_open(&peer, ROWS, ROW_LEN, "");
+  char stats[4096], paths[64];
+  size_t needed = 0;
+  check(peerkv_stats(peer.h, stats, sizeof stats, &needed, peer.err, ERRLEN));
+  json_str(stats, "data_paths", paths, sizeof paths);
+  printf("%s — two peers on 127.0.0.1, each in its own process: ZMQ control, data paths %s\n", version, paths);
   const char *args[] = {"--producer", NULL};
   child_t b = spawn_self(args, NULL, false, NULL);
   char line[128];

@@ -89,6 +89,8 @@ int panic_child_main(void);
 
 /* Value of an integer field "name" in a flat JSON object; fails if absent. */
 long long json_int(const char *json, const char *name);
+/* json_str copies string field name of a flat JSON object (no escapes). */
+void json_str(const char *json, const char *name, char *out, size_t cap);
 
 /* ---- rows and keys (peer.c) ---- */
 

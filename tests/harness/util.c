@@ -186,6 +186,18 @@ int wait_child(child_t *c, int timeout_ms) {
   }
 }
 
+void json_str(const char *json, const char *name, char *out, size_t cap) {
+  char pat[128];
+  snprintf(pat, sizeof pat, "\"%s\":\"", name);
+  const char *at = strstr(json, pat);
+  CHECK(at != NULL, "string field %s missing from %s", name, json);
+  at += strlen(pat);
+  const char *end = strchr(at, '"');
+  CHECK(end != NULL && (size_t)(end - at) < cap, "field %s too long in %s", name, json);
+  memcpy(out, at, (size_t)(end - at));
+  out[end - at] = '\0';
+}
+
 long long json_int(const char *json, const char *name) {
   char pat[128];
   snprintf(pat, sizeof pat, "\"%s\":", name);

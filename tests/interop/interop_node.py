@@ -91,5 +91,6 @@ def vllm_p2p_config(port: int) -> dict[str, Any]:
     return config
 
 
-def peerkv_nixl_config(port: int) -> dict[str, Any]:
-    return peerkv_node.kv_transfer_config(port, data_transport="nixl")
+def peerkv_config(port: int) -> dict[str, Any]:
+    """PeerKVTier with its default data_transport ("auto": NIXL, plus TCP)."""
+    return peerkv_node.kv_transfer_config(port)

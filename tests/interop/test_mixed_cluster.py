@@ -7,8 +7,9 @@ producer's primary rows are random bytes, and the consumer's primary rows must
 equal them byte for byte once the load job has succeeded (lookup HIT means the
 secondary tier's load job finished into the primary tier).
 
-Processes: V runs vLLM's p2p tier, P and Q run PeerKVTier with
-data_transport "nixl"; X (PeerKVTier) and Y (vLLM's tier) run under a
+Processes: V runs vLLM's p2p tier, P and Q run PeerKVTier with its default
+data_transport ("auto": NIXL when it loads, TCP beside it; NIXL is chosen for
+every link here); X (PeerKVTier) and Y (vLLM's tier) run under a
 different PYTHONHASHSEED.
 """
 
@@ -21,7 +22,7 @@ import pytest
 from interop_node import (
     OTHER_HASH_SEED,
     InteropNode,
-    peerkv_nixl_config,
+    peerkv_config,
     vllm_p2p_config,
 )
 from peerkv_node import FAST_TIMEOUTS, ROW_BYTES, control_port
@@ -47,14 +48,14 @@ class Cluster:
 
     def add(self, process, name, kind):
         port = control_port()
-        config = vllm_p2p_config(port) if kind == VLLM else peerkv_nixl_config(port)
+        config = vllm_p2p_config(port) if kind == VLLM else peerkv_config(port)
         node = self.processes[process]
         node.call("take_logs")
         info = node.call("add", name, config, timeout=60)
         assert info["tier_type"] == kind, info
-        if kind == PEERKV:  # NIXL really is the data path, not the TCP default
+        if kind == PEERKV:  # the default config really serves NIXL (and TCP beside it)
             lines = node.call("take_logs")
-            assert any(f"127.0.0.1:{port}:" in line and "transport nixl" in line for line in lines), lines
+            assert any(f"127.0.0.1:{port}:" in line and "data paths nixl+tcp" in line for line in lines), lines
         self.nodes[name], self.ports[name] = node, port
         self.kinds[name] = kind
 

@@ -66,6 +66,7 @@ def cluster(library):
         c.add(b, "b")
         c.add(b, "b_fp", config_fingerprint="0123456789abcdef")
         c.add(b, "b_seed", hash_seed="some-other-seed")
+        c.add(b, "b_tcp", data_transport="tcp")
         yield c
     finally:
         a.close()
@@ -152,6 +153,43 @@ def test_forbidden_combination_is_rejected_and_logged_once(cluster):
     assert len(lines) == 1, lines
     assert "remote_prefiller" in lines[0] and lines[0].startswith("WARNING")
     a.call("finish", "a", "src-forbidden")
+
+
+def test_default_data_path_is_nixl_between_peerkv_peers(cluster):
+    """data_transport "auto" (the default) serves NIXL and TCP; two such peers use NIXL."""
+    a, b = cluster.a, cluster.b
+    cluster.add(a, "a_auto")  # a fresh peer: the session (and its path choice) starts here
+    keys, rows = _keys(2), _rows(2)
+    a.call("store", "a_auto", "src-auto", None, keys, rows)
+    _logs(a, b)
+    got = b.call("pull", "b", "c-auto", cluster.source("remote_kv_source", "a_auto", _kid()), keys, PULL_TIMEOUT_S)
+    b.call("finish", "b", "c-auto")
+    a.call("finish", "a_auto", "src-auto")
+    assert got["results"] == ["HIT", "HIT"] and got["rows"] == rows
+    assert b.call("stats", "b")["data_paths"] == "nixl+tcp"
+    lines = _logs(a, b)
+    for peer in ("a_auto", "b"):  # each side logs the path it writes over
+        assert any(f"peer {HOST}:{cluster.ports[peer]}: data path nixl" in line for line in lines), (peer, lines)
+
+
+def test_tcp_only_peer_and_default_peer_meet_on_tcp(cluster):
+    """A peerkv peer that asks for TCP only still exchanges rows with a default
+    peer, both ways, over TCP."""
+    _logs(cluster.a, cluster.b)
+    for producer, consumer in [("a", "b_tcp"), ("b_tcp", "a")]:
+        prod, cons = cluster.nodes[producer], cluster.nodes[consumer]
+        keys, rows, kid = _keys(3), _rows(3), _kid()
+        params = {"remote_decoder": {"kv_request_id": kid}}
+        prod.call("store", producer, f"p-tcp-{producer}", params, keys, rows)
+        prod.call("finish", producer, f"p-tcp-{producer}")
+        source = cluster.source("remote_prefiller", producer, kid)
+        got = cons.call("pull", consumer, f"d-tcp-{consumer}", source, keys, PULL_TIMEOUT_S)
+        cons.call("finish", consumer, f"d-tcp-{consumer}")
+        assert got["results"] == ["HIT"] * 3 and got["rows"] == rows, (producer, consumer)
+    assert cluster.b.call("stats", "b_tcp")["data_paths"] == "tcp"
+    lines = _logs(cluster.a, cluster.b)
+    for name, other in [("a", "b_tcp"), ("b_tcp", "a")]:
+        assert any(f"peer {HOST}:{cluster.ports[other]}: data path tcp" in line for line in lines), (name, lines)
 
 
 @pytest.mark.parametrize("key", ["remote_kv_source", "remote_prefiller"])

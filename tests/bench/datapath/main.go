@@ -1,19 +1,23 @@
-// Command datapath measures the tcpdata data path between two processes on
-// loopback against single-thread memcpy, in the same run.
+// Command datapath measures peerkv's data paths (tcpdata, and NIXL when it
+// loads) between two processes on loopback against single-thread memcpy, in
+// the same run.
 //
 // The program re-executes itself as the receiver (env childEnv set): the
-// child allocates its region, prints its data address, and on "verify
-// <crc>" checks what arrived. The parent writes every row to the child
-// -iters times and prints, e.g.:
+// child maps its region, prints its TCP data address and its NIXL agent
+// metadata, and on "verify <crc>" checks what arrived. The parent writes
+// every row to the child -iters times per path and prints, e.g.:
 //
 //	datapath: tcp 256x2MiB: 3.1 GB/s; memcpy 1-thread: 9.8 GB/s; ratio 0.32
+//	datapath: nixl 256x2MiB: 4.9 GB/s; memcpy 1-thread: 9.8 GB/s; ratio 0.50
 //	verified
 //
-// Figures are medians; GB is 10^9 bytes.
+// Figures are medians; GB is 10^9 bytes. NIXL is searched in -python-prefix
+// (default: the repository's .venv) like the library does.
 package main
 
 import (
 	"bufio"
+	"encoding/base64"
 	"encoding/binary"
 	"flag"
 	"fmt"
@@ -22,13 +26,16 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/data/tcpdata"
+	"github.com/peerkv/peerkv/nixl"
 )
 
 const (
@@ -39,6 +46,7 @@ const (
 
 type params struct {
 	rows, rowMiB, iters, streams, sockBuf int
+	pythonPrefix                          string
 }
 
 func main() {
@@ -48,6 +56,7 @@ func main() {
 	flag.IntVar(&p.iters, "iters", 5, "measured iterations (median reported)")
 	flag.IntVar(&p.streams, "streams", tcpdata.DefaultStreams, "TCP connections per peer")
 	flag.IntVar(&p.sockBuf, "sockbuf", 0, "SO_SNDBUF/SO_RCVBUF bytes (0 = kernel autotuning)")
+	flag.StringVar(&p.pythonPrefix, "python-prefix", ".venv", "Python environment holding the nixl wheels")
 	flag.Parse()
 
 	var err error
@@ -62,12 +71,18 @@ func main() {
 	}
 }
 
-func (p params) region() data.Region {
+// region maps the rows outside the Go heap, as a host's region is (NIXL
+// registers it).
+func (p params) region() (data.Region, error) {
 	rowLen := uint64(p.rowMiB) << 20
-	return data.Region{Mem: make([]byte, uint64(p.rows)*rowLen), RowLen: rowLen}
+	mem, err := syscall.Mmap(-1, 0, p.rows*int(rowLen), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		return data.Region{}, fmt.Errorf("mmap: %w", err)
+	}
+	return data.Region{Mem: mem, RowLen: rowLen}, nil
 }
 
-func (p params) transport(id string, region data.Region) (*tcpdata.Transport, error) {
+func (p params) tcp(id string, region data.Region) (data.Transport, error) {
 	return tcpdata.New(tcpdata.Options{
 		LocalID: id, Region: region, ListenHost: "127.0.0.1",
 		IOTimeout: ioTimeout, Streams: p.streams, SocketBufferBytes: p.sockBuf,
@@ -75,15 +90,30 @@ func (p params) transport(id string, region data.Region) (*tcpdata.Transport, er
 	})
 }
 
+// nixl starts the NIXL path, or says why it cannot here.
+func (p params) nixl(region data.Region) (data.Transport, error) {
+	prefix, _ := filepath.Abs(p.pythonPrefix)
+	return nixl.New(nixl.Options{Region: region, SearchPrefixes: []string{prefix}, TransferTimeout: ioTimeout})
+}
+
 // runChild receives rows until stdin closes, answering "verify <crc>".
 func runChild(p params) error {
-	region := p.region()
-	tr, err := p.transport("child", region)
+	region, err := p.region()
 	if err != nil {
 		return err
 	}
-	defer tr.Close()
-	fmt.Printf("addr %s\n", tr.DataAddr())
+	tcp, err := p.tcp("child", region)
+	if err != nil {
+		return err
+	}
+	defer tcp.Close()
+	fmt.Printf("addr %s\n", tcp.DataAddr())
+	if nx, err := p.nixl(region); err != nil {
+		fmt.Printf("nixl-unavailable %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+	} else {
+		defer nx.Close()
+		fmt.Printf("nixl %s %d\n", base64.StdEncoding.EncodeToString(nx.AgentMetadata()), region.BaseAddr())
+	}
 
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
@@ -97,6 +127,7 @@ func runChild(p params) error {
 		} else {
 			fmt.Printf("mismatch: crc %s, expected %s\n", got, want)
 		}
+		clear(region.Mem) // the next path must deliver every byte again
 	}
 	return in.Err()
 }
@@ -166,71 +197,113 @@ func (c *child) stop() {
 }
 
 func runParent(p params) error {
-	src := p.region()
+	src, err := p.region()
+	if err != nil {
+		return err
+	}
 	fillRandom(src.Mem)
-	totalBytes := float64(len(src.Mem))
+	want := strconv.FormatUint(uint64(crc32.Checksum(src.Mem, crcTable)), 16)
 
 	ch, err := startChild()
 	if err != nil {
 		return fmt.Errorf("start child: %w", err)
 	}
 	defer ch.stop()
+	info := data.PeerInfo{NumRows: src.NumRows(), RowLen: src.RowLen}
 	line, err := ch.readLine()
 	if err != nil {
 		return err
 	}
-	addr, ok := strings.CutPrefix(line, "addr ")
-	if !ok {
+	var ok bool
+	if info.DataAddr, ok = strings.CutPrefix(line, "addr "); !ok {
 		return fmt.Errorf("child said %q, expected its address", line)
 	}
-
-	tr, err := p.transport("parent", src)
-	if err != nil {
+	if line, err = ch.readLine(); err != nil {
 		return err
+	}
+	nixlWhy := ""
+	if why, unavailable := strings.CutPrefix(line, "nixl-unavailable "); unavailable {
+		nixlWhy = why
+	} else if _, err := fmt.Sscanf(line, "nixl %s %d", new(string), &info.BaseAddr); err != nil {
+		return fmt.Errorf("child said %q, expected its NIXL metadata: %v", line, err)
+	} else if info.AgentMetadata, err = base64.StdEncoding.DecodeString(strings.Fields(line)[1]); err != nil {
+		return fmt.Errorf("child's NIXL metadata: %w", err)
+	}
+
+	mem := median(measureMemcpy(src.Mem, p.iters))
+	paths := []struct {
+		name string
+		open func() (data.Transport, error)
+	}{
+		{"tcp", func() (data.Transport, error) { return p.tcp("parent", src) }},
+		{"nixl", func() (data.Transport, error) { return p.nixl(src) }},
+	}
+	for _, path := range paths {
+		if path.name == "nixl" && nixlWhy != "" {
+			fmt.Printf("datapath: nixl: not measured: %s\n", nixlWhy)
+			continue
+		}
+		rate, err := measurePath(path.open, info, p)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path.name, err)
+		}
+		fmt.Printf("datapath: %s %dx%dMiB: %.2f GB/s; memcpy 1-thread: %.2f GB/s; ratio %.2f\n",
+			path.name, p.rows, p.rowMiB, rate, mem, rate/mem)
+		if err := ch.verify(want); err != nil {
+			return fmt.Errorf("%s: %w", path.name, err)
+		}
+		fmt.Println("verified")
+	}
+	return nil
+}
+
+// measurePath writes every row to the child -iters times, after one warm-up
+// transfer that faults in the child's pages and opens connections, and
+// returns the median rate in GB/s.
+func measurePath(open func() (data.Transport, error), info data.PeerInfo, p params) (float64, error) {
+	tr, err := open()
+	if err != nil {
+		return 0, err
 	}
 	defer tr.Close()
-	if err := tr.AddPeer("child", data.PeerInfo{NumRows: src.NumRows(), RowLen: src.RowLen, DataAddr: addr}); err != nil {
-		return err
+	if err := tr.AddPeer("child", info); err != nil {
+		return 0, err
 	}
-
 	rows := make([]uint64, p.rows)
 	for i := range rows {
 		rows[i] = uint64(i)
 	}
-	// One warm-up transfer faults in the child's pages and opens connections.
-	tcpRates := make([]float64, 0, p.iters)
+	total := float64(uint64(p.rows) * info.RowLen)
+	rates := make([]float64, 0, p.iters)
 	for i := 0; i <= p.iters; i++ {
 		start := time.Now()
 		if err := writeAll(tr, rows); err != nil {
-			return fmt.Errorf("iteration %d: %w", i, err)
+			return 0, fmt.Errorf("iteration %d: %w", i, err)
 		}
 		if i > 0 {
-			tcpRates = append(tcpRates, totalBytes/time.Since(start).Seconds()/1e9)
+			rates = append(rates, total/time.Since(start).Seconds()/1e9)
 		}
 	}
+	return median(rates), nil
+}
 
-	memRates := measureMemcpy(src.Mem, p.iters)
-	tcp, mem := median(tcpRates), median(memRates)
-	fmt.Printf("datapath: tcp %dx%dMiB: %.2f GB/s; memcpy 1-thread: %.2f GB/s; ratio %.2f\n",
-		p.rows, p.rowMiB, tcp, mem, tcp/mem)
-
-	want := strconv.FormatUint(uint64(crc32.Checksum(src.Mem, crcTable)), 16)
-	if _, err := fmt.Fprintf(ch.stdin, "verify %s\n", want); err != nil {
+// verify asks the child to compare its region's checksum with want.
+func (c *child) verify(want string) error {
+	if _, err := fmt.Fprintf(c.stdin, "verify %s\n", want); err != nil {
 		return fmt.Errorf("ask child to verify: %w", err)
 	}
-	answer, err := ch.readLine()
+	answer, err := c.readLine()
 	if err != nil {
 		return err
 	}
 	if answer != "verified" {
 		return fmt.Errorf("child: %s", answer)
 	}
-	fmt.Println("verified")
 	return nil
 }
 
 // writeAll sends rows to the child's same rows and waits for the outcome.
-func writeAll(tr *tcpdata.Transport, rows []uint64) error {
+func writeAll(tr data.Transport, rows []uint64) error {
 	id, err := tr.Write("child", rows, rows)
 	if err != nil {
 		return err

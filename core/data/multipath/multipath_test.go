@@ -1,0 +1,212 @@
+package multipath
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/core/data/memdata"
+	"github.com/peerkv/peerkv/core/data/tcpdata"
+)
+
+const rowLen = 4096
+
+// fakeNixl stands in for the NIXL path: an in-memory path that advertises
+// agent metadata, as NIXL does, and can refuse peers.
+type fakeNixl struct {
+	*memdata.Transport
+	refuse error
+}
+
+func (f *fakeNixl) Name() string          { return "nixl" }
+func (f *fakeNixl) AgentMetadata() []byte { return []byte("agent-md") }
+func (f *fakeNixl) AddPeer(id string, info data.PeerInfo) error {
+	if f.refuse != nil {
+		return f.refuse
+	}
+	return f.Transport.AddPeer(id, info)
+}
+
+// end is one peer: its region, its fake NIXL path and its TCP path.
+type end struct {
+	id     string
+	region data.Region
+	nixl   *fakeNixl
+	tcp    *tcpdata.Transport
+}
+
+func newEnd(t *testing.T, hub *memdata.Hub, id string) *end {
+	t.Helper()
+	region := data.Region{Mem: make([]byte, 8*rowLen), RowLen: rowLen}
+	tcp, err := tcpdata.New(tcpdata.Options{LocalID: id, Region: region, ListenHost: "127.0.0.1"})
+	require.NoError(t, err)
+	return &end{id: id, region: region, nixl: &fakeNixl{Transport: hub.Transport(id, region, nil)}, tcp: tcp}
+}
+
+// info is what e's connect would advertise with the given paths.
+func (e *end) info(nixl, tcp bool) data.PeerInfo {
+	info := data.PeerInfo{BaseAddr: e.region.BaseAddr(), NumRows: e.region.NumRows(), RowLen: rowLen}
+	if nixl {
+		info.AgentMetadata = e.nixl.AgentMetadata()
+	}
+	if tcp {
+		info.DataAddr = e.tcp.DataAddr()
+	}
+	return info
+}
+
+func fill(r data.Region, row uint64, b byte) {
+	for i := range r.Row(row) {
+		r.Row(row)[i] = b
+	}
+}
+
+func completion(t *testing.T, tr data.Transport) data.Completion {
+	t.Helper()
+	select {
+	case c := <-tr.Completions():
+		return c
+	case <-time.After(10 * time.Second):
+		t.Fatal("no completion within 10s")
+		return data.Completion{}
+	}
+}
+
+// writeRow writes row 1 of from's region into row 5 of to's and waits.
+func writeRow(t *testing.T, tr data.Transport, from, to *end) {
+	t.Helper()
+	fill(from.region, 1, 0xA7)
+	id, err := tr.Write(to.id, []uint64{1}, []uint64{5})
+	require.NoError(t, err)
+	c := completion(t, tr)
+	require.NoError(t, c.Err)
+	assert.Equal(t, id, c.ID, "the completion carries the id Write returned")
+	assert.Equal(t, to.id, c.PeerID)
+	assert.True(t, bytes.Equal(from.region.Row(1), to.region.Row(5)), "row arrived intact")
+}
+
+func TestPrefersTheFirstPathBothSidesHave(t *testing.T) {
+	hub := memdata.NewHub()
+	a, b := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1")
+	tr, err := New("", a.nixl, a.tcp)
+	require.NoError(t, err)
+	defer tr.Close()
+	defer b.tcp.Close()
+
+	assert.Equal(t, "nixl+tcp", tr.Name())
+	assert.Equal(t, []byte("agent-md"), tr.AgentMetadata())
+	assert.Equal(t, a.tcp.DataAddr(), tr.DataAddr())
+
+	require.NoError(t, tr.AddPeer(b.id, b.info(true, true)))
+	assert.Equal(t, "nixl", tr.PathTo(b.id))
+	writeRow(t, tr, a, b)
+}
+
+func TestPeerOfferingOnlyTCPGetsTCP(t *testing.T) {
+	hub := memdata.NewHub()
+	a, b := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1")
+	tr, err := New("", a.nixl, a.tcp)
+	require.NoError(t, err)
+	defer tr.Close()
+	defer b.tcp.Close()
+
+	require.NoError(t, tr.AddPeer(b.id, b.info(false, true)))
+	assert.Equal(t, "tcp", tr.PathTo(b.id))
+	writeRow(t, tr, a, b)
+}
+
+func TestFailingPathFallsThroughToTheNext(t *testing.T) {
+	hub := memdata.NewHub()
+	a, b := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1")
+	a.nixl.refuse = errors.New("loadRemoteMD failed")
+	tr, err := New("", a.nixl, a.tcp)
+	require.NoError(t, err)
+	defer tr.Close()
+	defer b.tcp.Close()
+
+	require.NoError(t, tr.AddPeer(b.id, b.info(true, true)))
+	assert.Equal(t, "tcp", tr.PathTo(b.id))
+	writeRow(t, tr, a, b)
+}
+
+func TestNoSharedPathNamesEveryReason(t *testing.T) {
+	hub := memdata.NewHub()
+	a, b := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1")
+	defer b.tcp.Close()
+	tr, err := New("NIXL unavailable: libnixl_capi.so not found", a.tcp)
+	require.NoError(t, err)
+	defer tr.Close()
+
+	err = tr.AddPeer(b.id, b.info(true, false)) // a stock vLLM peer: NIXL only
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no data path shared with peer b:1")
+	assert.Contains(t, err.Error(), "the peer offers no tcp path")
+	assert.Contains(t, err.Error(), "NIXL unavailable: libnixl_capi.so not found")
+	assert.Equal(t, "", tr.PathTo(b.id))
+	_, err = tr.Write(b.id, []uint64{0}, []uint64{0})
+	assert.ErrorIs(t, err, data.ErrUnknownPeer)
+}
+
+func TestRemovedPeerCannotBeWritten(t *testing.T) {
+	hub := memdata.NewHub()
+	a, b := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1")
+	tr, err := New("", a.nixl, a.tcp)
+	require.NoError(t, err)
+	defer tr.Close()
+	defer b.tcp.Close()
+
+	require.NoError(t, tr.AddPeer(b.id, b.info(true, true)))
+	tr.RemovePeer(b.id)
+	_, err = tr.Write(b.id, []uint64{0}, []uint64{0})
+	assert.ErrorIs(t, err, data.ErrUnknownPeer)
+}
+
+func TestIDsStayDistinctAcrossPaths(t *testing.T) {
+	hub := memdata.NewHub()
+	a, b, c := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1"), newEnd(t, hub, "c:1")
+	tr, err := New("", a.nixl, a.tcp)
+	require.NoError(t, err)
+	defer tr.Close()
+	defer b.tcp.Close()
+	defer c.tcp.Close()
+	require.NoError(t, tr.AddPeer(b.id, b.info(true, true)))  // nixl
+	require.NoError(t, tr.AddPeer(c.id, c.info(false, true))) // tcp
+
+	ids := map[uint64]string{}
+	for range 4 {
+		for _, to := range []string{b.id, c.id} {
+			id, err := tr.Write(to, []uint64{0}, []uint64{0})
+			require.NoError(t, err)
+			require.NotContains(t, ids, id, "transfer ids must be unique across paths")
+			ids[id] = to
+		}
+	}
+	for range ids {
+		got := completion(t, tr)
+		require.NoError(t, got.Err)
+		want, ok := ids[got.ID]
+		require.True(t, ok, "completion %d was never issued, or reported twice", got.ID)
+		assert.Equal(t, want, got.PeerID)
+		delete(ids, got.ID)
+	}
+}
+
+func TestCloseEndsCompletions(t *testing.T) {
+	hub := memdata.NewHub()
+	a := newEnd(t, hub, "a:1")
+	tr, err := New("", a.nixl, a.tcp)
+	require.NoError(t, err)
+	require.NoError(t, tr.Close())
+	require.NoError(t, tr.Close(), "Close is idempotent")
+	select {
+	case _, ok := <-tr.Completions():
+		assert.False(t, ok)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Completions not closed after Close")
+	}
+}
