@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
+	"sync/atomic"
 
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/control/zmqctl"
@@ -31,9 +33,10 @@ func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", tier.ErrInvalidArgument, err)
 	}
+	logs := &transportLog{}
 	ctl, err := zmqctl.New(cfg.LocalID(), cfg.Host, cfg.Port, zmqctl.Options{
 		ConnectTimeout: cfg.HandshakeTimeout,
-		Logger:         transportLogger,
+		Logger:         logs.logger(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: control path at %s: %v", ErrTransport, cfg.LocalID(), err)
@@ -41,6 +44,7 @@ func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
 	t, err := tier.New(cfg, region, tier.Deps{
 		Control: ctl,
 		NewData: func(guard data.WriteGuard, logf tier.Logf) (data.Transport, error) {
+			logs.attach(logf)
 			return newData(cfg, region, guard, logf)
 		},
 	})
@@ -148,7 +152,40 @@ func NixlStatus() string {
 	return "ok"
 }
 
-// transportLogger reports only transport errors, on stderr: the tier already
-// reports peer loss through its own log queue (peerkv_take_logs), and a host
-// process's stderr is not ours to fill with routine warnings.
-var transportLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+// transportLog carries the control transport's warnings and errors into the
+// tier's log (peerkv_take_logs, which vLLM's logger prints) once the tier
+// exists, and to stderr before that. Routine events stay out: the tier
+// already logs what a peer loss means for requests.
+type transportLog struct {
+	logf atomic.Pointer[tier.Logf]
+}
+
+func (l *transportLog) attach(logf tier.Logf) { l.logf.Store(&logf) }
+
+func (l *transportLog) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{
+		Level: slog.LevelWarn,
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{} // the host's logger stamps the time
+			}
+			return a
+		},
+	}))
+}
+
+// Write receives one formatted record ("level=WARN msg=... k=v\n").
+func (l *transportLog) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	logf := l.logf.Load()
+	if logf == nil {
+		fmt.Fprintln(os.Stderr, "peerkv control transport:", line)
+		return len(p), nil
+	}
+	level := "WARNING"
+	if strings.HasPrefix(line, "level=ERROR") {
+		level = "ERROR"
+	}
+	(*logf)(level, "control transport: %s", line)
+	return len(p), nil
+}

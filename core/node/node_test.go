@@ -3,8 +3,11 @@ package node
 import (
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	zmq "github.com/pebbe/zmq4"
 
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/data"
@@ -123,4 +126,29 @@ func TestTCPOnlyNeverLoadsNixl(t *testing.T) {
 	defer tr.Shutdown()
 	assert.Equal(t, "tcp", tr.Stats().DataPaths)
 	assert.NotContains(t, string(tr.TakeLogs(1<<16)), "NIXL")
+}
+
+func TestControlTransportWarningsReachTheHostLog(t *testing.T) {
+	cfg := testConfig(t, `,"data_transport":"tcp"`)
+	tr, err := Open(cfg, testRegion())
+	require.NoError(t, err)
+	defer tr.Shutdown()
+
+	ctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	defer ctx.Term()
+	sock, err := ctx.NewSocket(zmq.DEALER)
+	require.NoError(t, err)
+	defer sock.Close()
+	require.NoError(t, sock.SetLinger(0))
+	require.NoError(t, sock.Connect("tcp://"+cfg.LocalID()))
+	_, err = sock.SendMessage("two", "frames") // vLLM's wire is one frame per message
+	require.NoError(t, err)
+
+	var logs string
+	require.Eventually(t, func() bool {
+		logs += string(tr.TakeLogs(1 << 16))
+		return strings.Contains(logs, "wrong frame count")
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.Contains(t, logs, "WARNING control transport: level=WARN")
 }

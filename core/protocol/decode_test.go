@@ -156,6 +156,7 @@ func malformedCases() []malformedCase {
 		{"peerkv data_addr int", validConnect(kv{"peerkv", validPeerKV(kv{"data_addr", 7})}), "connect: peerkv.data_addr: expected str, got 7", vllmIgnoresPeerKV},
 		{"peerkv nonce str", validConnect(kv{"peerkv", validPeerKV(kv{"nonce", "n"})}), `connect: peerkv.nonce: expected bin, got str "n"`, vllmIgnoresPeerKV},
 		{"peerkv auth nil", validConnect(kv{"peerkv", validPeerKV(kv{"auth", msgpackNil})}), "connect: peerkv.auth: expected bin, got nil", vllmIgnoresPeerKV},
+		{"peerkv issued_at_ms str", validConnect(kv{"peerkv", validPeerKV(kv{"issued_at_ms", "now"})}), `connect: peerkv.issued_at_ms: expected non-negative int, got str "now"`, vllmIgnoresPeerKV},
 
 		{"connect_ack peer_id bin", []kv{{"type", "connect_ack"}, {"peer_id", []byte("p")}}, "connect_ack: peer_id: expected str, got bin of 1 bytes", vllmRejects},
 
@@ -275,6 +276,10 @@ func TestDecodeConnectOptionalFields(t *testing.T) {
 	m, err = Decode(build(t, validConnect(kv{"peerkv", map[string]any{"version": 3}})...), Limits{})
 	require.NoError(t, err)
 	assert.Equal(t, &Capabilities{Version: 3, Nonce: []byte{}, Auth: []byte{}}, m.(*Connect).PeerKV)
+
+	m, err = Decode(build(t, validConnect(kv{"peerkv", map[string]any{"version": 1, "issued_at_ms": 1_790_000_000_123}})...), Limits{})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1_790_000_000_123), m.(*Connect).PeerKV.IssuedAtMs)
 }
 
 // Signed msgpack ints holding non-negative values are ints to msgspec too.

@@ -162,18 +162,22 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 			return f.failPath(CapabilitiesKey+"."+name, "expected %s, got %s", want, v.describe())
 		}
 		switch name {
-		case "version", "data_transport", "data_addr", "nonce", "auth":
+		case "version", "data_transport", "data_addr", "nonce", "auth", "issued_at_ms":
 			if seen[name] {
 				return nil, f.failPath(CapabilitiesKey+"."+name, "duplicate key")
 			}
 			seen[name] = true
 		}
 		switch name {
-		case "version":
+		case "version", "issued_at_ms":
 			if v.Kind != kindInt || v.Neg {
 				return nil, bad("non-negative int")
 			}
-			c.Version = v.Uint
+			if name == "version" {
+				c.Version = v.Uint
+			} else {
+				c.IssuedAtMs = v.Uint
+			}
 		case "data_transport", "data_addr":
 			if v.Kind != kindStr {
 				return nil, bad("str")

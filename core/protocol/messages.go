@@ -43,9 +43,12 @@ type Capabilities struct {
 	DataAddr string `codec:"data_addr"`
 	// Nonce is a fresh random value per connect, covered by Auth.
 	Nonce []byte `codec:"nonce"`
-	// Auth is HMAC-SHA256 over the connect's identity fields and Nonce with
-	// the cluster's shared secret; empty when authentication is off.
+	// Auth is HMAC-SHA256 with the cluster's shared secret over every field
+	// of the connect, Nonce and IssuedAtMs; empty when authentication is off.
 	Auth []byte `codec:"auth"`
+	// IssuedAtMs is when the connect was made (Unix ms), covered by Auth so
+	// a captured connect goes stale; absent when authentication is off.
+	IssuedAtMs uint64 `codec:"issued_at_ms,omitempty"`
 }
 
 // Connect is the first message on a connection, sent by both sides.

@@ -58,8 +58,12 @@ func vllmDict(t *testing.T, m Message) oracleMap {
 			{"base_addr", v.BaseAddr}, {"num_blocks", v.NumBlocks}, {"block_len", v.BlockLen},
 			{"config_fingerprint", v.ConfigFingerprint}, {"hash_seed", v.HashSeed}}
 		if c := v.PeerKV; c != nil {
-			d = append(d, [2]any{"peerkv", oracleMap{{"version", c.Version}, {"data_transport", c.DataTransport},
-				{"data_addr", c.DataAddr}, {"nonce", oracleBin(c.Nonce)}, {"auth", oracleBin(c.Auth)}}})
+			caps := oracleMap{{"version", c.Version}, {"data_transport", c.DataTransport},
+				{"data_addr", c.DataAddr}, {"nonce", oracleBin(c.Nonce)}, {"auth", oracleBin(c.Auth)}}
+			if c.IssuedAtMs != 0 { // omitted when authentication is off
+				caps = append(caps, [2]any{"issued_at_ms", c.IssuedAtMs})
+			}
+			d = append(d, [2]any{"peerkv", caps})
 		}
 		return d
 	case *ConnectAck:
@@ -101,7 +105,7 @@ func oracleVectors() []golden {
 		{name: "connect_peerkv", msg: &Connect{PeerID: "127.0.0.1:5710", AgentMetadata: bytes.Repeat([]byte{7}, 300),
 			BaseAddr: 1<<64 - 1, NumBlocks: 1, BlockLen: 65536, HashSeed: strings.Repeat("s", 40),
 			PeerKV: &Capabilities{Version: 1, DataTransport: "tcp", DataAddr: "127.0.0.1:6001",
-				Nonce: bytes.Repeat([]byte{1}, 16), Auth: bytes.Repeat([]byte{2}, 32)}}},
+				Nonce: bytes.Repeat([]byte{1}, 16), Auth: bytes.Repeat([]byte{2}, 32), IssuedAtMs: 1_790_000_000_123}}},
 		{name: "connect_peerkv_empty", msg: &Connect{PeerID: "", AgentMetadata: []byte{}, NumBlocks: 255, BlockLen: 256,
 			PeerKV: &Capabilities{Nonce: []byte{}, Auth: []byte{}}}},
 		{name: "connect_ack_long", msg: &ConnectAck{PeerID: long}},

@@ -51,9 +51,9 @@ type Env struct {
 	Sink Sink
 	// Logf logs one line at level "DEBUG", "INFO", "WARNING" or "ERROR".
 	Logf func(level, format string, args ...any)
-	// Capabilities returns the peerkv capabilities for our next connect
-	// (fresh nonce and proof), or nil to send none.
-	Capabilities func() *protocol.Capabilities
+	// Capabilities returns the peerkv capabilities for our connect c (fresh
+	// nonce, and a proof covering c), or nil to send none.
+	Capabilities func(c *protocol.Connect) *protocol.Capabilities
 	// Authenticate checks a peer's connect when authentication is on.
 	Authenticate func(c *protocol.Connect) error
 	// NextLookupID returns a fresh inbound lookup id (unique per owner).
@@ -254,11 +254,11 @@ func (s *Session) sendConnect() {
 		ConfigFingerprint: s.env.Cfg.ConfigFingerprint,
 		HashSeed:          s.env.Cfg.HashSeed,
 	}
-	if s.env.Capabilities != nil {
-		c.PeerKV = s.env.Capabilities()
-	}
 	if c.AgentMetadata == nil {
 		c.AgentMetadata = []byte{}
+	}
+	if s.env.Capabilities != nil {
+		c.PeerKV = s.env.Capabilities(c)
 	}
 	s.sendNow(c)
 }

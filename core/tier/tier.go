@@ -60,6 +60,7 @@ type Tier struct {
 
 	mu       sync.Mutex
 	closed   bool
+	nonces   nonceCache // authenticated connects seen, against replays
 	requests map[string]*request
 	sessions map[string]*session.Session
 	jobs     map[int64]*job

@@ -342,7 +342,7 @@ func (p *pump) peerDown(pc *peerConn, err error) {
 
 func (p *pump) reportDown(peerID string, err error) {
 	p.t.counters.peersDown.Add(1)
-	p.t.log.Warn("peer down", "peer", peerID, "err", err)
+	p.t.log.Info("peer down", "peer", peerID, "err", err) // the owner logs the event it gets
 	p.emit(control.Event{Kind: control.EventPeerDown, PeerID: peerID, Err: err})
 }
 
