@@ -34,8 +34,9 @@ const (
 	defaultDataTransport        = DataAuto
 )
 
-// DataAuto serves NIXL when this host can load it (stock vLLM peers need it)
-// and TCP beside it, choosing per peer; see core/data/multipath.
+// DataAuto serves a same-host copy path (peerkv peers on this host), NIXL
+// when this host can load it (stock vLLM peers need it) and TCP, choosing
+// per peer; see core/data/multipath.
 const DataAuto = "auto"
 
 // Config is one peer's configuration. Zero durations mean "use the default".

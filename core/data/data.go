@@ -40,6 +40,7 @@ type PeerInfo struct {
 	NumRows       uint64
 	RowLen        uint64
 	DataAddr      string // TCP data listener, from peerkv capabilities
+	LocalProcess  string // same-host process locator, from peerkv capabilities
 }
 
 // Completion is the outcome of one transfer.

@@ -14,6 +14,7 @@ import (
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/control/zmqctl"
 	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/core/data/cmadata"
 	"github.com/peerkv/peerkv/core/data/multipath"
 	"github.com/peerkv/peerkv/core/data/tcpdata"
 	"github.com/peerkv/peerkv/core/tier"
@@ -67,6 +68,12 @@ func newData(cfg config.Config, region data.Region, guard data.WriteGuard, logf 
 	}
 	switch cfg.DataTransport {
 	case config.DataAuto:
+		// Same-host peers first: a direct copy beats any transport.
+		if cma, err := cmadata.New(cmadata.Options{Region: region, TransferTimeout: cfg.LoadTimeout}); err != nil {
+			logf("WARNING", "%s: no same-host copy path: %v", cfg.LocalID(), err)
+		} else {
+			paths = append(paths, cma)
+		}
 		if cfg.AuthSecret != "" {
 			missing = "NIXL is off because auth_secret is set: NIXL writes can be neither authenticated nor " +
 				"guarded (set data_transport \"nixl\" to use it anyway)"

@@ -103,7 +103,7 @@ func TestAutoWithoutNixlServesTCPAndSaysWhy(t *testing.T) {
 	tr, err := Open(cfg, testRegion())
 	require.NoError(t, err, "auto must not fail when NIXL is missing")
 	defer tr.Shutdown()
-	assert.Equal(t, "tcp", tr.Stats().DataPaths)
+	assert.Equal(t, "cma+tcp", tr.Stats().DataPaths)
 	logs := string(tr.TakeLogs(1 << 16))
 	assert.Contains(t, logs, "serving TCP only")
 	assert.Contains(t, logs, "NIXL unavailable")
@@ -115,7 +115,7 @@ func TestAutoWithAuthSecretLeavesNixlOff(t *testing.T) {
 	tr, err := Open(cfg, testRegion())
 	require.NoError(t, err)
 	defer tr.Shutdown()
-	assert.Equal(t, "tcp", tr.Stats().DataPaths)
+	assert.Equal(t, "cma+tcp", tr.Stats().DataPaths, "the same-host copy reaches only same-user processes, so it stays")
 	assert.Contains(t, string(tr.TakeLogs(1<<16)), "NIXL is off because auth_secret is set")
 }
 

@@ -128,7 +128,7 @@ func toWire(m Message) (wire any, size int, err error) {
 			c := *v.PeerKV
 			c.Nonce, c.Auth = nonNilBytes(c.Nonce), nonNilBytes(c.Auth)
 			w.PeerKV = &c
-			size += 2*header + len(c.DataTransport) + len(c.DataAddr) + len(c.Nonce) + len(c.Auth)
+			size += 2*header + len(c.DataTransport) + len(c.DataAddr) + len(c.Nonce) + len(c.Auth) + len(c.LocalProcess)
 		}
 		return w, size, nil
 	case *ConnectAck:

@@ -162,7 +162,7 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 			return f.failPath(CapabilitiesKey+"."+name, "expected %s, got %s", want, v.describe())
 		}
 		switch name {
-		case "version", "data_transport", "data_addr", "nonce", "auth", "issued_at_ms":
+		case "version", "data_transport", "data_addr", "nonce", "auth", "issued_at_ms", "local_process":
 			if seen[name] {
 				return nil, f.failPath(CapabilitiesKey+"."+name, "duplicate key")
 			}
@@ -178,14 +178,17 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 			} else {
 				c.IssuedAtMs = v.Uint
 			}
-		case "data_transport", "data_addr":
+		case "data_transport", "data_addr", "local_process":
 			if v.Kind != kindStr {
 				return nil, bad("str")
 			}
-			if name == "data_transport" {
+			switch name {
+			case "data_transport":
 				c.DataTransport = string(v.Bytes)
-			} else {
+			case "data_addr":
 				c.DataAddr = string(v.Bytes)
+			default:
+				c.LocalProcess = string(v.Bytes)
 			}
 		case "nonce", "auth":
 			if v.Kind != kindBin {

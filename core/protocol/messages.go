@@ -37,7 +37,7 @@ type Message interface {
 type Capabilities struct {
 	// Version is peerkv's capability revision (currently 1).
 	Version uint64 `codec:"version"`
-	// DataTransport names the data path this peer serves: "tcp" or "nixl".
+	// DataTransport names the data paths this peer serves, e.g. "cma+nixl+tcp".
 	DataTransport string `codec:"data_transport"`
 	// DataAddr is the host:port of the peer's TCP data listener ("" if none).
 	DataAddr string `codec:"data_addr"`
@@ -49,6 +49,9 @@ type Capabilities struct {
 	// IssuedAtMs is when the connect was made (Unix ms), covered by Auth so
 	// a captured connect goes stale; absent when authentication is off.
 	IssuedAtMs uint64 `codec:"issued_at_ms,omitempty"`
+	// LocalProcess locates this process for same-host peers
+	// ("boot-id/pid-ns/pid/start"); absent without the same-host path.
+	LocalProcess string `codec:"local_process,omitempty"`
 }
 
 // Connect is the first message on a connection, sent by both sides.

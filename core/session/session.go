@@ -212,6 +212,7 @@ func (s *Session) onConnect(c *protocol.Connect) error {
 	}
 	if c.PeerKV != nil {
 		info.DataAddr = c.PeerKV.DataAddr
+		info.LocalProcess = c.PeerKV.LocalProcess
 	}
 	s.env.Register(s, info)
 	return nil

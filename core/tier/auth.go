@@ -34,6 +34,9 @@ func (t *Tier) capabilities(c *protocol.Connect) *protocol.Capabilities {
 		Nonce:         []byte{},
 		Auth:          []byte{},
 	}
+	if lp, ok := t.dt.(interface{ LocalProcess() string }); ok {
+		caps.LocalProcess = lp.LocalProcess()
+	}
 	if t.cfg.AuthSecret != "" {
 		caps.Nonce = make([]byte, 16)
 		_, _ = rand.Read(caps.Nonce)
@@ -71,6 +74,7 @@ func connectProof(secret string, c *protocol.Connect, caps *protocol.Capabilitie
 	number(c.BlockLen)
 	field([]byte(caps.DataTransport))
 	field([]byte(caps.DataAddr))
+	field([]byte(caps.LocalProcess))
 	field(caps.Nonce)
 	number(caps.IssuedAtMs)
 	return m.Sum(nil)

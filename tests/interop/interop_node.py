@@ -91,6 +91,7 @@ def vllm_p2p_config(port: int) -> dict[str, Any]:
     return config
 
 
-def peerkv_config(port: int) -> dict[str, Any]:
-    """PeerKVTier with its default data_transport ("auto": NIXL, plus TCP)."""
-    return peerkv_node.kv_transfer_config(port)
+def peerkv_config(port: int, data_transport: str | None = None) -> dict[str, Any]:
+    """PeerKVTier, with its default data_transport unless one is given."""
+    options = {} if data_transport is None else {"data_transport": data_transport}
+    return peerkv_node.kv_transfer_config(port, **options)

@@ -7,9 +7,10 @@ producer's primary rows are random bytes, and the consumer's primary rows must
 equal them byte for byte once the load job has succeeded (lookup HIT means the
 secondary tier's load job finished into the primary tier).
 
-Processes: V runs vLLM's p2p tier, P and Q run PeerKVTier with its default
-data_transport ("auto": NIXL when it loads, TCP beside it; NIXL is chosen for
-every link here); X (PeerKVTier) and Y (vLLM's tier) run under a
+Processes: V runs vLLM's p2p tier, P runs PeerKVTier with its default
+data_transport ("auto": same-host copy, NIXL, TCP; NIXL is what vLLM peers
+get), Q runs PeerKVTier with data_transport "nixl" so that peerkv <-> peerkv
+links are NIXL too; X (PeerKVTier) and Y (vLLM's tier) run under a
 different PYTHONHASHSEED.
 """
 
@@ -46,16 +47,17 @@ class Cluster:
         self.processes = processes
         self.nodes, self.ports, self.kinds = {}, {}, {}
 
-    def add(self, process, name, kind):
+    def add(self, process, name, kind, data_transport=None):
         port = control_port()
-        config = vllm_p2p_config(port) if kind == VLLM else peerkv_config(port)
+        config = vllm_p2p_config(port) if kind == VLLM else peerkv_config(port, data_transport)
         node = self.processes[process]
         node.call("take_logs")
         info = node.call("add", name, config, timeout=60)
         assert info["tier_type"] == kind, info
-        if kind == PEERKV:  # the default config really serves NIXL (and TCP beside it)
+        if kind == PEERKV:  # NIXL really loaded: the default serves it beside cma and tcp
+            paths = "nixl" if data_transport == "nixl" else "cma+nixl+tcp"
             lines = node.call("take_logs")
-            assert any(f"127.0.0.1:{port}:" in line and "data paths nixl+tcp" in line for line in lines), lines
+            assert any(f"127.0.0.1:{port}:" in line and f"data paths {paths}" in line for line in lines), lines
         self.nodes[name], self.ports[name] = node, port
         self.kinds[name] = kind
 
@@ -86,7 +88,9 @@ def cluster(library):
         c.add("V", "v_dec", VLLM)
         c.add("P", "p", PEERKV)
         c.add("P", "p_dec", PEERKV)
-        c.add("Q", "q", PEERKV)
+        # Q serves NIXL only, so the peerkv <-> peerkv pairs below (all
+        # involve q) are NIXL links rather than the same-host copy.
+        c.add("Q", "q", PEERKV, data_transport="nixl")
         c.add("X", "x", PEERKV)
         c.add("Y", "y", VLLM)
         yield c
@@ -109,6 +113,19 @@ def _kid():
 
 def _rid(prefix):
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def test_peerkv_pair_uses_nixl(cluster):
+    """p (default paths) and q (NIXL only) meet on NIXL, logged on both sides."""
+    p, q = cluster.nodes["p"], cluster.nodes["q"]
+    _logs(p, q)
+    req = _rid("path-probe")
+    got = q.call("pull", "q", req, cluster.source("remote_kv_source", "p", _kid()), _keys(1), PULL_TIMEOUT_S)
+    q.call("finish", "q", req)
+    assert got["results"] == ["MISS"]
+    lines = _logs(p, q)
+    for name in ("p", "q"):
+        assert any(f"peer {HOST}:{cluster.ports[name]}: data path nixl" in line for line in lines), (name, lines)
 
 
 # (producer, consumer): peerkv as consumer, as producer, and peerkv <-> peerkv.

@@ -155,8 +155,9 @@ def test_forbidden_combination_is_rejected_and_logged_once(cluster):
     a.call("finish", "a", "src-forbidden")
 
 
-def test_default_data_path_is_nixl_between_peerkv_peers(cluster):
-    """data_transport "auto" (the default) serves NIXL and TCP; two such peers use NIXL."""
+def test_default_data_path_is_the_same_host_copy(cluster):
+    """data_transport "auto" (the default) serves cma, NIXL and TCP; two such
+    peers on one host copy straight into each other's region (cma)."""
     a, b = cluster.a, cluster.b
     cluster.add(a, "a_auto")  # a fresh peer: the session (and its path choice) starts here
     keys, rows = _keys(2), _rows(2)
@@ -166,10 +167,10 @@ def test_default_data_path_is_nixl_between_peerkv_peers(cluster):
     b.call("finish", "b", "c-auto")
     a.call("finish", "a_auto", "src-auto")
     assert got["results"] == ["HIT", "HIT"] and got["rows"] == rows
-    assert b.call("stats", "b")["data_paths"] == "nixl+tcp"
+    assert b.call("stats", "b")["data_paths"] == "cma+nixl+tcp"
     lines = _logs(a, b)
     for peer in ("a_auto", "b"):  # each side logs the path it writes over
-        assert any(f"peer {HOST}:{cluster.ports[peer]}: data path nixl" in line for line in lines), (peer, lines)
+        assert any(f"peer {HOST}:{cluster.ports[peer]}: data path cma" in line for line in lines), (peer, lines)
 
 
 def test_tcp_only_peer_and_default_peer_meet_on_tcp(cluster):

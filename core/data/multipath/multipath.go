@@ -1,11 +1,13 @@
-// Package multipath serves several data paths at once (NIXL and TCP) and
-// picks one per peer, so one peer talks NIXL to stock vLLM peers and to
-// peerkv peers that have it, and TCP to peerkv peers that offer only TCP.
+// Package multipath serves several data paths at once (same-host copy,
+// NIXL, TCP) and picks one per peer: the same-host copy to peerkv peers on
+// this host, NIXL to stock vLLM peers and to peerkv peers that have it, TCP
+// to peerkv peers that offer only TCP.
 //
 // The choice is made at AddPeer, in the order the paths were given: the
-// first path the peer's connect offers (agent metadata for NIXL, a data
-// address for TCP) and that accepts the peer wins; a path that fails to
-// register the peer falls through to the next. Every advertised field of
+// first path the peer's connect offers (a process locator for the same-host
+// copy, agent metadata for NIXL, a data address for TCP) and that accepts
+// the peer wins; a path that fails to register the peer (another host, no
+// permission, NIXL error) falls through to the next. Every advertised field of
 // every path goes into our connect, so the peer can choose too.
 package multipath
 
@@ -101,9 +103,21 @@ func (t *Transport) DataAddr() string {
 	return ""
 }
 
+// LocalProcess is the same-host path's process locator ("" without one).
+func (t *Transport) LocalProcess() string {
+	for _, p := range t.paths {
+		if lp, ok := p.(interface{ LocalProcess() string }); ok {
+			return lp.LocalProcess()
+		}
+	}
+	return ""
+}
+
 // Offers reports whether a peer's connect offers the path named name.
 func Offers(name string, info data.PeerInfo) bool {
 	switch name {
+	case "cma":
+		return info.LocalProcess != ""
 	case "nixl":
 		return len(info.AgentMetadata) > 0
 	case "tcp":
