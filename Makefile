@@ -130,7 +130,7 @@ test-interop: $(LIB) ## the mixed-cluster matrix (tests/interop): peerkv <-> vLL
 test: setup-python all vet test-go test-harness test-python test-interop ## everything: build + visibility gate, vet, go test -race, C harness (plain + ASan), pytest, interop matrix
 	@echo "make test: all passed"
 
-bench: ## the three headline figures (data path vs memcpy, lookup round trips, host-call cost), then Go micro-benchmarks
+bench: setup-python ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, lookup round trips, host-call cost; then Go micro-benchmarks
 	$(GO) run ./tests/bench/datapath
 	$(GO) run ./tests/bench/control
 	$(GO) test -run '^$$' -bench . -benchmem ./core/protocol ./core/control/zmqctl

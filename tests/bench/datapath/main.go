@@ -21,6 +21,7 @@ import (
 	"bufio"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"hash/crc32"
@@ -59,7 +60,7 @@ func main() {
 	flag.IntVar(&p.iters, "iters", 5, "measured iterations (median reported)")
 	flag.IntVar(&p.streams, "streams", tcpdata.DefaultStreams, "TCP connections per peer")
 	flag.IntVar(&p.sockBuf, "sockbuf", 0, "SO_SNDBUF/SO_RCVBUF bytes (0 = kernel autotuning)")
-	flag.StringVar(&p.pythonPrefix, "python-prefix", ".venv", "Python environment holding the nixl wheels")
+	flag.StringVar(&p.pythonPrefix, "python-prefix", ".venv", "Python environment holding the nixl wheels and vLLM (upstream baseline)")
 	flag.Parse()
 
 	var err error
@@ -238,6 +239,7 @@ func runParent(p params) error {
 	}
 
 	mem := median(measureMemcpy(src.Mem, p.iters))
+	rates := map[string]float64{}
 	paths := []struct {
 		name string
 		open func() (data.Transport, error)
@@ -257,6 +259,7 @@ func runParent(p params) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", path.name, err)
 		}
+		rates[path.name] = rate
 		fmt.Printf("datapath: %s %dx%dMiB: %.2f GB/s; memcpy 1-thread: %.2f GB/s; ratio %.2f\n",
 			path.name, p.rows, p.rowMiB, rate, mem, rate/mem)
 		if err := ch.verify(want); err != nil {
@@ -264,7 +267,36 @@ func runParent(p params) error {
 		}
 		fmt.Println("verified")
 	}
+	ch.stop() // its region is not needed for the upstream run
+	compareWithUpstream(p, rates)
 	return nil
+}
+
+// compareWithUpstream runs stock vLLM's NixlTransport on the same rows
+// (tests/bench/upstream_nixl.py) and prints each of our paths over it.
+func compareWithUpstream(p params, ours map[string]float64) {
+	python := filepath.Join(p.pythonPrefix, "bin", "python")
+	if _, err := os.Stat(python); err != nil {
+		fmt.Printf("datapath: upstream not measured: %s missing\n", python)
+		return
+	}
+	out, err := exec.Command(python, "tests/bench/upstream_nixl.py",
+		strconv.Itoa(p.rows), strconv.Itoa(p.rowMiB), strconv.Itoa(p.iters)).Output()
+	var reply struct{ Line string }
+	if err != nil || json.Unmarshal(out, &reply) != nil {
+		fmt.Printf("datapath: upstream not measured: %v %s\n", err, out)
+		return
+	}
+	fmt.Println("datapath:", reply.Line)
+	var upstream float64
+	if _, err := fmt.Sscanf(reply.Line[strings.Index(reply.Line, ": ")+2:], "%f GB/s", &upstream); err != nil || upstream <= 0 {
+		return
+	}
+	for _, name := range []string{"cma", "nixl", "tcp"} {
+		if r, ok := ours[name]; ok {
+			fmt.Printf("datapath: ours ÷ upstream: %s %.2f\n", name, r/upstream)
+		}
+	}
 }
 
 // measurePath writes every row to the child -iters times, after one warm-up
