@@ -130,8 +130,9 @@ test-interop: $(LIB) ## the mixed-cluster matrix (tests/interop): peerkv <-> vLL
 test: setup-python all vet test-go test-harness test-python test-interop ## everything: build + visibility gate, vet, go test -race, C harness (plain + ASan), pytest, interop matrix
 	@echo "make test: all passed"
 
-bench: setup-python ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, lookup round trips, host-call cost; then Go micro-benchmarks
+bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, pull latency vs upstream, lookup round trips, host-call cost; then Go micro-benchmarks
 	$(GO) run ./tests/bench/datapath
+	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/p2p_latency.py 2>/dev/null
 	$(GO) run ./tests/bench/control
 	$(GO) test -run '^$$' -bench . -benchmem ./core/protocol ./core/control/zmqctl
 

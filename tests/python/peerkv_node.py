@@ -206,8 +206,11 @@ class _Node:
             manager.on_request_finished(ctx)
         self._step(name)
 
-    def pull(self, name: str, req_id: str, params: dict | None, keys: list[bytes], timeout: float) -> dict[str, Any]:
-        """The scheduler's lookup loop until every key is HIT or MISS, then read."""
+    def pull(
+        self, name: str, req_id: str, params: dict | None, keys: list[bytes], timeout: float, step_s: float = 0.005
+    ) -> dict[str, Any]:
+        """The scheduler's lookup loop, one step every step_s, until every key
+        is HIT or MISS, then read."""
         from vllm.v1.kv_offload.base import LookupResult
 
         manager = self.managers[name]
@@ -226,7 +229,7 @@ class _Node:
                     elif result is LookupResult.MISS:
                         final[key] = "MISS"
             self._step(name, [req_id])
-            time.sleep(0.005)
+            time.sleep(step_s)
         elapsed = time.monotonic() - start
         hits = [k for k in keys if final.get(k) == "HIT"]
         rows: dict[bytes, bytes] = {}
@@ -266,6 +269,29 @@ class _Node:
     def take_logs(self) -> list[str]:
         lines, self.logs.lines = self.logs.lines, []
         return lines
+
+    def busy(self, name: str, hold_ms: float, gap_ms: float) -> None:
+        """Simulate a saturated scheduler: hold the manager lock for hold_ms
+        out of every hold_ms + gap_ms, as vLLM does for the length of a step
+        (hold_ms 0 stops it)."""
+        import threading
+
+        stop = self.__dict__.setdefault("_busy", {}).pop(name, None)
+        if stop is not None:
+            stop.set()
+        if hold_ms <= 0:
+            return
+        stop = threading.Event()
+        self._busy[name] = stop
+        manager = self.managers[name]
+
+        def run() -> None:
+            while not stop.is_set():
+                with manager.lock:
+                    time.sleep(hold_ms / 1000)
+                time.sleep(gap_ms / 1000)
+
+        threading.Thread(target=run, daemon=True, name=f"busy-{name}").start()
 
     def shutdown(self, name: str) -> None:
         self.managers.pop(name).shutdown()
