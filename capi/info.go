@@ -22,15 +22,18 @@ type hostDescription struct {
 	NIXL    string        `json:"nixl"`
 }
 
-// GPUs and NIXL do not change while the process runs; probing them (NVML
-// init, dlopen) is slow, so it happens once.
-var hostInfo = sync.OnceValue(func() hostDescription {
-	gpus := gpuinfo.Discover()
+// GPUs do not change while the process runs and probing them (NVML init)
+// is slow, so it happens once. NIXL is asked each time: a peer created
+// since may have loaded it from a path given in its options.
+var gpus = sync.OnceValue(gpuinfo.Discover)
+
+func hostInfo() hostDescription {
+	g := gpus()
 	return hostDescription{
 		Version: versionString(),
 		ABI:     fmt.Sprintf("%d.%d", C.PEERKV_ABI_VERSION_MAJOR, C.PEERKV_ABI_VERSION_MINOR),
-		GPUs:    gpus.GPUs,
-		NVML:    gpus.Status,
+		GPUs:    g.GPUs,
+		NVML:    g.Status,
 		NIXL:    node.NixlStatus(),
 	}
-})
+}

@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"unsafe"
 )
@@ -116,8 +117,8 @@ func FindLibrary(prefixes ...string) (string, error) {
 }
 
 // pythonPrefixes lists environments that may hold the nixl wheels: the
-// given ones, $VIRTUAL_ENV, then the parent of every $PATH entry holding a
-// python3.
+// given ones, the environment of the Python running this process, then
+// $VIRTUAL_ENV and the parent of every $PATH entry holding a python3.
 func pythonPrefixes(given []string) []string {
 	var prefixes []string
 	seen := map[string]bool{}
@@ -130,6 +131,7 @@ func pythonPrefixes(given []string) []string {
 	for _, p := range given {
 		add(p)
 	}
+	add(interpreterPrefix())
 	add(os.Getenv("VIRTUAL_ENV"))
 	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
 		if fileExists(filepath.Join(dir, "python3")) {
@@ -137,6 +139,23 @@ func pythonPrefixes(given []string) []string {
 		}
 	}
 	return prefixes
+}
+
+// interpreterPrefix is the environment of the Python interpreter this
+// library was loaded into, found as Python finds it: argv[0] is
+// ENV/bin/python* (a venv's bin/python is a symlink, so /proc/self/exe
+// would name the base interpreter instead). "" when the process is not
+// Python.
+func interpreterPrefix() string {
+	if len(os.Args) == 0 || !strings.HasPrefix(filepath.Base(os.Args[0]), "python") ||
+		!strings.ContainsRune(os.Args[0], filepath.Separator) { // a bare name came from $PATH: covered there
+		return ""
+	}
+	exe, err := filepath.Abs(os.Args[0])
+	if err != nil {
+		return ""
+	}
+	return filepath.Dir(filepath.Dir(exe))
 }
 
 func fileExists(p string) bool {

@@ -83,7 +83,8 @@ func newData(cfg config.Config, region data.Region, guard data.WriteGuard, logf 
 			paths = append(paths, nx)
 		}
 		if missing != "" {
-			logf("WARNING", "%s: serving TCP only, for peerkv peers; stock vLLM peers need NIXL: %s", cfg.LocalID(), missing)
+			logf("WARNING", "%s: no NIXL data path, so stock vLLM peers cannot be served (peerkv peers still can): %s",
+				cfg.LocalID(), missing)
 		}
 	case "nixl":
 		nx, err := newNixl(cfg, region)

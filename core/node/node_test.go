@@ -105,7 +105,7 @@ func TestAutoWithoutNixlServesTCPAndSaysWhy(t *testing.T) {
 	defer tr.Shutdown()
 	assert.Equal(t, "cma+tcp", tr.Stats().DataPaths)
 	logs := string(tr.TakeLogs(1 << 16))
-	assert.Contains(t, logs, "serving TCP only")
+	assert.Contains(t, logs, "stock vLLM peers cannot be served")
 	assert.Contains(t, logs, "NIXL unavailable")
 	assert.Contains(t, logs, "/nonexistent/libnixl_capi.so", "the log names what was tried")
 }
