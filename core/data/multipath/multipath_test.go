@@ -45,6 +45,7 @@ func newEnd(t *testing.T, hub *memdata.Hub, id string) *end {
 	region := data.Region{Mem: make([]byte, 8*rowLen), RowLen: rowLen}
 	tcp, err := tcpdata.New(tcpdata.Options{LocalID: id, Region: region, ListenHost: "127.0.0.1"})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = tcp.Close() })
 	return &end{id: id, region: region, nixl: &fakeNixl{Transport: hub.Transport(id, region, nil)}, tcp: tcp}
 }
 
@@ -58,6 +59,15 @@ func (e *end) info(nixl, tcp bool) data.PeerInfo {
 		info.DataAddr = e.tcp.DataAddr()
 	}
 	return info
+}
+
+// newMultipath combines paths for one test; Close runs at its end.
+func newMultipath(t *testing.T, missing string, paths ...data.Transport) *Transport {
+	t.Helper()
+	tr, err := New(missing, paths...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	return tr
 }
 
 func fill(r data.Region, row uint64, b byte) {
@@ -93,10 +103,7 @@ func writeRow(t *testing.T, tr data.Transport, from, to *end) {
 func TestPrefersTheFirstPathBothSidesHave(t *testing.T) {
 	hub := memdata.NewHub()
 	a, b := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1")
-	tr, err := New("", a.nixl, a.tcp)
-	require.NoError(t, err)
-	defer tr.Close()
-	defer b.tcp.Close()
+	tr := newMultipath(t, "", a.nixl, a.tcp)
 
 	assert.Equal(t, "nixl+tcp", tr.Name())
 	assert.Equal(t, []byte("agent-md"), tr.AgentMetadata())
@@ -110,10 +117,7 @@ func TestPrefersTheFirstPathBothSidesHave(t *testing.T) {
 func TestPeerOfferingOnlyTCPGetsTCP(t *testing.T) {
 	hub := memdata.NewHub()
 	a, b := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1")
-	tr, err := New("", a.nixl, a.tcp)
-	require.NoError(t, err)
-	defer tr.Close()
-	defer b.tcp.Close()
+	tr := newMultipath(t, "", a.nixl, a.tcp)
 
 	require.NoError(t, tr.AddPeer(b.id, b.info(false, true)))
 	assert.Equal(t, "tcp", tr.PathTo(b.id))
@@ -124,10 +128,7 @@ func TestFailingPathFallsThroughToTheNext(t *testing.T) {
 	hub := memdata.NewHub()
 	a, b := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1")
 	a.nixl.refuse = errors.New("loadRemoteMD failed")
-	tr, err := New("", a.nixl, a.tcp)
-	require.NoError(t, err)
-	defer tr.Close()
-	defer b.tcp.Close()
+	tr := newMultipath(t, "", a.nixl, a.tcp)
 
 	require.NoError(t, tr.AddPeer(b.id, b.info(true, true)))
 	assert.Equal(t, "tcp", tr.PathTo(b.id))
@@ -137,12 +138,9 @@ func TestFailingPathFallsThroughToTheNext(t *testing.T) {
 func TestNoSharedPathNamesEveryReason(t *testing.T) {
 	hub := memdata.NewHub()
 	a, b := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1")
-	defer b.tcp.Close()
-	tr, err := New("NIXL unavailable: libnixl_capi.so not found", a.tcp)
-	require.NoError(t, err)
-	defer tr.Close()
+	tr := newMultipath(t, "NIXL unavailable: libnixl_capi.so not found", a.tcp)
 
-	err = tr.AddPeer(b.id, b.info(true, false)) // a stock vLLM peer: NIXL only
+	err := tr.AddPeer(b.id, b.info(true, false)) // a stock vLLM peer: NIXL only
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no data path shared with peer b:1")
 	assert.Contains(t, err.Error(), "the peer offers no tcp path")
@@ -155,25 +153,18 @@ func TestNoSharedPathNamesEveryReason(t *testing.T) {
 func TestRemovedPeerCannotBeWritten(t *testing.T) {
 	hub := memdata.NewHub()
 	a, b := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1")
-	tr, err := New("", a.nixl, a.tcp)
-	require.NoError(t, err)
-	defer tr.Close()
-	defer b.tcp.Close()
+	tr := newMultipath(t, "", a.nixl, a.tcp)
 
 	require.NoError(t, tr.AddPeer(b.id, b.info(true, true)))
 	tr.RemovePeer(b.id)
-	_, err = tr.Write(b.id, []uint64{0}, []uint64{0})
+	_, err := tr.Write(b.id, []uint64{0}, []uint64{0})
 	assert.ErrorIs(t, err, data.ErrUnknownPeer)
 }
 
 func TestIDsStayDistinctAcrossPaths(t *testing.T) {
 	hub := memdata.NewHub()
 	a, b, c := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1"), newEnd(t, hub, "c:1")
-	tr, err := New("", a.nixl, a.tcp)
-	require.NoError(t, err)
-	defer tr.Close()
-	defer b.tcp.Close()
-	defer c.tcp.Close()
+	tr := newMultipath(t, "", a.nixl, a.tcp)
 	require.NoError(t, tr.AddPeer(b.id, b.info(true, true)))  // nixl
 	require.NoError(t, tr.AddPeer(c.id, c.info(false, true))) // tcp
 
@@ -199,8 +190,7 @@ func TestIDsStayDistinctAcrossPaths(t *testing.T) {
 func TestCloseEndsCompletions(t *testing.T) {
 	hub := memdata.NewHub()
 	a := newEnd(t, hub, "a:1")
-	tr, err := New("", a.nixl, a.tcp)
-	require.NoError(t, err)
+	tr := newMultipath(t, "", a.nixl, a.tcp)
 	require.NoError(t, tr.Close())
 	require.NoError(t, tr.Close(), "Close is idempotent")
 	select {
