@@ -55,7 +55,7 @@ class Cluster:
         info = node.call("add", name, config, timeout=60)
         assert info["tier_type"] == kind, info
         if kind == PEERKV:  # NIXL really loaded: the default serves it beside cma and tcp
-            paths = "nixl" if data_transport == "nixl" else "cma+nixl+tcp"
+            paths = {"nixl": "nixl", "tcp": "tcp"}.get(data_transport, "cma+nixl+tcp")
             lines = node.call("take_logs")
             assert any(f"127.0.0.1:{port}:" in line and f"data paths {paths}" in line for line in lines), lines
         self.nodes[name], self.ports[name] = node, port
@@ -92,6 +92,7 @@ def cluster(library):
         # involve q) are NIXL links rather than the same-host copy.
         c.add("Q", "q", PEERKV, data_transport="nixl")
         c.add("X", "x", PEERKV)
+        c.add("X", "x_tcp", PEERKV, data_transport="tcp")
         c.add("Y", "y", VLLM)
         yield c
     finally:
@@ -292,3 +293,26 @@ def test_seed_mismatch_falls_back_before_the_handshake_timeout(cluster, producer
     got, lines = _pull_across_seed_mismatch(cluster, producer, consumer)
     assert got["results"] == ["MISS", "MISS"]
     assert got["elapsed"] < FAIL_FAST_S, (got["elapsed"], lines)
+
+
+# A PeerKVTier that serves TCP only has no data path in common with vLLM's
+# tier (NIXL only): the handshake is refused with a message naming that, and
+# requests fall back at once instead of waiting for a deadline. x_tcp runs in
+# process X with the other hash seed, so y (same seed) is the vLLM peer.
+@pytest.mark.parametrize(
+    "producer,consumer", [pytest.param("x_tcp", "y", id="peerkv(tcp)->vllm"), pytest.param("y", "x_tcp", id="vllm->peerkv(tcp)")]
+)
+def test_no_shared_data_path_is_refused_and_named(cluster, producer, consumer):
+    prod, cons = cluster.nodes[producer], cluster.nodes[consumer]
+    keys, rows = _keys(2), _rows(2)
+    src = _rid("nopath-src")
+    prod.call("store", producer, src, None, keys, rows)
+    _logs(prod, cons)
+    req = _rid("nopath")
+    got = cons.call("pull", consumer, req, cluster.source("remote_kv_source", producer, _kid()), keys, PULL_TIMEOUT_S)
+    cons.call("finish", consumer, req)
+    prod.call("finish", producer, src)
+    lines = _logs(prod, cons)
+    assert got["results"] == ["MISS", "MISS"]
+    assert got["elapsed"] < FAIL_FAST_S, (got["elapsed"], lines)
+    assert any("no data path shared with peer" in line and "offers no tcp path" in line for line in lines), lines
