@@ -187,7 +187,7 @@ func (t *Tier) register(s *session.Session, info data.PeerInfo) {
 		defer t.recoverLoop("registration")
 		err := t.dt.AddPeer(s.PeerID(), info)
 		if err == nil {
-			t.logf("INFO", "peer %s: data path %s", s.PeerID(), t.pathTo(s.PeerID()))
+			t.logPath(s.PeerID())
 		}
 		select {
 		case t.registered <- registration{s, err}:
@@ -196,12 +196,22 @@ func (t *Tier) register(s *session.Session, info data.PeerInfo) {
 	}()
 }
 
-// pathTo names the data path serving peerID.
-func (t *Tier) pathTo(peerID string) string {
-	if m, ok := t.dt.(interface{ PathTo(string) string }); ok {
-		return m.PathTo(peerID)
+// logPath says which data path serves peerID and, when faster paths the
+// peer offered could not, why.
+func (t *Tier) logPath(peerID string) {
+	m, ok := t.dt.(interface {
+		PathTo(string) string
+		Refused(string) string
+	})
+	if !ok {
+		t.logf("INFO", "peer %s: data path %s", peerID, t.dt.Name())
+		return
 	}
-	return t.dt.Name()
+	if why := m.Refused(peerID); why != "" {
+		t.logf("WARNING", "peer %s: data path %s; not faster ones: %s", peerID, m.PathTo(peerID), why)
+		return
+	}
+	t.logf("INFO", "peer %s: data path %s", peerID, m.PathTo(peerID))
 }
 
 // loop is the progress goroutine: inbound frames, transfer completions,

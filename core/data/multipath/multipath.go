@@ -37,8 +37,9 @@ type Transport struct {
 	// error for a peer we share no path with.
 	missing string
 
-	mu     sync.Mutex
-	chosen map[string]int // peer -> index into paths
+	mu      sync.Mutex
+	chosen  map[string]int    // peer -> index into paths
+	refused map[string]string // peer -> why paths it offered ahead of the chosen one failed
 
 	outbox    *data.Outbox
 	forwarded sync.WaitGroup
@@ -56,6 +57,7 @@ func New(missing string, paths ...data.Transport) (*Transport, error) {
 		paths:   paths,
 		missing: missing,
 		chosen:  map[string]int{},
+		refused: map[string]string{},
 		outbox:  data.NewOutbox(1024),
 	}
 	for i, p := range paths {
@@ -128,7 +130,7 @@ func Offers(name string, info data.PeerInfo) bool {
 
 // AddPeer registers the peer on the first path both sides have.
 func (t *Transport) AddPeer(peerID string, info data.PeerInfo) error {
-	var why []string
+	var why, refused []string
 	for i, p := range t.paths {
 		if !Offers(p.Name(), info) {
 			why = append(why, fmt.Sprintf("the peer offers no %s path", p.Name()))
@@ -136,11 +138,13 @@ func (t *Transport) AddPeer(peerID string, info data.PeerInfo) error {
 		}
 		if err := p.AddPeer(peerID, info); err != nil {
 			why = append(why, fmt.Sprintf("%s: %v", p.Name(), err))
+			refused = append(refused, fmt.Sprintf("%s: %v", p.Name(), err))
 			continue
 		}
 		t.mu.Lock()
 		old, had := t.chosen[peerID]
 		t.chosen[peerID] = i
+		t.refused[peerID] = strings.Join(refused, "; ")
 		t.mu.Unlock()
 		if had && old != i {
 			t.paths[old].RemovePeer(peerID)
@@ -163,11 +167,20 @@ func (t *Transport) PathTo(peerID string) string {
 	return ""
 }
 
+// Refused says why paths peerID offered ahead of its chosen one could not
+// serve it ("" if none did), so an operator sees why a faster path is idle.
+func (t *Transport) Refused(peerID string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.refused[peerID]
+}
+
 // RemovePeer forgets the peer on its path; its running transfers fail.
 func (t *Transport) RemovePeer(peerID string) {
 	t.mu.Lock()
 	i, ok := t.chosen[peerID]
 	delete(t.chosen, peerID)
+	delete(t.refused, peerID)
 	t.mu.Unlock()
 	if ok {
 		t.paths[i].RemovePeer(peerID)

@@ -121,6 +121,7 @@ func TestPeerOfferingOnlyTCPGetsTCP(t *testing.T) {
 
 	require.NoError(t, tr.AddPeer(b.id, b.info(false, true)))
 	assert.Equal(t, "tcp", tr.PathTo(b.id))
+	assert.Empty(t, tr.Refused(b.id), "a path the peer does not offer was not refused")
 	writeRow(t, tr, a, b)
 }
 
@@ -132,6 +133,7 @@ func TestFailingPathFallsThroughToTheNext(t *testing.T) {
 
 	require.NoError(t, tr.AddPeer(b.id, b.info(true, true)))
 	assert.Equal(t, "tcp", tr.PathTo(b.id))
+	assert.Equal(t, "nixl: loadRemoteMD failed", tr.Refused(b.id), "why the preferred path is idle")
 	writeRow(t, tr, a, b)
 }
 
