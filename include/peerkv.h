@@ -109,8 +109,10 @@ int32_t peerkv_info(char *buf, size_t len, size_t *needed, char *err, size_t err
  *     "host" (str, default "localhost"), "port" (int, final port, default 5710),
  *     "config_fingerprint" (str, "" = accept any), "hash_seed" (str),
  *     "key_len" (int, 0 = unchecked),
- *     "data_transport" ("auto" (default): NIXL when it loads, plus TCP,
- *       chosen per peer | "nixl": NIXL only | "tcp": TCP only),
+ *     "data_transport" ("auto" (default): same-host copy, NIXL when it
+ *       loads, and TCP, chosen per peer | "nixl": NIXL only | "tcp": TCP only),
+ *     "same_host_copy" (bool, default true: with "auto", copy straight into
+ *       peerkv peers on this host),
  *     "data_host" (str), "data_port" (int, 0 = ephemeral),
  *     "auth_secret" (str, peers must prove it; refuses stock vLLM peers),
  *     "max_peers" (int), "nixl_library" (str path to libnixl_capi.so),

@@ -53,6 +53,10 @@ type Config struct {
 	KeyLen int
 	// DataTransport is DataAuto, "nixl" or "tcp".
 	DataTransport string
+	// NoSameHostCopy turns the same-host copy path (cma) off in DataAuto,
+	// for hosts whose policy forbids one process writing into another's
+	// memory ("same_host_copy": false).
+	NoSameHostCopy bool
 	// DataHost is the address the TCP data listener binds (default Host).
 	DataHost string
 	// DataPort is the TCP data listener port (0 = ephemeral).
@@ -198,6 +202,7 @@ type jsonConfig struct {
 	DataHost              *string  `json:"data_host"`
 	DataPort              *int     `json:"data_port"`
 	AuthSecret            *string  `json:"auth_secret"`
+	SameHostCopy          *bool    `json:"same_host_copy"`
 	MaxPeers              *int     `json:"max_peers"`
 	NixlLibrary           *string  `json:"nixl_library"`
 	PythonPrefix          *string  `json:"python_prefix"`
@@ -265,6 +270,9 @@ func FromJSON(b []byte) (Config, error) {
 	str(&c.DataHost, j.DataHost)
 	num(&c.DataPort, j.DataPort)
 	str(&c.AuthSecret, j.AuthSecret)
+	if j.SameHostCopy != nil {
+		c.NoSameHostCopy = !*j.SameHostCopy
+	}
 	num(&c.MaxPeers, j.MaxPeers)
 	str(&c.NixlLibrary, j.NixlLibrary)
 	str(&c.PythonPrefix, j.PythonPrefix)

@@ -46,7 +46,7 @@ func TestFromJSONSetsEveryField(t *testing.T) {
 		"nixl_num_threads": 2, "handshake_timeout_s": 1.5, "lookup_timeout_s": 2, "load_timeout_s": 3,
 		"abort_ack_timeout_s": 4, "store_timeout_s": 5, "unbound_store_timeout_s": 6, "inbound_lookup_timeout_s": 7,
 		"reaped_id_retention_s": 8, "shutdown_drain_timeout_s": 9, "drain_timeout_s": 10, "tick_s": 0.005,
-		"max_frame_bytes": 1024, "max_list_items": 16}`))
+		"max_frame_bytes": 1024, "max_list_items": 16, "same_host_copy": false, "python_prefix": "/srv/venv"}`))
 	require.NoError(t, err)
 	assert.Equal(t, Config{Host: "127.0.0.1", Port: 6000, ConfigFingerprint: "0123456789abcdef", HashSeed: "42",
 		KeyLen: 36, DataTransport: "nixl", DataHost: "::1", DataPort: 6001, AuthSecret: "s3cret", MaxPeers: 3,
@@ -54,7 +54,8 @@ func TestFromJSONSetsEveryField(t *testing.T) {
 		HandshakeTimeout: 1500 * time.Millisecond, LookupTimeout: 2 * time.Second, LoadTimeout: 3 * time.Second,
 		AbortAckTimeout: 4 * time.Second, StoreTimeout: 5 * time.Second, UnboundStoreTimeout: 6 * time.Second,
 		InboundLookupTimeout: 7 * time.Second, ReapedIDRetention: 8 * time.Second, ShutdownDrainTimeout: 9 * time.Second,
-		DrainTimeout: 10 * time.Second, Tick: 5 * time.Millisecond, MaxFrameBytes: 1024, MaxListItems: 16}, c)
+		DrainTimeout: 10 * time.Second, Tick: 5 * time.Millisecond, MaxFrameBytes: 1024, MaxListItems: 16,
+		NoSameHostCopy: true, PythonPrefix: "/srv/venv"}, c)
 	assert.Equal(t, "127.0.0.1:6000", c.LocalID())
 }
 

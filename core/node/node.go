@@ -69,10 +69,12 @@ func newData(cfg config.Config, region data.Region, guard data.WriteGuard, logf 
 	switch cfg.DataTransport {
 	case config.DataAuto:
 		// Same-host peers first: a direct copy beats any transport.
-		if cma, err := cmadata.New(cmadata.Options{Region: region, TransferTimeout: cfg.LoadTimeout}); err != nil {
-			logf("WARNING", "%s: no same-host copy path: %v", cfg.LocalID(), err)
-		} else {
-			paths = append(paths, cma)
+		if !cfg.NoSameHostCopy {
+			if cma, err := cmadata.New(cmadata.Options{Region: region, TransferTimeout: cfg.LoadTimeout}); err != nil {
+				logf("WARNING", "%s: no same-host copy path: %v", cfg.LocalID(), err)
+			} else {
+				paths = append(paths, cma)
+			}
 		}
 		if cfg.AuthSecret != "" {
 			missing = "NIXL is off because auth_secret is set: NIXL writes can be neither authenticated nor " +

@@ -152,3 +152,11 @@ func TestControlTransportWarningsReachTheHostLog(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 	assert.Contains(t, logs, "WARNING control transport: level=WARN")
 }
+
+func TestSameHostCopyCanBeTurnedOff(t *testing.T) {
+	cfg := testConfig(t, `,"same_host_copy":false,"nixl_library":"/nonexistent/libnixl_capi.so"`)
+	tr, err := Open(cfg, testRegion())
+	require.NoError(t, err)
+	defer tr.Shutdown()
+	assert.Equal(t, "tcp", tr.Stats().DataPaths)
+}
