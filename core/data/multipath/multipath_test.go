@@ -171,9 +171,10 @@ func TestIDsStayDistinctAcrossPaths(t *testing.T) {
 	require.NoError(t, tr.AddPeer(c.id, c.info(false, true))) // tcp
 
 	ids := map[uint64]string{}
-	for range 4 {
+	for round := range uint64(4) {
 		for _, to := range []string{b.id, c.id} {
-			id, err := tr.Write(to, []uint64{0}, []uint64{0})
+			// A row of its own per transfer: concurrent writes never share one.
+			id, err := tr.Write(to, []uint64{0}, []uint64{round})
 			require.NoError(t, err)
 			require.NotContains(t, ids, id, "transfer ids must be unique across paths")
 			ids[id] = to
