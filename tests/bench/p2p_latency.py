@@ -19,7 +19,6 @@ Run from the repository root: .venv/bin/python tests/bench/p2p_latency.py
 import os
 import statistics
 import sys
-import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +27,7 @@ for sub in ("python", "tests/python", "tests/interop"):
 os.environ.setdefault("PEERKV_LIBRARY", str(REPO / "build" / "libpeerkv.so"))
 
 from interop_node import InteropNode, peerkv_config, vllm_p2p_config  # noqa: E402
-from peerkv_node import ROW_BYTES, control_port  # noqa: E402
+from peerkv_node import ROW_BYTES, control_port, new_kv_id, random_keys, random_rows  # noqa: E402
 
 KEYS = 16
 ROUNDS = 30
@@ -37,12 +36,8 @@ BUSY_HOLD_MS, BUSY_GAP_MS = 30.0, 1.0
 HOST = "127.0.0.1"
 
 
-def keys(n):
-    return [os.urandom(32) + (0).to_bytes(4, "big") for _ in range(n)]
-
-
 def pull_once(prod_node, producer, cons_node, consumer, port, mode):
-    ks, rows, kid = keys(KEYS), [os.urandom(ROW_BYTES) for _ in range(KEYS)], uuid.uuid4().hex
+    ks, rows, kid = random_keys(KEYS), random_rows(KEYS), new_kv_id()
     src = f"src-{kid[:8]}"
     params = {"remote_decoder": {"kv_request_id": kid}} if mode == "pd" else None
     prod_node.call("store", producer, src, params, ks, rows)

@@ -14,7 +14,6 @@ links are NIXL too; X (PeerKVTier) and Y (vLLM's tier) run under a
 different PYTHONHASHSEED.
 """
 
-import os
 import time
 import uuid
 
@@ -26,7 +25,7 @@ from interop_node import (
     peerkv_config,
     vllm_p2p_config,
 )
-from peerkv_node import FAST_TIMEOUTS, ROW_BYTES, control_port
+from peerkv_node import FAST_TIMEOUTS, ROW_BYTES, control_port, new_kv_id, random_keys, random_rows
 
 HOST = "127.0.0.1"
 PULL_TIMEOUT_S = 20.0
@@ -100,18 +99,6 @@ def cluster(library):
             process.close()
 
 
-def _keys(n):
-    return [os.urandom(32) + (0).to_bytes(4, "big") for _ in range(n)]
-
-
-def _rows(n):
-    return [os.urandom(ROW_BYTES) for _ in range(n)]
-
-
-def _kid():
-    return uuid.uuid4().hex
-
-
 def _rid(prefix):
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
@@ -121,7 +108,7 @@ def test_peerkv_pair_uses_nixl(cluster):
     p, q = cluster.nodes["p"], cluster.nodes["q"]
     _logs(p, q)
     req = _rid("path-probe")
-    got = q.call("pull", "q", req, cluster.source("remote_kv_source", "p", _kid()), _keys(1), PULL_TIMEOUT_S)
+    got = q.call("pull", "q", req, cluster.source("remote_kv_source", "p", new_kv_id()), random_keys(1), PULL_TIMEOUT_S)
     q.call("finish", "q", req)
     assert got["results"] == ["MISS"]
     lines = _logs(p, q)
@@ -140,7 +127,7 @@ PAIRS = [
 @pytest.mark.parametrize("producer,consumer", PAIRS)
 def test_pd_prefiller_first(cluster, producer, consumer):
     prod, cons = cluster.nodes[producer], cluster.nodes[consumer]
-    keys, rows, kid = _keys(4), _rows(4), _kid()
+    keys, rows, kid = random_keys(4), random_rows(4), new_kv_id()
     sent_before = cluster.peerkv_bytes(producer, "bytes_out")
     received_before = cluster.peerkv_bytes(consumer, "bytes_in")
     params = {"remote_decoder": {"kv_request_id": kid}}
@@ -162,7 +149,7 @@ def test_pd_prefiller_first(cluster, producer, consumer):
 @pytest.mark.parametrize("producer,consumer", PAIRS)
 def test_pd_decoder_first(cluster, producer, consumer):
     prod, cons = cluster.nodes[producer], cluster.nodes[consumer]
-    keys, rows, kid = _keys(3), _rows(3), _kid()
+    keys, rows, kid = random_keys(3), random_rows(3), new_kv_id()
     dec = _rid("df-decode")
     cons.submit("pull", consumer, dec, cluster.source("remote_prefiller", producer, kid), keys, PULL_TIMEOUT_S)
     time.sleep(0.5)  # the decoder's handshake and fetch reach the prefiller first
@@ -179,12 +166,12 @@ def test_pd_decoder_first(cluster, producer, consumer):
 @pytest.mark.parametrize("producer,consumer", PAIRS)
 def test_p2p_partial_hits(cluster, producer, consumer):
     prod, cons = cluster.nodes[producer], cluster.nodes[consumer]
-    keys, rows = _keys(5), _rows(3)
+    keys, rows = random_keys(5), random_rows(3)
     src = _rid("partial-src")
     assert prod.call("store", producer, src, None, keys[:3], rows) == 3
     prod.call("finish", producer, src)
     req = _rid("partial")
-    got = cons.call("pull", consumer, req, cluster.source("remote_kv_source", producer, _kid()), keys, PULL_TIMEOUT_S)
+    got = cons.call("pull", consumer, req, cluster.source("remote_kv_source", producer, new_kv_id()), keys, PULL_TIMEOUT_S)
     cons.call("finish", consumer, req)
     assert got["results"] == ["HIT"] * 3 + ["MISS"] * 2
     assert got["rows"] == rows + [None, None]
@@ -202,15 +189,15 @@ CHAINS = [
 @pytest.mark.parametrize("source,prefiller,decoder", CHAINS)
 def test_remote_decoder_with_remote_kv_source(cluster, source, prefiller, decoder):
     src, pre, dec = cluster.nodes[source], cluster.nodes[prefiller], cluster.nodes[decoder]
-    prefix, prefix_rows = _keys(2), _rows(2)
-    new, new_rows = _keys(2), _rows(2)
+    prefix, prefix_rows = random_keys(2), random_rows(2)
+    new, new_rows = random_keys(2), random_rows(2)
     src_req = _rid("chain-src")
     src.call("store", source, src_req, None, prefix, prefix_rows)
     src.call("finish", source, src_req)
 
-    decode_kid = _kid()
+    decode_kid = new_kv_id()
     params = {"remote_decoder": {"kv_request_id": decode_kid}}
-    params.update(cluster.source("remote_kv_source", source, _kid()))
+    params.update(cluster.source("remote_kv_source", source, new_kv_id()))
     pre_req = _rid("chain-prefill")
     got = pre.call("pull", prefiller, pre_req, params, prefix, PULL_TIMEOUT_S)
     assert got["results"] == ["HIT", "HIT"]
@@ -242,14 +229,16 @@ SEED_MISMATCHES = [
 ]
 
 
-def _pull_across_seed_mismatch(cluster, producer, consumer):
+def _pull_across_refusal(cluster, producer, consumer):
+    """A P2P pull of two keys the producer holds, between peers whose
+    handshake fails; returns the pull and the log lines of both sides."""
     prod, cons = cluster.nodes[producer], cluster.nodes[consumer]
-    keys, rows = _keys(2), _rows(2)
-    src = _rid("seed-src")
+    keys, rows = random_keys(2), random_rows(2)
+    src = _rid("refused-src")
     prod.call("store", producer, src, None, keys, rows)
     _logs(prod, cons)
-    req = _rid("seed")
-    got = cons.call("pull", consumer, req, cluster.source("remote_kv_source", producer, _kid()), keys, PULL_TIMEOUT_S)
+    req = _rid("refused")
+    got = cons.call("pull", consumer, req, cluster.source("remote_kv_source", producer, new_kv_id()), keys, PULL_TIMEOUT_S)
     cons.call("finish", consumer, req)
     prod.call("finish", producer, src)
     return got, _logs(prod, cons)
@@ -257,7 +246,7 @@ def _pull_across_seed_mismatch(cluster, producer, consumer):
 
 @pytest.mark.parametrize("producer,consumer", SEED_MISMATCHES)
 def test_hash_seed_mismatch_is_rejected_and_both_sides_stay_healthy(cluster, producer, consumer):
-    got, lines = _pull_across_seed_mismatch(cluster, producer, consumer)
+    got, lines = _pull_across_refusal(cluster, producer, consumer)
     assert got["results"] == ["MISS", "MISS"]
     assert got["elapsed"] < FAILURE_DEADLINE_S
     assert any("hash seed mismatch" in line for line in lines), f"no log line names the seed mismatch: {lines}"
@@ -268,7 +257,7 @@ def test_hash_seed_mismatch_is_rejected_and_both_sides_stay_healthy(cluster, pro
     odd = producer if producer in COMPATIBLE_TWIN else consumer
     node = cluster.nodes[odd]
     own = _rid("seed-local")
-    assert node.call("store", odd, own, None, _keys(2), _rows(2), timeout=10) == 2
+    assert node.call("store", odd, own, None, random_keys(2), random_rows(2), timeout=10) == 2
     node.call("finish", odd, own, timeout=10)
     if cluster.kinds[odd] == PEERKV:
         assert node.call("stats", odd, timeout=10)["jobs_unreported"] == 0
@@ -290,7 +279,7 @@ FAIL_FAST_S = 1.0
     ],
 )
 def test_seed_mismatch_falls_back_before_the_handshake_timeout(cluster, producer, consumer):
-    got, lines = _pull_across_seed_mismatch(cluster, producer, consumer)
+    got, lines = _pull_across_refusal(cluster, producer, consumer)
     assert got["results"] == ["MISS", "MISS"]
     assert got["elapsed"] < FAIL_FAST_S, (got["elapsed"], lines)
 
@@ -303,16 +292,7 @@ def test_seed_mismatch_falls_back_before_the_handshake_timeout(cluster, producer
     "producer,consumer", [pytest.param("x_tcp", "y", id="peerkv(tcp)->vllm"), pytest.param("y", "x_tcp", id="vllm->peerkv(tcp)")]
 )
 def test_no_shared_data_path_is_refused_and_named(cluster, producer, consumer):
-    prod, cons = cluster.nodes[producer], cluster.nodes[consumer]
-    keys, rows = _keys(2), _rows(2)
-    src = _rid("nopath-src")
-    prod.call("store", producer, src, None, keys, rows)
-    _logs(prod, cons)
-    req = _rid("nopath")
-    got = cons.call("pull", consumer, req, cluster.source("remote_kv_source", producer, _kid()), keys, PULL_TIMEOUT_S)
-    cons.call("finish", consumer, req)
-    prod.call("finish", producer, src)
-    lines = _logs(prod, cons)
+    got, lines = _pull_across_refusal(cluster, producer, consumer)
     assert got["results"] == ["MISS", "MISS"]
     assert got["elapsed"] < FAIL_FAST_S, (got["elapsed"], lines)
     assert any("no data path shared with peer" in line and "offers no tcp path" in line for line in lines), lines

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import random
 import socket
 import time
@@ -70,6 +71,21 @@ def _ephemeral_range() -> tuple[int, int]:
         return int(low), int(high)
     except (OSError, ValueError):
         return 32768, 60999
+
+
+def random_keys(n: int) -> list[bytes]:
+    """n fresh sha256-shaped offload keys (32-byte hash + 4-byte group)."""
+    return [os.urandom(32) + (0).to_bytes(4, "big") for _ in range(n)]
+
+
+def random_rows(n: int) -> list[bytes]:
+    """n rows of random bytes, ROW_BYTES each."""
+    return [os.urandom(ROW_BYTES) for _ in range(n)]
+
+
+def new_kv_id() -> str:
+    """A fresh kv_request_id, as an orchestrator mints one per transfer."""
+    return uuid.uuid4().hex
 
 
 def kv_transfer_config(port: int, **tier_options: Any) -> dict[str, Any]:

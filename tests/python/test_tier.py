@@ -6,13 +6,20 @@ consumer's primary tier; every failure path must end in MISS (local
 recompute) within its deadline, with the reason logged.
 """
 
-import os
 import time
-import uuid
 
 import pytest
 
-from peerkv_node import FAST_TIMEOUTS, ROW_BYTES, NodeProcess, control_port, kv_transfer_config
+from peerkv_node import (
+    FAST_TIMEOUTS,
+    ROW_BYTES,
+    NodeProcess,
+    control_port,
+    kv_transfer_config,
+    new_kv_id,
+    random_keys,
+    random_rows,
+)
 
 HOST = "127.0.0.1"
 # A failed pull must end within handshake + lookup/load + abort-ack deadlines.
@@ -23,18 +30,6 @@ FAILURE_DEADLINE_S = (
     + 3.0
 )
 PULL_TIMEOUT_S = 20.0
-
-
-def _keys(n):
-    return [os.urandom(32) + (0).to_bytes(4, "big") for _ in range(n)]
-
-
-def _rows(n):
-    return [os.urandom(ROW_BYTES) for _ in range(n)]
-
-
-def _kid():
-    return uuid.uuid4().hex
 
 
 class Cluster:
@@ -79,7 +74,7 @@ def _logs(*nodes):
 
 def test_pd_prefiller_first(cluster):
     a, b = cluster.a, cluster.b
-    keys, rows, kid = _keys(4), _rows(4), _kid()
+    keys, rows, kid = random_keys(4), random_rows(4), new_kv_id()
     params = {"remote_decoder": {"kv_request_id": kid}}
     assert a.call("start", "a", "p-pf", params) == "request_level"
     assert a.call("store", "a", "p-pf", params, keys, rows) == 4
@@ -94,7 +89,7 @@ def test_pd_prefiller_first(cluster):
 
 def test_pd_decoder_first(cluster):
     a, b = cluster.a, cluster.b
-    keys, rows, kid = _keys(3), _rows(3), _kid()
+    keys, rows, kid = random_keys(3), random_rows(3), new_kv_id()
     b.submit("pull", "b", "d-df", cluster.source("remote_prefiller", "a", kid), keys, PULL_TIMEOUT_S)
     time.sleep(0.5)  # the decoder's fetch reaches the prefiller first
     params = {"remote_decoder": {"kv_request_id": kid}}
@@ -108,10 +103,10 @@ def test_pd_decoder_first(cluster):
 
 def test_p2p_partial_hits_load_only_hits(cluster):
     a, b = cluster.a, cluster.b
-    keys, rows = _keys(5), _rows(3)
+    keys, rows = random_keys(5), random_rows(3)
     a.call("store", "a", "src-partial", None, keys[:3], rows)
     a.call("finish", "a", "src-partial")
-    got = b.call("pull", "b", "c-partial", cluster.source("remote_kv_source", "a", _kid()), keys, PULL_TIMEOUT_S)
+    got = b.call("pull", "b", "c-partial", cluster.source("remote_kv_source", "a", new_kv_id()), keys, PULL_TIMEOUT_S)
     assert got["results"] == ["HIT"] * 3 + ["MISS"] * 2
     assert got["rows"][:3] == rows and got["rows"][3:] == [None, None]
     b.call("finish", "b", "c-partial")
@@ -121,13 +116,13 @@ def test_prefiller_pulls_prefix_and_serves_decoder(cluster):
     """remote_decoder + remote_kv_source: B pulls a prefix from A, computes the
     rest, and serves everything to a decoder (a_dec) that never saw either."""
     a, b = cluster.a, cluster.b
-    prefix, prefix_rows = _keys(2), _rows(2)
-    new, new_rows = _keys(2), _rows(2)
+    prefix, prefix_rows = random_keys(2), random_rows(2)
+    new, new_rows = random_keys(2), random_rows(2)
     a.call("store", "a", "src-prefix", None, prefix, prefix_rows)
     a.call("finish", "a", "src-prefix")
-    decode_kid = _kid()
+    decode_kid = new_kv_id()
     params = {"remote_decoder": {"kv_request_id": decode_kid}}
-    params.update(cluster.source("remote_kv_source", "a", _kid()))
+    params.update(cluster.source("remote_kv_source", "a", new_kv_id()))
     got = b.call("pull", "b", "pp", params, prefix, PULL_TIMEOUT_S)
     assert got["results"] == ["HIT", "HIT"] and got["rows"] == prefix_rows
     b.call("store", "b", "pp", params, prefix + new, prefix_rows + new_rows)
@@ -140,11 +135,11 @@ def test_prefiller_pulls_prefix_and_serves_decoder(cluster):
 
 def test_forbidden_combination_is_rejected_and_logged_once(cluster):
     a, b = cluster.a, cluster.b
-    keys, rows = _keys(2), _rows(2)
+    keys, rows = random_keys(2), random_rows(2)
     a.call("store", "a", "src-forbidden", None, keys, rows)
     _logs(b)
-    params = {"remote_decoder": {"kv_request_id": _kid()}}
-    params.update(cluster.source("remote_prefiller", "a", _kid()))
+    params = {"remote_decoder": {"kv_request_id": new_kv_id()}}
+    params.update(cluster.source("remote_prefiller", "a", new_kv_id()))
     assert b.call("start", "b", "forbidden", params) == "chunk_level"
     got = b.call("pull", "b", "forbidden", params, keys, 5.0)
     assert got["results"] == ["MISS", "MISS"] and got["elapsed"] < 1.0
@@ -160,10 +155,10 @@ def test_default_data_path_is_the_same_host_copy(cluster):
     peers on one host copy straight into each other's region (cma)."""
     a, b = cluster.a, cluster.b
     cluster.add(a, "a_auto")  # a fresh peer: the session (and its path choice) starts here
-    keys, rows = _keys(2), _rows(2)
+    keys, rows = random_keys(2), random_rows(2)
     a.call("store", "a_auto", "src-auto", None, keys, rows)
     _logs(a, b)
-    got = b.call("pull", "b", "c-auto", cluster.source("remote_kv_source", "a_auto", _kid()), keys, PULL_TIMEOUT_S)
+    got = b.call("pull", "b", "c-auto", cluster.source("remote_kv_source", "a_auto", new_kv_id()), keys, PULL_TIMEOUT_S)
     b.call("finish", "b", "c-auto")
     a.call("finish", "a_auto", "src-auto")
     assert got["results"] == ["HIT", "HIT"] and got["rows"] == rows
@@ -179,7 +174,7 @@ def test_tcp_only_peer_and_default_peer_meet_on_tcp(cluster):
     _logs(cluster.a, cluster.b)
     for producer, consumer in [("a", "b_tcp"), ("b_tcp", "a")]:
         prod, cons = cluster.nodes[producer], cluster.nodes[consumer]
-        keys, rows, kid = _keys(3), _rows(3), _kid()
+        keys, rows, kid = random_keys(3), random_rows(3), new_kv_id()
         params = {"remote_decoder": {"kv_request_id": kid}}
         prod.call("store", producer, f"p-tcp-{producer}", params, keys, rows)
         prod.call("finish", producer, f"p-tcp-{producer}")
@@ -196,10 +191,10 @@ def test_tcp_only_peer_and_default_peer_meet_on_tcp(cluster):
 @pytest.mark.parametrize("key", ["remote_kv_source", "remote_prefiller"])
 def test_unreachable_peer_falls_back_within_deadline(cluster, key):
     b = cluster.b
-    keys = _keys(2)
+    keys = random_keys(2)
     _logs(b)
     dead = control_port()
-    source = {key: {"kv_request_id": _kid(), "remote_host": HOST, "remote_port": dead}}
+    source = {key: {"kv_request_id": new_kv_id(), "remote_host": HOST, "remote_port": dead}}
     got = b.call("pull", "b", f"unreach-{key}", source, keys, PULL_TIMEOUT_S)
     b.call("finish", "b", f"unreach-{key}")
     assert got["results"] == ["MISS", "MISS"]
@@ -210,10 +205,10 @@ def test_unreachable_peer_falls_back_within_deadline(cluster, key):
 @pytest.mark.parametrize("consumer,word", [("b_fp", "fingerprint"), ("b_seed", "seed")])
 def test_incompatible_peer_is_rejected_and_request_recomputes(cluster, consumer, word):
     a, b = cluster.a, cluster.b
-    keys, rows = _keys(2), _rows(2)
+    keys, rows = random_keys(2), random_rows(2)
     a.call("store", "a", f"src-{consumer}", None, keys, rows)
     _logs(a, b)
-    got = b.call("pull", consumer, "c-" + consumer, cluster.source("remote_kv_source", "a", _kid()), keys, PULL_TIMEOUT_S)
+    got = b.call("pull", consumer, "c-" + consumer, cluster.source("remote_kv_source", "a", new_kv_id()), keys, PULL_TIMEOUT_S)
     b.call("finish", consumer, "c-" + consumer)
     a.call("finish", "a", f"src-{consumer}")
     assert got["results"] == ["MISS", "MISS"]
@@ -228,7 +223,7 @@ def test_vanishing_producer_fails_the_load_within_deadline(cluster):
     victim = NodeProcess().ready()
     try:
         cluster.add(victim, "v")
-        keys, kid = _keys(3), _kid()
+        keys, kid = random_keys(3), new_kv_id()
         b.submit("pull", "b", "d-vanish", cluster.source("remote_prefiller", "v", kid), keys, PULL_TIMEOUT_S)
         time.sleep(1.0)  # handshake done, fetch parked at the producer
         victim.kill()
@@ -245,8 +240,8 @@ def test_shutdown_reports_jobs_and_releases_the_primary_view(cluster):
     (tier, then primary view release and region cleanup) must succeed."""
     a = cluster.a
     cluster.add(a, "short_lived")
-    params = {"remote_decoder": {"kv_request_id": _kid()}}
-    a.call("store", "short_lived", "parked", params, _keys(2), _rows(2))
+    params = {"remote_decoder": {"kv_request_id": new_kv_id()}}
+    a.call("store", "short_lived", "parked", params, random_keys(2), random_rows(2))
     assert a.call("pending", "short_lived") is True
     # NodeError if our export of the view survived (BufferError on release).
     a.call("shutdown", "short_lived")
