@@ -10,7 +10,9 @@ import (
 	"io"
 	"math"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -31,6 +33,10 @@ const (
 	DefaultMaxPeers             = 128 // VLLM_P2P_MAX_PEERS
 	DefaultMaxFrameBytes        = 64 << 20
 	DefaultMaxListItems         = 1 << 20
+	DefaultIdleTimeout          = 300 * time.Second // VLLM_P2P_IDLE_TIMEOUT_S
+	DefaultMaxPeersPerHost      = 32
+	DefaultMaxRequestsPerPeer   = 4096
+	DefaultMaxKeysPerPeer       = 1 << 18
 	defaultDataTransport        = DataAuto
 )
 
@@ -92,6 +98,25 @@ type Config struct {
 
 	MaxFrameBytes int
 	MaxListItems  int
+
+	// IdleTimeout evicts a session with no traffic and no work for that long
+	// (idle_timeout_s, else VLLM_P2P_IDLE_TIMEOUT_S as vLLM's tier reads it).
+	IdleTimeout time.Duration
+	// MaxPeersPerHost bounds sessions whose connections come from one
+	// network address, so one source cannot fill MaxPeers.
+	MaxPeersPerHost int
+	// MaxRequestsPerPeer bounds the kv ids one peer may keep open on our
+	// producer side (lookups, fetch rounds, tombstones).
+	MaxRequestsPerPeer int
+	// MaxKeysPerPeer bounds the keys one peer may make us hold: fetched
+	// keys awaiting supply plus keys of its lookups.
+	MaxKeysPerPeer int
+	// AuthSecretFile names a file whose contents (trailing newline removed)
+	// are the auth secret; PEERKV_AUTH_SECRET in the environment also sets it.
+	AuthSecretFile string
+	// Encrypt runs the control path under ZMQ CURVE and the TCP data path
+	// under TLS 1.3, keyed from the auth secret (which it requires).
+	Encrypt bool
 }
 
 // LocalID is the identity peers dial: "host:port".
@@ -131,6 +156,16 @@ func (c Config) WithDefaults() Config {
 	if c.MaxListItems == 0 {
 		c.MaxListItems = DefaultMaxListItems
 	}
+	if c.MaxPeersPerHost == 0 {
+		c.MaxPeersPerHost = min(DefaultMaxPeersPerHost, c.MaxPeers)
+	}
+	if c.MaxRequestsPerPeer == 0 {
+		c.MaxRequestsPerPeer = DefaultMaxRequestsPerPeer
+	}
+	if c.MaxKeysPerPeer == 0 {
+		c.MaxKeysPerPeer = DefaultMaxKeysPerPeer
+	}
+	setDur(&c.IdleTimeout, DefaultIdleTimeout)
 	setDur(&c.HandshakeTimeout, DefaultHandshakeTimeout)
 	setDur(&c.LookupTimeout, DefaultLookupTimeout)
 	setDur(&c.LoadTimeout, DefaultLoadTimeout)
@@ -161,6 +196,9 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("data_transport must be \"auto\", \"nixl\" or \"tcp\", got %q", c.DataTransport)
 	}
+	if c.Encrypt && c.AuthSecret == "" {
+		return fmt.Errorf("encrypt needs a cluster secret: set auth_secret_file or PEERKV_AUTH_SECRET")
+	}
 	// A slice, not a map, so that the first invalid field is always the same.
 	for _, n := range []struct {
 		name string
@@ -168,6 +206,8 @@ func (c Config) Validate() error {
 	}{
 		{"max_peers", c.MaxPeers}, {"nixl_num_threads", c.NixlNumThreads},
 		{"max_frame_bytes", c.MaxFrameBytes}, {"max_list_items", c.MaxListItems},
+		{"max_peers_per_host", c.MaxPeersPerHost}, {"max_requests_per_peer", c.MaxRequestsPerPeer},
+		{"max_keys_per_peer", c.MaxKeysPerPeer},
 	} {
 		if n.v < 1 {
 			return fmt.Errorf("%s must be >= 1, got %d", n.name, n.v)
@@ -182,7 +222,7 @@ func (c Config) Validate() error {
 		{"store_timeout_s", c.StoreTimeout}, {"unbound_store_timeout_s", c.UnboundStoreTimeout},
 		{"inbound_lookup_timeout_s", c.InboundLookupTimeout}, {"reaped_id_retention_s", c.ReapedIDRetention},
 		{"shutdown_drain_timeout_s", c.ShutdownDrainTimeout}, {"drain_timeout_s", c.DrainTimeout},
-		{"tick_s", c.Tick},
+		{"tick_s", c.Tick}, {"idle_timeout_s", c.IdleTimeout},
 	} {
 		if d.v <= 0 {
 			return fmt.Errorf("%s must be positive, got %v", d.name, d.v)
@@ -221,6 +261,12 @@ type jsonConfig struct {
 	TickS                 *float64 `json:"tick_s"`
 	MaxFrameBytes         *int     `json:"max_frame_bytes"`
 	MaxListItems          *int     `json:"max_list_items"`
+	IdleTimeoutS          *float64 `json:"idle_timeout_s"`
+	MaxPeersPerHost       *int     `json:"max_peers_per_host"`
+	MaxRequestsPerPeer    *int     `json:"max_requests_per_peer"`
+	MaxKeysPerPeer        *int     `json:"max_keys_per_peer"`
+	AuthSecretFile        *string  `json:"auth_secret_file"`
+	Encrypt               *bool    `json:"encrypt"`
 }
 
 // FromJSON parses the host's JSON options, rejects unknown keys and bad
@@ -245,6 +291,8 @@ func FromJSON(b []byte) (Config, error) {
 	}{
 		{"port", j.Port}, {"max_peers", j.MaxPeers}, {"nixl_num_threads", j.NixlNumThreads},
 		{"max_frame_bytes", j.MaxFrameBytes}, {"max_list_items", j.MaxListItems},
+		{"max_peers_per_host", j.MaxPeersPerHost}, {"max_requests_per_peer", j.MaxRequestsPerPeer},
+		{"max_keys_per_peer", j.MaxKeysPerPeer},
 	} {
 		if n.v != nil && *n.v == 0 {
 			return Config{}, fmt.Errorf("options: %s must not be 0 (omit it for the default)", n.name)
@@ -280,6 +328,25 @@ func FromJSON(b []byte) (Config, error) {
 	num(&c.NixlNumThreads, j.NixlNumThreads)
 	num(&c.MaxFrameBytes, j.MaxFrameBytes)
 	num(&c.MaxListItems, j.MaxListItems)
+	num(&c.MaxPeersPerHost, j.MaxPeersPerHost)
+	num(&c.MaxRequestsPerPeer, j.MaxRequestsPerPeer)
+	num(&c.MaxKeysPerPeer, j.MaxKeysPerPeer)
+	str(&c.AuthSecretFile, j.AuthSecretFile)
+	if j.Encrypt != nil {
+		c.Encrypt = *j.Encrypt
+	}
+	if j.IdleTimeoutS == nil {
+		if env, ok := os.LookupEnv("VLLM_P2P_IDLE_TIMEOUT_S"); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(env), 64)
+			if err != nil {
+				return Config{}, fmt.Errorf("environment: VLLM_P2P_IDLE_TIMEOUT_S must be a number of seconds, got %q", env)
+			}
+			j.IdleTimeoutS = &v
+		}
+	}
+	if err := c.loadSecret(); err != nil {
+		return Config{}, err
+	}
 	for _, s := range []struct {
 		name string
 		src  *float64
@@ -296,6 +363,7 @@ func FromJSON(b []byte) (Config, error) {
 		{"shutdown_drain_timeout_s", j.ShutdownDrainTimeoutS, &c.ShutdownDrainTimeout},
 		{"drain_timeout_s", j.DrainTimeoutS, &c.DrainTimeout},
 		{"tick_s", j.TickS, &c.Tick},
+		{"idle_timeout_s", j.IdleTimeoutS, &c.IdleTimeout},
 	} {
 		if s.src == nil {
 			continue
@@ -314,4 +382,39 @@ func FromJSON(b []byte) (Config, error) {
 		return Config{}, fmt.Errorf("options: %w", err)
 	}
 	return c, nil
+}
+
+// SecretEnv is the environment variable that may carry the auth secret, so
+// that it need not appear on a command line or in vLLM's logged arguments.
+const SecretEnv = "PEERKV_AUTH_SECRET"
+
+// loadSecret fills AuthSecret from AuthSecretFile or SecretEnv; giving the
+// secret in more than one place is refused as ambiguous.
+func (c *Config) loadSecret() error {
+	sources := 0
+	if c.AuthSecret != "" {
+		sources++
+	}
+	if c.AuthSecretFile != "" {
+		b, err := os.ReadFile(c.AuthSecretFile)
+		if err != nil {
+			return fmt.Errorf("options: auth_secret_file: %w", err)
+		}
+		secret := strings.TrimRight(string(b), "\r\n")
+		if secret == "" {
+			return fmt.Errorf("options: auth_secret_file %s is empty", c.AuthSecretFile)
+		}
+		c.AuthSecret = secret
+		sources++
+	}
+	if env := os.Getenv(SecretEnv); env != "" {
+		if sources == 0 {
+			c.AuthSecret = env
+		}
+		sources++
+	}
+	if sources > 1 {
+		return fmt.Errorf("options: the auth secret is given more than once (auth_secret, auth_secret_file, %s): keep one", SecretEnv)
+	}
+	return nil
 }

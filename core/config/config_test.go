@@ -1,6 +1,7 @@
 package config
 
 import (
+	"os"
 	"testing"
 	"time"
 
@@ -46,7 +47,9 @@ func TestFromJSONSetsEveryField(t *testing.T) {
 		"nixl_num_threads": 2, "handshake_timeout_s": 1.5, "lookup_timeout_s": 2, "load_timeout_s": 3,
 		"abort_ack_timeout_s": 4, "store_timeout_s": 5, "unbound_store_timeout_s": 6, "inbound_lookup_timeout_s": 7,
 		"reaped_id_retention_s": 8, "shutdown_drain_timeout_s": 9, "drain_timeout_s": 10, "tick_s": 0.005,
-		"max_frame_bytes": 1024, "max_list_items": 16, "same_host_copy": false, "python_prefix": "/srv/venv"}`))
+		"max_frame_bytes": 1024, "max_list_items": 16, "same_host_copy": false, "python_prefix": "/srv/venv",
+		"idle_timeout_s": 11, "max_peers_per_host": 2, "max_requests_per_peer": 12, "max_keys_per_peer": 13,
+		"encrypt": true}`))
 	require.NoError(t, err)
 	assert.Equal(t, Config{Host: "127.0.0.1", Port: 6000, ConfigFingerprint: "0123456789abcdef", HashSeed: "42",
 		KeyLen: 36, DataTransport: "nixl", DataHost: "::1", DataPort: 6001, AuthSecret: "s3cret", MaxPeers: 3,
@@ -55,7 +58,8 @@ func TestFromJSONSetsEveryField(t *testing.T) {
 		AbortAckTimeout: 4 * time.Second, StoreTimeout: 5 * time.Second, UnboundStoreTimeout: 6 * time.Second,
 		InboundLookupTimeout: 7 * time.Second, ReapedIDRetention: 8 * time.Second, ShutdownDrainTimeout: 9 * time.Second,
 		DrainTimeout: 10 * time.Second, Tick: 5 * time.Millisecond, MaxFrameBytes: 1024, MaxListItems: 16,
-		NoSameHostCopy: true, PythonPrefix: "/srv/venv"}, c)
+		NoSameHostCopy: true, PythonPrefix: "/srv/venv", IdleTimeout: 11 * time.Second, MaxPeersPerHost: 2,
+		MaxRequestsPerPeer: 12, MaxKeysPerPeer: 13, Encrypt: true}, c)
 	assert.Equal(t, "127.0.0.1:6000", c.LocalID())
 }
 
@@ -117,4 +121,38 @@ func TestWithDefaultsKeepsSetValues(t *testing.T) {
 	assert.Equal(t, "127.0.0.1", c.DataHost)
 	assert.Equal(t, time.Millisecond, c.LookupTimeout)
 	assert.Equal(t, DefaultLoadTimeout, c.LoadTimeout)
+}
+
+func TestSecretFromFileOrEnvironment(t *testing.T) {
+	path := t.TempDir() + "/secret"
+	require.NoError(t, os.WriteFile(path, []byte("from-file\n"), 0o600))
+	c, err := FromJSON([]byte(`{"auth_secret_file": "` + path + `"}`))
+	require.NoError(t, err)
+	assert.Equal(t, "from-file", c.AuthSecret)
+
+	t.Setenv(SecretEnv, "from-env")
+	c, err = FromJSON(nil)
+	require.NoError(t, err)
+	assert.Equal(t, "from-env", c.AuthSecret)
+
+	_, err = FromJSON([]byte(`{"auth_secret_file": "` + path + `"}`))
+	assert.ErrorContains(t, err, "more than once")
+}
+
+func TestIdleTimeoutFromVLLMEnvironment(t *testing.T) {
+	t.Setenv("VLLM_P2P_IDLE_TIMEOUT_S", "42")
+	c, err := FromJSON(nil)
+	require.NoError(t, err)
+	assert.Equal(t, 42*time.Second, c.IdleTimeout)
+	c, err = FromJSON([]byte(`{"idle_timeout_s": 7}`))
+	require.NoError(t, err)
+	assert.Equal(t, 7*time.Second, c.IdleTimeout, "the option wins over the environment")
+	t.Setenv("VLLM_P2P_IDLE_TIMEOUT_S", "soon")
+	_, err = FromJSON(nil)
+	assert.ErrorContains(t, err, "VLLM_P2P_IDLE_TIMEOUT_S")
+}
+
+func TestEncryptNeedsASecret(t *testing.T) {
+	_, err := FromJSON([]byte(`{"encrypt": true}`))
+	assert.ErrorContains(t, err, "encrypt needs a cluster secret")
 }
