@@ -41,6 +41,26 @@ type PeerInfo struct {
 	RowLen        uint64
 	DataAddr      string // TCP data listener, from peerkv capabilities
 	LocalProcess  string // same-host process locator, from peerkv capabilities
+	// SameHost is the peer's same-host offer (see Offerer), opaque here:
+	// what the peer's same-host path needs to ask that peer for a grant.
+	SameHost string
+}
+
+// Offerer is implemented by paths that reach peers on this host through a
+// grant the kernel checks (a Unix socket, SO_PEERCRED, the region's fd over
+// SCM_RIGHTS), never through an address read from the wire.
+//
+// The consumer side offers: Offer mints a fresh, unguessable grant for
+// peerID alone, sent to that peer in our connect; the peer's path presents
+// it back over the local socket together with its own id, and only then is
+// our region's fd handed over. Withdraw revokes a grant when its session
+// ends.
+type Offerer interface {
+	// Offer returns a new grant for peerID, replacing an older one ("" when
+	// this path cannot serve same-host peers).
+	Offer(peerID string) string
+	// Withdraw revokes offer if it is still peerID's current grant.
+	Withdraw(peerID, offer string)
 }
 
 // Completion is the outcome of one transfer.
