@@ -82,6 +82,21 @@ type (
 		Success     bool   `codec:"success"`
 		RoundSeq    uint64 `codec:"round_seq"`
 	}
+	wireProof struct {
+		Type   Type   `codec:"type"`
+		PeerID string `codec:"peer_id"`
+		Proof  []byte `codec:"proof"`
+	}
+	wirePaths struct {
+		Type          Type   `codec:"type"`
+		AgentMetadata []byte `codec:"agent_metadata"`
+		BaseAddr      uint64 `codec:"base_addr"`
+		NumBlocks     uint64 `codec:"num_blocks"`
+		DataTransport string `codec:"data_transport"`
+		DataAddr      string `codec:"data_addr"`
+		SameHost      string `codec:"same_host"`
+		MAC           []byte `codec:"mac"`
+	}
 	wireRound struct {
 		Type        Type   `codec:"type"`
 		KVRequestID string `codec:"kv_request_id"`
@@ -126,9 +141,9 @@ func toWire(m Message) (wire any, size int, err error) {
 		size = 2*header + len(v.PeerID) + len(v.AgentMetadata) + len(v.ConfigFingerprint) + len(v.HashSeed)
 		if v.PeerKV != nil {
 			c := *v.PeerKV
-			c.Nonce, c.Auth = nonNilBytes(c.Nonce), nonNilBytes(c.Auth)
+			c.Nonce = nonNilBytes(c.Nonce)
 			w.PeerKV = &c
-			size += 2*header + len(c.DataTransport) + len(c.DataAddr) + len(c.Nonce) + len(c.Auth) + len(c.LocalProcess)
+			size += 2*header + len(c.DataTransport) + len(c.DataAddr) + len(c.Nonce) + len(c.SameHost)
 		}
 		return w, size, nil
 	case *ConnectAck:
@@ -182,6 +197,20 @@ func toWire(m Message) (wire any, size int, err error) {
 		if v != nil {
 			return &wireRound{TypeAbortAck, v.KVRequestID, v.RoundSeq}, header + len(v.KVRequestID), nil
 		}
+	case *Proof:
+		if v != nil {
+			return &wireProof{TypeProof, v.PeerID, nonNilBytes(v.Proof)}, header + len(v.PeerID) + len(v.Proof), nil
+		}
+	case *Paths:
+		if v == nil {
+			break
+		}
+		if v.NumBlocks == 0 {
+			return nil, 0, errors.New("encode peerkv_paths: num_blocks must be positive")
+		}
+		return &wirePaths{TypePaths, nonNilBytes(v.AgentMetadata), v.BaseAddr, v.NumBlocks, v.DataTransport, v.DataAddr,
+				v.SameHost, nonNilBytes(v.MAC)},
+			2*header + len(v.AgentMetadata) + len(v.DataTransport) + len(v.DataAddr) + len(v.SameHost) + len(v.MAC), nil
 	default:
 		return nil, 0, fmt.Errorf("encode: unsupported message %T", m)
 	}

@@ -25,6 +25,11 @@ const (
 	fBlockIndexes
 	fRoundSeq
 	fSuccess
+	fProof
+	fDataTransport
+	fDataAddr
+	fSameHost
+	fMAC
 	numFields
 )
 
@@ -33,6 +38,7 @@ var fieldNames = [numFields]string{
 	fNumBlocks: "num_blocks", fBlockLen: "block_len", fConfigFingerprint: "config_fingerprint",
 	fHashSeed: "hash_seed", fPeerKV: CapabilitiesKey, fKVRequestID: "kv_request_id", fKeys: "keys",
 	fHits: "hits", fBlockIndexes: "block_indexes", fRoundSeq: "round_seq", fSuccess: "success",
+	fProof: "proof", fDataTransport: "data_transport", fDataAddr: "data_addr", fSameHost: "same_host", fMAC: "mac",
 }
 
 func (f field) String() string { return fieldNames[f] }
@@ -71,6 +77,16 @@ func lookupField(b []byte) (field, bool) {
 		return fRoundSeq, true
 	case "success":
 		return fSuccess, true
+	case "proof":
+		return fProof, true
+	case "data_transport":
+		return fDataTransport, true
+	case "data_addr":
+		return fDataAddr, true
+	case "same_host":
+		return fSameHost, true
+	case "mac":
+		return fMAC, true
 	}
 	return 0, false
 }
@@ -227,6 +243,10 @@ func (f *parsed) message() (Message, error) {
 			return &AbortFetch{KVRequestID: id, RoundSeq: round}, nil
 		}
 		return &AbortAck{KVRequestID: id, RoundSeq: round}, nil
+	case TypeProof:
+		return f.proof()
+	case TypePaths:
+		return f.paths()
 	}
 	return nil, fmt.Errorf("%w: %s", ErrUnknownType, describeType(f.msg))
 }
@@ -339,6 +359,45 @@ func (f *parsed) transferDone() (Message, error) {
 		return nil, err
 	}
 	if m.RoundSeq, err = f.uint(fRoundSeq, 0); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+func (f *parsed) proof() (Message, error) {
+	var m Proof
+	var err error
+	if m.PeerID, err = f.str(fPeerID); err != nil {
+		return nil, err
+	}
+	if m.Proof, err = f.bin(fProof); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+func (f *parsed) paths() (Message, error) {
+	var m Paths
+	var err error
+	if m.AgentMetadata, err = f.bin(fAgentMetadata); err != nil {
+		return nil, err
+	}
+	if m.BaseAddr, err = f.uint(fBaseAddr, 0); err != nil {
+		return nil, err
+	}
+	if m.NumBlocks, err = f.uint(fNumBlocks, 1); err != nil {
+		return nil, err
+	}
+	if m.DataTransport, err = f.str(fDataTransport); err != nil {
+		return nil, err
+	}
+	if m.DataAddr, err = f.str(fDataAddr); err != nil {
+		return nil, err
+	}
+	if m.SameHost, err = f.str(fSameHost); err != nil {
+		return nil, err
+	}
+	if m.MAC, err = f.bin(fMAC); err != nil {
 		return nil, err
 	}
 	return &m, nil

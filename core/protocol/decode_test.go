@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/hex"
 	"fmt"
 	"runtime"
@@ -60,7 +61,7 @@ func validConnect(overrides ...kv) []kv {
 }
 
 func validPeerKV(overrides ...kv) map[string]any {
-	m := map[string]any{"version": 1, "data_transport": "tcp", "data_addr": "127.0.0.1:1", "nonce": []byte{1}, "auth": []byte{}}
+	m := map[string]any{"version": 1, "data_transport": "tcp", "data_addr": "127.0.0.1:1", "nonce": []byte{1}}
 	for _, o := range overrides {
 		switch o.v {
 		case nil:
@@ -155,8 +156,8 @@ func malformedCases() []malformedCase {
 		{"peerkv data_transport bin", validConnect(kv{"peerkv", validPeerKV(kv{"data_transport", []byte("tcp")})}), "connect: peerkv.data_transport: expected str, got bin of 3 bytes", vllmIgnoresPeerKV},
 		{"peerkv data_addr int", validConnect(kv{"peerkv", validPeerKV(kv{"data_addr", 7})}), "connect: peerkv.data_addr: expected str, got 7", vllmIgnoresPeerKV},
 		{"peerkv nonce str", validConnect(kv{"peerkv", validPeerKV(kv{"nonce", "n"})}), `connect: peerkv.nonce: expected bin, got str "n"`, vllmIgnoresPeerKV},
-		{"peerkv auth nil", validConnect(kv{"peerkv", validPeerKV(kv{"auth", msgpackNil})}), "connect: peerkv.auth: expected bin, got nil", vllmIgnoresPeerKV},
-		{"peerkv issued_at_ms str", validConnect(kv{"peerkv", validPeerKV(kv{"issued_at_ms", "now"})}), `connect: peerkv.issued_at_ms: expected non-negative int, got str "now"`, vllmIgnoresPeerKV},
+		{"peerkv nonce nil", validConnect(kv{"peerkv", validPeerKV(kv{"nonce", msgpackNil})}), "connect: peerkv.nonce: expected bin, got nil", vllmIgnoresPeerKV},
+		{"peerkv same_host int", validConnect(kv{"peerkv", validPeerKV(kv{"same_host", 7})}), "connect: peerkv.same_host: expected str, got 7", vllmIgnoresPeerKV},
 
 		{"connect_ack peer_id bin", []kv{{"type", "connect_ack"}, {"peer_id", []byte("p")}}, "connect_ack: peer_id: expected str, got bin of 1 bytes", vllmRejects},
 
@@ -262,7 +263,7 @@ func TestDecodeIgnoresUnknownKeys(t *testing.T) {
 
 	m, err = Decode(build(t, validConnect(kv{"peerkv", validPeerKV(kv{"v2_field", []any{1}})})...), Limits{})
 	require.NoError(t, err)
-	assert.Equal(t, &Capabilities{Version: 1, DataTransport: "tcp", DataAddr: "127.0.0.1:1", Nonce: []byte{1}, Auth: []byte{}},
+	assert.Equal(t, &Capabilities{Version: 1, DataTransport: "tcp", DataAddr: "127.0.0.1:1", Nonce: []byte{1}},
 		m.(*Connect).PeerKV)
 }
 
@@ -275,11 +276,47 @@ func TestDecodeConnectOptionalFields(t *testing.T) {
 
 	m, err = Decode(build(t, validConnect(kv{"peerkv", map[string]any{"version": 3}})...), Limits{})
 	require.NoError(t, err)
-	assert.Equal(t, &Capabilities{Version: 3, Nonce: []byte{}, Auth: []byte{}}, m.(*Connect).PeerKV)
+	assert.Equal(t, &Capabilities{Version: 3, Nonce: []byte{}}, m.(*Connect).PeerKV)
 
-	m, err = Decode(build(t, validConnect(kv{"peerkv", map[string]any{"version": 1, "issued_at_ms": 1_790_000_000_123}})...), Limits{})
+	// Revision 1's keys are ignored, not refused: older peerkv peers still decode.
+	m, err = Decode(build(t, validConnect(kv{"peerkv", map[string]any{"version": 1, "issued_at_ms": 1_790_000_000_123,
+		"local_process": "b/ns/1/2", "auth": []byte{1}, "same_host": "v1 @x 00"}})...), Limits{})
 	require.NoError(t, err)
-	assert.Equal(t, uint64(1_790_000_000_123), m.(*Connect).PeerKV.IssuedAtMs)
+	assert.Equal(t, &Capabilities{Version: 1, Nonce: []byte{}, SameHost: "v1 @x 00"}, m.(*Connect).PeerKV)
+}
+
+func TestDecodeRefusesControlCharactersInStrings(t *testing.T) {
+	for _, id := range []string{"victim\x00A", "a\nb", "tab\there", "del\x7f", "\xff\xfe"} {
+		_, err := Decode(build(t, kv{"type", "abort_ack"}, kv{"kv_request_id", id}, kv{"round_seq", 1}), Limits{})
+		require.ErrorIs(t, err, ErrMalformed, "%q", id)
+		assert.Contains(t, err.Error(), "abort_ack: kv_request_id:")
+	}
+	_, err := Decode(build(t, kv{"type", "abort_ack"}, kv{"kv_request_id", strings.Repeat("x", MaxStringBytes+1)},
+		kv{"round_seq", 1}), Limits{})
+	require.ErrorIs(t, err, ErrMalformed)
+	_, err = Decode(build(t, validConnect(kv{"peer_id", "127.0.0.1:1\x00"})...), Limits{})
+	require.ErrorIs(t, err, ErrMalformed)
+	_, err = Decode(build(t, validConnect(kv{"peerkv", map[string]any{"version": 2, "same_host": "v1\x00"}})...), Limits{})
+	require.ErrorIs(t, err, ErrMalformed)
+	m, err := Decode(build(t, kv{"type", "abort_ack"}, kv{"kv_request_id", "req-ü-1"}, kv{"round_seq", 1}), Limits{})
+	require.NoError(t, err, "printable UTF-8 is fine")
+	assert.Equal(t, "req-ü-1", m.(*AbortAck).KVRequestID)
+}
+
+func TestAuthHandshakeMessagesRoundTrip(t *testing.T) {
+	for _, m := range []Message{
+		&Proof{PeerID: "127.0.0.1:5710", Proof: bytes.Repeat([]byte{1}, 32)},
+		&Paths{AgentMetadata: []byte{1, 2}, BaseAddr: 1 << 40, NumBlocks: 7, DataTransport: "shm+tcp",
+			DataAddr: "127.0.0.1:6000", SameHost: "v1 @peerkv-x 00", MAC: bytes.Repeat([]byte{2}, 32)},
+	} {
+		b, err := Encode(m)
+		require.NoError(t, err)
+		got, err := Decode(b, Limits{})
+		require.NoError(t, err)
+		assert.Equal(t, m, got)
+	}
+	_, err := Encode(&Paths{})
+	assert.Error(t, err, "num_blocks 0")
 }
 
 // Signed msgpack ints holding non-negative values are ints to msgspec too.

@@ -1,5 +1,11 @@
 package protocol
 
+import (
+	"errors"
+	"fmt"
+	"unicode/utf8"
+)
+
 // Typed field readers. Each requires the exact msgpack type vLLM's
 // validators (or its use of the value) require, and names the field and
 // the offending value on failure, e.g.
@@ -13,7 +19,28 @@ func (f *parsed) str(id field) (string, error) {
 	if t.Kind != kindStr {
 		return "", f.fail(id, "expected str, got %s", t.describe())
 	}
+	if err := checkWireString(t.Bytes); err != nil {
+		return "", f.fail(id, "%v", err)
+	}
 	return string(t.Bytes), nil
+}
+
+// checkWireString refuses what no legitimate id, seed or address holds:
+// control characters (a NUL would let two distinct ids collide where the
+// host's C strings end), invalid UTF-8 (vLLM's str), and huge values.
+func checkWireString(b []byte) error {
+	if len(b) > MaxStringBytes {
+		return fmt.Errorf("%d bytes, limit %d", len(b), MaxStringBytes)
+	}
+	for i, c := range b {
+		if c < 0x20 || c == 0x7f {
+			return fmt.Errorf("control character 0x%02x at byte %d", c, i)
+		}
+	}
+	if !utf8.Valid(b) {
+		return errors.New("not valid UTF-8")
+	}
+	return nil
 }
 
 // bin returns a copy of a bin value, never nil.
@@ -141,13 +168,14 @@ func (f *parsed) bools(id field) ([]bool, error) {
 
 // capabilities reads connect's "peerkv" map. version is required; the other
 // keys may be absent (zero values) but must have the right type when
-// present; unknown keys are ignored so later revisions can add some.
+// present; unknown keys (including revision 1's auth, issued_at_ms and
+// local_process) are ignored so revisions can add and retire some.
 func (f *parsed) capabilities() (*Capabilities, error) {
 	t, _ := f.value(fPeerKV)
 	if t.Kind != kindMap {
 		return nil, f.fail(fPeerKV, "expected map, got %s", t.describe())
 	}
-	c := &Capabilities{Nonce: []byte{}, Auth: []byte{}}
+	c := &Capabilities{Nonce: []byte{}}
 	seen := map[string]bool{}
 	for range t.Len {
 		k, _ := f.r.next()
@@ -158,29 +186,29 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 			continue
 		}
 		name := string(k.Bytes)
+		path := CapabilitiesKey + "." + name
 		bad := func(want string) error {
-			return f.failPath(CapabilitiesKey+"."+name, "expected %s, got %s", want, v.describe())
+			return f.failPath(path, "expected %s, got %s", want, v.describe())
 		}
 		switch name {
-		case "version", "data_transport", "data_addr", "nonce", "auth", "issued_at_ms", "local_process":
+		case "version", "data_transport", "data_addr", "nonce", "same_host":
 			if seen[name] {
-				return nil, f.failPath(CapabilitiesKey+"."+name, "duplicate key")
+				return nil, f.failPath(path, "duplicate key")
 			}
 			seen[name] = true
 		}
 		switch name {
-		case "version", "issued_at_ms":
+		case "version":
 			if v.Kind != kindInt || v.Neg {
 				return nil, bad("non-negative int")
 			}
-			if name == "version" {
-				c.Version = v.Uint
-			} else {
-				c.IssuedAtMs = v.Uint
-			}
-		case "data_transport", "data_addr", "local_process":
+			c.Version = v.Uint
+		case "data_transport", "data_addr", "same_host":
 			if v.Kind != kindStr {
 				return nil, bad("str")
+			}
+			if err := checkWireString(v.Bytes); err != nil {
+				return nil, f.failPath(path, "%v", err)
 			}
 			switch name {
 			case "data_transport":
@@ -188,17 +216,13 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 			case "data_addr":
 				c.DataAddr = string(v.Bytes)
 			default:
-				c.LocalProcess = string(v.Bytes)
+				c.SameHost = string(v.Bytes)
 			}
-		case "nonce", "auth":
+		case "nonce":
 			if v.Kind != kindBin {
 				return nil, bad("bin")
 			}
-			if name == "nonce" {
-				c.Nonce = append([]byte{}, v.Bytes...)
-			} else {
-				c.Auth = append([]byte{}, v.Bytes...)
-			}
+			c.Nonce = append([]byte{}, v.Bytes...)
 		default:
 			_ = f.r.skip(v, 2)
 		}

@@ -110,18 +110,18 @@ func TestEncodeNilSlicesAsEmpty(t *testing.T) {
 	require.NoError(t, err)
 	h := hex.EncodeToString(connect)
 	assert.Contains(t, h, hex.EncodeToString([]byte("\xaeagent_metadata\xc4\x00")))
-	assert.Contains(t, h, hex.EncodeToString([]byte("\xa5nonce\xc4\x00\xa4auth\xc4\x00")))
+	assert.Contains(t, h, hex.EncodeToString([]byte("\xa5nonce\xc4\x00")))
 	assert.NotContains(t, h, "c0")
 }
 
 func TestEncodeCapabilitiesAfterHashSeed(t *testing.T) {
 	c := &Connect{PeerID: "127.0.0.1:5710", AgentMetadata: []byte{9}, NumBlocks: 4, BlockLen: 16, HashSeed: "0",
 		PeerKV: &Capabilities{Version: 1, DataTransport: "tcp", DataAddr: "127.0.0.1:6000",
-			Nonce: []byte{1, 2}, Auth: []byte{3}}}
+			Nonce: []byte{1, 2}, SameHost: "v1 @s 00"}}
 	got, err := Encode(c)
 	require.NoError(t, err)
 	tail := "\xa9hash_seed\xa10" + "\xa6peerkv\x85" + "\xa7version\x01" + "\xaedata_transport\xa3tcp" +
-		"\xa9data_addr\xae127.0.0.1:6000" + "\xa5nonce\xc4\x02\x01\x02" + "\xa4auth\xc4\x01\x03"
+		"\xa9data_addr\xae127.0.0.1:6000" + "\xa5nonce\xc4\x02\x01\x02" + "\xa9same_host\xa8v1 @s 00"
 	assert.Equal(t, byte(0x89), got[0], "nine keys: type, seven vLLM fields, peerkv")
 	assert.True(t, strings.HasSuffix(string(got), tail), "got %x", got)
 

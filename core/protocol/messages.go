@@ -23,6 +23,18 @@ const (
 	TypeAbortAck     Type = "abort_ack"
 )
 
+// peerkv's own handshake messages, sent only between peerkv peers that share
+// an auth secret (stock vLLM peers cannot authenticate and are refused
+// before either is sent). See docs/security.md.
+const (
+	// TypeProof answers the peer's connect with proof of the shared secret
+	// over both identities and both sessions' nonces.
+	TypeProof Type = "peerkv_proof"
+	// TypePaths carries the data-path fields a connect would, sent only
+	// once the peer's proof verified, and authenticated itself.
+	TypePaths Type = "peerkv_paths"
+)
+
 // CapabilitiesKey is the extra connect key in which peerkv peers advertise
 // what they offer beyond vLLM's wire. vLLM's ConnectMsg.validate reads only
 // its own keys (checked against vLLM 0.33.0), so stock peers ignore it.
@@ -35,23 +47,19 @@ type Message interface {
 
 // Capabilities is what a peerkv peer adds to its connect.
 type Capabilities struct {
-	// Version is peerkv's capability revision (currently 1).
+	// Version is peerkv's capability revision (currently 2).
 	Version uint64 `codec:"version"`
-	// DataTransport names the data paths this peer serves, e.g. "cma+nixl+tcp".
+	// DataTransport names the data paths this peer serves, e.g. "shm+nixl+tcp"
+	// ("" when they follow in peerkv_paths, after authentication).
 	DataTransport string `codec:"data_transport"`
 	// DataAddr is the host:port of the peer's TCP data listener ("" if none).
 	DataAddr string `codec:"data_addr"`
-	// Nonce is a fresh random value per connect, covered by Auth.
+	// Nonce is this session's fresh challenge: with a shared secret the peer's
+	// peerkv_proof must cover it, so no proof works in another session.
 	Nonce []byte `codec:"nonce"`
-	// Auth is HMAC-SHA256 with the cluster's shared secret over every field
-	// of the connect, Nonce and IssuedAtMs; empty when authentication is off.
-	Auth []byte `codec:"auth"`
-	// IssuedAtMs is when the connect was made (Unix ms), covered by Auth so
-	// a captured connect goes stale; absent when authentication is off.
-	IssuedAtMs uint64 `codec:"issued_at_ms,omitempty"`
-	// LocalProcess locates this process for same-host peers
-	// ("boot-id/pid-ns/pid/start"); absent without the same-host path.
-	LocalProcess string `codec:"local_process,omitempty"`
+	// SameHost is the same-host path's grant for the receiving peer alone
+	// (see data.Offerer); absent without that path.
+	SameHost string `codec:"same_host,omitempty"`
 }
 
 // Connect is the first message on a connection, sent by both sides.
@@ -129,6 +137,29 @@ func (*Fetch) MsgType() Type        { return TypeFetch }
 func (*TransferDone) MsgType() Type { return TypeTransferDone }
 func (*AbortFetch) MsgType() Type   { return TypeAbortFetch }
 func (*AbortAck) MsgType() Type     { return TypeAbortAck }
+func (*Proof) MsgType() Type        { return TypeProof }
+func (*Paths) MsgType() Type        { return TypePaths }
+
+// Proof is one side's answer to the other's connect when a secret is set.
+type Proof struct {
+	// PeerID is the sender's own id.
+	PeerID string
+	// Proof is HMAC-SHA256 over the sender's and receiver's ids and both
+	// nonces (core/session computes and checks it).
+	Proof []byte
+}
+
+// Paths is the data-path half of a connect, sent after authentication.
+type Paths struct {
+	AgentMetadata []byte
+	BaseAddr      uint64
+	NumBlocks     uint64
+	DataTransport string
+	DataAddr      string
+	SameHost      string
+	// MAC is HMAC-SHA256 over every field above, both ids and both nonces.
+	MAC []byte
+}
 
 // Limits bound what Decode accepts from a peer.
 type Limits struct {
@@ -139,3 +170,7 @@ type Limits struct {
 	// KeyLen, when > 0, is the exact length every key must have.
 	KeyLen int
 }
+
+// MaxStringBytes bounds every string field on the wire (ids, seeds,
+// addresses); no legitimate value comes near it.
+const MaxStringBytes = 1024

@@ -59,12 +59,9 @@ func vllmDict(t *testing.T, m Message) oracleMap {
 			{"config_fingerprint", v.ConfigFingerprint}, {"hash_seed", v.HashSeed}}
 		if c := v.PeerKV; c != nil {
 			caps := oracleMap{{"version", c.Version}, {"data_transport", c.DataTransport},
-				{"data_addr", c.DataAddr}, {"nonce", oracleBin(c.Nonce)}, {"auth", oracleBin(c.Auth)}}
-			if c.IssuedAtMs != 0 { // omitted when authentication is off
-				caps = append(caps, [2]any{"issued_at_ms", c.IssuedAtMs})
-			}
-			if c.LocalProcess != "" { // omitted without the same-host path
-				caps = append(caps, [2]any{"local_process", c.LocalProcess})
+				{"data_addr", c.DataAddr}, {"nonce", oracleBin(c.Nonce)}}
+			if c.SameHost != "" { // omitted without the same-host path
+				caps = append(caps, [2]any{"same_host", c.SameHost})
 			}
 			d = append(d, [2]any{"peerkv", caps})
 		}
@@ -108,10 +105,9 @@ func oracleVectors() []golden {
 		{name: "connect_peerkv", msg: &Connect{PeerID: "127.0.0.1:5710", AgentMetadata: bytes.Repeat([]byte{7}, 300),
 			BaseAddr: 1<<64 - 1, NumBlocks: 1, BlockLen: 65536, HashSeed: strings.Repeat("s", 40),
 			PeerKV: &Capabilities{Version: 1, DataTransport: "tcp", DataAddr: "127.0.0.1:6001",
-				Nonce: bytes.Repeat([]byte{1}, 16), Auth: bytes.Repeat([]byte{2}, 32), IssuedAtMs: 1_790_000_000_123,
-				LocalProcess: "3f0c6e1a-2b9d-4c55-9d0e-7a1b2c3d4e5f/pid_[4026531836]/4242/123456"}}},
+				Nonce: bytes.Repeat([]byte{1}, 16), SameHost: "v1 @peerkv-3f0c6e1a2b9d4c55 " + strings.Repeat("ab", 16)}}},
 		{name: "connect_peerkv_empty", msg: &Connect{PeerID: "", AgentMetadata: []byte{}, NumBlocks: 255, BlockLen: 256,
-			PeerKV: &Capabilities{Nonce: []byte{}, Auth: []byte{}}}},
+			PeerKV: &Capabilities{Nonce: []byte{}}}},
 		{name: "connect_ack_long", msg: &ConnectAck{PeerID: long}},
 		{name: "lookup_64", msg: &Lookup{KVRequestID: "req-ü-" + strings.Repeat("x", 30), Keys: keys64, RoundSeq: 1 << 32}},
 		{name: "lookup_empty", msg: &Lookup{KVRequestID: "r", Keys: [][]byte{}, RoundSeq: 65535}},
