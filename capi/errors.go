@@ -45,6 +45,8 @@ func statusFor(err error, fallback C.int32_t) C.int32_t {
 		return statusUnknownRequest
 	case errors.Is(err, tier.ErrDuplicate):
 		return statusDuplicate
+	case errors.Is(err, tier.ErrInternal):
+		return statusInternal
 	case errors.Is(err, tier.ErrClosed):
 		return statusClosed
 	case errors.Is(err, tier.ErrTimeout):

@@ -25,19 +25,41 @@ type load struct {
 	abortedAt time.Time // zero until aborted
 }
 
+// askedBatch is one lookup sent and not wholly answered. Its deadline runs
+// from when it was sent, whatever the peer answers meanwhile: a producer
+// that keeps sending empty or partial answers cannot hold keys at RETRY.
+type askedBatch struct {
+	at   time.Time
+	keys [][]byte
+}
+
 // consumerRequest is the state of one kv_request_id we pull from this peer.
 type consumerRequest struct {
-	probes       map[string]probe
-	unsent       [][]byte
-	round        uint64 // next fetch round
-	probed       bool
-	lookupOpen   bool      // the peer holds lookup state no fetch has closed
-	lookupSentAt time.Time // zero when no lookup is awaiting an answer
-	loads        map[uint64]*load
+	probes     map[string]probe
+	unsent     [][]byte
+	round      uint64 // next fetch round
+	probed     bool
+	lookupOpen bool         // the peer holds lookup state no fetch has closed
+	asked      []askedBatch // oldest first
+	loads      map[uint64]*load
 }
 
 func (r *consumerRequest) idle() bool {
 	return len(r.loads) == 0 && len(r.probes) == 0 && len(r.unsent) == 0
+}
+
+// dropAnswered forgets the oldest batches once none of their keys awaits
+// an answer.
+func (r *consumerRequest) dropAnswered() {
+	for len(r.asked) > 0 {
+		for _, k := range r.asked[0].keys {
+			if r.probes[string(k)] == probeAsked {
+				return
+			}
+		}
+		r.asked = r.asked[1:]
+	}
+	r.asked = nil
 }
 
 // consumer is the role that pulls rows from the peer.
@@ -55,7 +77,7 @@ func (c *consumer) init(s *Session) {
 
 func (c *consumer) busy() bool {
 	for _, r := range c.requests {
-		if len(r.loads) > 0 || !r.lookupSentAt.IsZero() || len(r.unsent) > 0 {
+		if len(r.loads) > 0 || len(r.asked) > 0 || len(r.unsent) > 0 {
 			return true
 		}
 	}
@@ -116,9 +138,7 @@ func (s *Session) FlushLookups() {
 			}
 		}
 		r.lookupOpen = true
-		if r.lookupSentAt.IsZero() {
-			r.lookupSentAt = now
-		}
+		r.asked = append(r.asked, askedBatch{at: now, keys: r.unsent})
 		s.send(&protocol.Lookup{KVRequestID: id, Keys: r.unsent, RoundSeq: r.round})
 		r.unsent = nil
 	}
@@ -133,7 +153,7 @@ func (s *Session) RequestBlocks(jobID int64, kvRequestID string, keys [][]byte, 
 	r.round++
 	r.loads[round] = &load{jobID: jobID, rows: rows, sentAt: s.env.Now()}
 	r.lookupOpen = false
-	r.lookupSentAt = time.Time{}
+	r.asked = nil
 	clear(r.probes)
 	r.unsent = nil
 	delete(c.flush, kvRequestID)
@@ -163,7 +183,7 @@ func (s *Session) FinishConsumer(kvRequestID string) {
 	}
 	clear(r.probes)
 	r.unsent = nil
-	r.lookupSentAt = time.Time{}
+	r.asked = nil
 	delete(c.flush, kvRequestID)
 	c.prune(kvRequestID)
 }
@@ -182,20 +202,7 @@ func (c *consumer) onLookupResp(m *protocol.LookupResp) {
 			}
 		}
 	}
-	if !c.anyAsked(r) {
-		r.lookupSentAt = time.Time{}
-	} else {
-		r.lookupSentAt = c.s.env.Now() // progress restarts the deadline
-	}
-}
-
-func (c *consumer) anyAsked(r *consumerRequest) bool {
-	for _, p := range r.probes {
-		if p == probeAsked {
-			return true
-		}
-	}
-	return false
+	r.dropAnswered()
 }
 
 func (c *consumer) onTransferDone(m *protocol.TransferDone) {
@@ -222,10 +229,7 @@ func (c *consumer) finishLoad(id string, round uint64, ok bool, via string) {
 		c.s.env.Logf("WARNING", "peer %s could not supply kv_request_id=%s round=%d; the request recomputes locally",
 			c.s.peerID, id, round)
 	}
-	c.s.env.Sink.LoadDone(l.jobID, ok, id, l.rows)
-	if !ok {
-		c.s.env.Sink.ConsumerFailed(id)
-	}
+	c.s.env.Sink.LoadDone(l.jobID, ok, id, l.rows) // a failed load fails its own request only
 	c.prune(id)
 }
 
@@ -245,18 +249,19 @@ func (c *consumer) tick(now time.Time) {
 					c.s.peerID, id, round, cfg.AbortAckTimeout)
 				delete(r.loads, round)
 				c.s.env.Sink.LoadDone(l.jobID, false, id, l.rows)
-				c.s.env.Sink.ConsumerFailed(id)
 			}
 		}
-		if !r.lookupSentAt.IsZero() && now.Sub(r.lookupSentAt) >= cfg.LookupTimeout {
-			n := 0
-			for k, p := range r.probes {
-				if p == probeAsked {
-					r.probes[k] = probeMiss
+		n := 0
+		for len(r.asked) > 0 && now.Sub(r.asked[0].at) >= cfg.LookupTimeout {
+			for _, k := range r.asked[0].keys {
+				if r.probes[string(k)] == probeAsked {
+					r.probes[string(k)] = probeMiss
 					n++
 				}
 			}
-			r.lookupSentAt = time.Time{}
+			r.asked = r.asked[1:]
+		}
+		if n > 0 {
 			c.s.env.Logf("WARNING", "peer %s did not answer lookup for kv_request_id=%s within %v; treating %d keys as misses",
 				c.s.peerID, id, cfg.LookupTimeout, n)
 		}
@@ -264,23 +269,22 @@ func (c *consumer) tick(now time.Time) {
 	}
 }
 
-// close fails every load and marks every request with loads or unanswered
-// probes as failed, so its lookups answer MISS.
+// close fails every load (and so its request) and marks every request with
+// unanswered probes as failed, so its lookups answer MISS.
 func (c *consumer) close() {
 	for id, r := range c.requests {
-		failed := false
 		for _, round := range sortedRounds(r.loads) {
 			l := r.loads[round]
 			c.s.env.Sink.LoadDone(l.jobID, false, id, l.rows)
-			failed = true
 		}
+		failed := false
 		for _, p := range r.probes {
 			if p == probeAsked || p == probeUnsent {
 				failed = true
 			}
 		}
 		if failed {
-			c.s.env.Sink.ConsumerFailed(id)
+			c.s.env.Sink.ConsumerFailed(c.s, id)
 		}
 	}
 	clear(c.requests)

@@ -46,6 +46,12 @@ func (l *InboundLookup) Session() *Session { return l.s }
 func (l *InboundLookup) Pending() [][]byte { return l.pending }
 
 func (p *producer) onLookup(m *protocol.Lookup) error {
+	if why := p.overCap(m.KVRequestID, len(m.Keys)); why != "" {
+		// Answer at once, all misses, without involving the host.
+		p.s.env.Logf("WARNING", "peer %s: lookup kv_request_id=%s answered as misses: %s", p.s.peerID, m.KVRequestID, why)
+		p.s.send(&protocol.LookupResp{KVRequestID: m.KVRequestID, Keys: m.Keys, Hits: make([]bool, len(m.Keys))})
+		return nil
+	}
 	id := p.s.env.NextLookupID()
 	l := &InboundLookup{
 		ID:          id,
@@ -146,10 +152,23 @@ func (p *producer) dropLookups(kvID string) {
 }
 
 // tickLookups answers lookups whose keys stayed pending past the deadline.
+// One the host checked out and never answered is given up one more
+// deadline later: the host's late answer then finds it gone and releases
+// its pins.
 func (p *producer) tickLookups(now time.Time) {
+	grace := p.s.env.Cfg.InboundLookupTimeout
 	for _, req := range p.requests {
 		for _, l := range req.lookups {
-			if l.CheckedOut || now.Before(l.deadline) {
+			if now.Before(l.deadline) || (l.CheckedOut && now.Before(l.deadline.Add(grace))) {
+				continue
+			}
+			if l.CheckedOut {
+				p.s.env.Logf("WARNING", "peer %s: the host did not answer lookup kv_request_id=%s within %v; answering it as misses",
+					p.s.peerID, l.KVRequestID, 2*grace)
+				l.CheckedOut = false
+				l.Evaluated = false // its late answer finds it gone: no Finish item is owed
+				p.respond(l)
+				p.s.env.Sink.InboundFinished(l)
 				continue
 			}
 			p.s.env.Logf("WARNING", "peer %s: lookup kv_request_id=%s still had %d keys pending after %v; answering them as misses",

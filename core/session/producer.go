@@ -26,6 +26,9 @@ type round struct {
 	cancelled  bool               // aborted or failed; kept as a tombstone
 	abortOwed  bool               // an abort_ack is owed once inflight is 0
 	jobs       map[int64]struct{} // store jobs attached to this round
+
+	demandedAt  time.Time // when the fetch arrived: demand without supply expires
+	cancelledAt time.Time // when it became a tombstone, which expires too
 }
 
 func newRound() *round {
@@ -165,8 +168,15 @@ func (p *producer) onFetch(m *protocol.Fetch) error {
 		p.prune(m.KVRequestID)
 		return nil
 	}
+	if why := p.overCap(m.KVRequestID, len(m.Keys)); why != "" {
+		p.s.env.Logf("WARNING", "peer %s: fetch kv_request_id=%s round=%d refused: %s",
+			p.s.peerID, m.KVRequestID, m.RoundSeq, why)
+		p.s.send(&protocol.TransferDone{KVRequestID: m.KVRequestID, Success: false, RoundSeq: m.RoundSeq})
+		return nil
+	}
 	rd := p.round(m.KVRequestID, m.RoundSeq)
 	rd.demanded = true
+	rd.demandedAt = p.s.env.Now()
 	rd.remaining = len(m.Keys)
 	if bad := p.badFetch(m); bad != "" {
 		p.s.env.Logf("ERROR", "peer %s: fetch kv_request_id=%s round=%d rejected: %s",
@@ -214,7 +224,7 @@ func (p *producer) onFetch(m *protocol.Fetch) error {
 // badFetch checks what vLLM's validator does not: consumer rows inside the
 // region the consumer advertised, and no key asked twice.
 func (p *producer) badFetch(m *protocol.Fetch) string {
-	limit := p.s.peer.NumBlocks
+	limit := p.s.peerRows
 	seen := make(map[string]struct{}, len(m.Keys))
 	for i, row := range m.BlockIndexes {
 		if row >= limit {
@@ -236,14 +246,19 @@ func (p *producer) onAbortFetch(m *protocol.AbortFetch) {
 	}
 	if r == nil {
 		// Nothing of that round here (finished, or never started): tombstone it
-		// so late supply is refused, and confirm at once.
-		r = p.round(m.KVRequestID, m.RoundSeq)
-		r.cancelled = true
+		// so late supply is refused (unless the peer already holds its share
+		// of our state), and confirm at once.
+		if p.overCap(m.KVRequestID, 0) == "" {
+			r = p.round(m.KVRequestID, m.RoundSeq)
+			r.cancelled = true
+			r.cancelledAt = p.s.env.Now()
+		}
 		p.s.send(&protocol.AbortAck{KVRequestID: m.KVRequestID, RoundSeq: m.RoundSeq})
 		return
 	}
 	if !r.cancelled {
 		r.cancelled = true
+		r.cancelledAt = p.s.env.Now()
 		r.abortOwed = true
 		p.releaseUncarried(r, false)
 	}
@@ -287,6 +302,7 @@ func (p *producer) write(kvID string, seq uint64, r *round, local, remote []uint
 			p.s.peerID, kvID, seq, err)
 		r.finishing = true
 		r.cancelled = true
+		r.cancelledAt = p.s.env.Now()
 		if r.inflight == 0 {
 			p.finalize(kvID, seq, true)
 		}
@@ -323,6 +339,7 @@ func (s *Session) TransferComplete(id uint64, err error) {
 		s.env.Logf("WARNING", "peer %s: writing %d rows for kv_request_id=%s round=%d failed: %v",
 			s.peerID, t.rows, t.kvID, t.round, err)
 		r.cancelled = true
+		r.cancelledAt = s.env.Now()
 		p.releaseUncarried(r, false)
 	} else if !r.cancelled {
 		r.remaining -= t.rows
@@ -419,7 +436,68 @@ func (p *producer) tick(now time.Time) {
 		}
 		p.prune(sj.kvID)
 	}
+	p.expireRounds(now)
 	p.tickLookups(now)
+}
+
+// expireRounds ends demand no supply met in time (a fetch for a kv id no
+// local request stores, or whose prefill never came) and forgets tombstones
+// after ReapedIDRetention, so nothing a peer asks for is held forever.
+func (p *producer) expireRounds(now time.Time) {
+	cfg := p.s.env.Cfg
+	for kvID, req := range p.requests {
+		for _, seq := range sortedRounds(req.rounds) {
+			r := req.rounds[seq]
+			switch {
+			case r.inflight > 0 || r.abortOwed:
+			case r.cancelled && now.Sub(r.cancelledAt) >= cfg.ReapedIDRetention:
+				delete(req.rounds, seq)
+			case !r.cancelled && r.demanded && now.Sub(r.demandedAt) >= cfg.UnboundStoreTimeout:
+				p.s.env.Logf("WARNING", "peer %s: fetch kv_request_id=%s round=%d still missed %d rows after %v; failing it (raise unbound_store_timeout_s if prefills outlast it)",
+					p.s.peerID, kvID, seq, r.remaining, cfg.UnboundStoreTimeout)
+				r.finishing = true
+				p.finalize(kvID, seq, true)
+			}
+		}
+		p.prune(kvID)
+	}
+}
+
+// overCap says why the peer may not make us hold state for one more kv id
+// (when kvID is new) or keys more keys ("" when it may). The sums walk this
+// peer's state only, itself bounded by the same caps.
+func (p *producer) overCap(kvID string, keys int) string {
+	cfg := p.s.env.Cfg
+	if _, known := p.requests[kvID]; !known && len(p.requests) >= cfg.MaxRequestsPerPeer {
+		return fmt.Sprintf("the peer already holds %d kv ids here (max_requests_per_peer)", len(p.requests))
+	}
+	if keys == 0 {
+		return ""
+	}
+	held := 0
+	for _, req := range p.requests {
+		for _, r := range req.rounds {
+			held += len(r.wanted) + len(r.available)
+		}
+		for _, l := range req.lookups {
+			held += len(l.keys)
+		}
+	}
+	if held+keys > cfg.MaxKeysPerPeer {
+		return fmt.Sprintf("the peer's %d keys would exceed the %d it may hold here (max_keys_per_peer)", held+keys, cfg.MaxKeysPerPeer)
+	}
+	return ""
+}
+
+// Holds reports the kv ids and keys the peer makes this producer hold.
+func (s *Session) Holds() (kvIDs, keysWanted int) {
+	for _, req := range s.producer.requests {
+		kvIDs++
+		for _, r := range req.rounds {
+			keysWanted += len(r.wanted)
+		}
+	}
+	return kvIDs, keysWanted
 }
 
 // close reports every job as failed and every lookup as finished.

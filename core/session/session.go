@@ -10,6 +10,7 @@ package session
 
 import (
 	"bytes"
+	"crypto/hmac"
 	"errors"
 	"fmt"
 	"time"
@@ -27,8 +28,9 @@ type Sink interface {
 	LoadDone(jobID int64, ok bool, kvRequestID string, rows []uint64)
 	// StoreDone reports a store (or lookup pin) job's single outcome.
 	StoreDone(jobID int64, ok bool, bytes int64)
-	// ConsumerFailed marks kvRequestID so its lookups answer MISS.
-	ConsumerFailed(kvRequestID string)
+	// ConsumerFailed marks the live request pulling kvRequestID from s as
+	// failed, so its lookups answer MISS.
+	ConsumerFailed(s *Session, kvRequestID string)
 	// FetchArrived reports a non-terminal fetch for kvRequestID, after its
 	// demand is recorded; the owner binds the id and may call AddStoredBlocks
 	// or FinishProducer on s.
@@ -51,11 +53,6 @@ type Env struct {
 	Sink Sink
 	// Logf logs one line at level "DEBUG", "INFO", "WARNING" or "ERROR".
 	Logf func(level, format string, args ...any)
-	// Capabilities returns the peerkv capabilities for our connect c (fresh
-	// nonce, and a proof covering c), or nil to send none.
-	Capabilities func(c *protocol.Connect) *protocol.Capabilities
-	// Authenticate checks a peer's connect when authentication is on.
-	Authenticate func(c *protocol.Connect) error
 	// NextLookupID returns a fresh inbound lookup id (unique per owner).
 	NextLookupID func() int64
 	// Register starts data-path registration of the peer in the background
@@ -66,8 +63,10 @@ type Env struct {
 type handshake int
 
 const (
-	awaitingPeerConnect handshake = iota // our connect sent; peer's not yet seen
-	registering                          // peer's connect accepted; data path registering
+	awaitingPeerConnect handshake = iota // the peer's connect not yet seen
+	awaitingProof                        // secret set: our proof sent, the peer's not yet verified
+	awaitingPaths                        // secret set: the peer proved it; its data paths not yet seen
+	registering                          // the peer's data path registering
 	acked                                // we acked the peer's connect
 )
 
@@ -75,12 +74,24 @@ const (
 type Session struct {
 	env    *Env
 	peerID string
+	// dialed: we opened the connection, so we speak first. A session the
+	// peer opened sends its connect only once the peer's passed our checks,
+	// so a stranger learns nothing of our region before that.
+	dialed bool
+	source string
 
-	state     handshake
-	sendReady bool // the peer acked our connect
-	queued    []protocol.Message
-	openedAt  time.Time
-	peer      *protocol.Connect
+	state        handshake
+	connectSent  bool
+	sendReady    bool // the peer acked our connect
+	queued       []protocol.Message
+	openedAt     time.Time
+	lastActivity time.Time
+	peer         *protocol.Connect
+	peerRows     uint64 // rows the peer says its region has (connect, or peerkv_paths with a secret)
+
+	nonce     []byte // our challenge to the peer (secret set)
+	peerNonce []byte // the peer's challenge to us
+	offer     string // our same-host grant for this peer, withdrawn at Close
 
 	dead        bool
 	deathReason string
@@ -89,20 +100,38 @@ type Session struct {
 	producer producer
 }
 
-// New opens a session and sends our connect at once (both sides do).
-func New(env *Env, peerID string) *Session {
-	s := &Session{env: env, peerID: peerID, openedAt: env.Now()}
+// New opens a session. dialed says we initiated it: then our connect goes
+// out at once, otherwise it waits for the peer's. source is the address the
+// peer's connection came from as the kernel reports it ("" if unknown).
+func New(env *Env, peerID, source string, dialed bool) *Session {
+	now := env.Now()
+	s := &Session{env: env, peerID: peerID, source: source, dialed: dialed, openedAt: now, lastActivity: now}
+	if env.Cfg.AuthSecret != "" {
+		s.nonce = newNonce()
+	}
 	s.consumer.init(s)
 	s.producer.init(s)
-	s.sendConnect()
+	if dialed || env.Cfg.AuthSecret != "" {
+		s.sendConnect() // with a secret, connects carry nothing but the challenge
+	}
 	return s
 }
 
 // PeerID is the remote peer's identity.
 func (s *Session) PeerID() string { return s.peerID }
 
+// Source is the address a peer that dialed us connected from ("" when we
+// dialed it).
+func (s *Session) Source() string { return s.source }
+
 // Ready reports whether the peer acked our connect (we may send freely).
-func (s *Session) Ready() bool { return s.sendReady && !s.dead }
+func (s *Session) Ready() bool { return s.sendReady && s.state == acked && !s.dead }
+
+// LastActivity is when the peer last sent us something or we sent it work.
+func (s *Session) LastActivity() time.Time { return s.lastActivity }
+
+// Handshaked reports whether both sides acked each other.
+func (s *Session) Handshaked() bool { return s.Ready() }
 
 // Dead reports whether the session ended; the owner then calls Close.
 func (s *Session) Dead() bool { return s.dead }
@@ -121,6 +150,7 @@ func (s *Session) Handle(m protocol.Message) {
 	if s.dead {
 		return
 	}
+	s.lastActivity = s.env.Now()
 	if err := s.dispatch(m); err != nil {
 		s.protocolError(err.Error())
 	}
@@ -153,6 +183,18 @@ func (s *Session) dispatch(m protocol.Message) error {
 	switch msg := m.(type) {
 	case *protocol.ConnectAck:
 		s.onConnectAck()
+		return nil
+	case *protocol.Proof:
+		return s.onProof(msg)
+	case *protocol.Paths:
+		return s.onPaths(msg)
+	}
+	// A peer may send requests only after our ack: vLLM queues them until
+	// then, and so do we.
+	if s.state != acked {
+		return fmt.Errorf("%s before the handshake finished", m.MsgType())
+	}
+	switch msg := m.(type) {
 	case *protocol.Lookup:
 		return s.producer.onLookup(msg)
 	case *protocol.LookupResp:
@@ -171,39 +213,56 @@ func (s *Session) dispatch(m protocol.Message) error {
 	return nil
 }
 
+// reject refuses the peer: logged, goodbye sent, session dead.
+func (s *Session) reject(format string, args ...any) error {
+	reason := fmt.Sprintf(format, args...)
+	s.env.Logf("ERROR", "rejecting peer %s: %s", s.peerID, reason)
+	s.disconnect("rejected peer connect: " + reason)
+	return nil
+}
+
 func (s *Session) onConnect(c *protocol.Connect) error {
 	if s.state != awaitingPeerConnect {
 		return errors.New("duplicate connect")
 	}
 	cfg := s.env.Cfg
-	reject := func(format string, args ...any) error {
-		reason := fmt.Sprintf(format, args...)
-		s.env.Logf("ERROR", "rejecting peer %s: %s", s.peerID, reason)
-		s.disconnect("rejected peer connect: " + reason)
-		return nil
-	}
 	if c.BlockLen != s.env.Region.RowLen {
-		return reject("block_len mismatch: peer %d bytes per row, local %d (peers must run the same model, "+
+		return s.reject("block_len mismatch: peer %d bytes per row, local %d (peers must run the same model, "+
 			"dtype, block size and parallel layout)", c.BlockLen, s.env.Region.RowLen)
 	}
 	if cfg.ConfigFingerprint != "" && c.ConfigFingerprint != "" && c.ConfigFingerprint != cfg.ConfigFingerprint {
-		return reject("config fingerprint mismatch: peer %q, local %q (model, dtype, block size or KV layout differ)",
+		return s.reject("config fingerprint mismatch: peer %q, local %q (model, dtype, block size or KV layout differ)",
 			c.ConfigFingerprint, cfg.ConfigFingerprint)
 	}
 	if c.HashSeed != cfg.HashSeed {
-		return reject("hash seed mismatch: peer %q, local %q (set the same PYTHONHASHSEED on every peer, "+
+		return s.reject("hash seed mismatch: peer %q, local %q (set the same PYTHONHASHSEED on every peer, "+
 			"or leave it unset everywhere with a sha256 prefix-cache hash)", c.HashSeed, cfg.HashSeed)
 	}
-	if s.env.Authenticate != nil {
-		if c.PeerID != s.peerID {
-			return reject("its connect names %q but its connection identity is %q", c.PeerID, s.peerID)
-		}
-		if err := s.env.Authenticate(c); err != nil {
-			return reject("authentication failed: %v", err)
-		}
+	// vLLM sends its own id as both; a mismatch is a confused or lying peer.
+	if c.PeerID != s.peerID {
+		return s.reject("its connect names %q but its connection identity is %q", c.PeerID, s.peerID)
+	}
+	if c.PeerID == s.env.LocalID {
+		return s.reject("it claims our own id %q", c.PeerID)
 	}
 	s.peer = c
-	s.state = registering
+	if cfg.AuthSecret != "" {
+		n, err := peerNonce(c)
+		if err != nil {
+			return s.reject("authentication failed: %v", err)
+		}
+		s.peerNonce = bytes.Clone(n)
+		if !s.connectSent {
+			s.sendConnect()
+		}
+		s.state = awaitingProof
+		s.sendNow(&protocol.Proof{PeerID: s.env.LocalID,
+			Proof: proof(cfg.AuthSecret, s.env.LocalID, s.peerID, s.peerNonce, s.nonce)})
+		return nil
+	}
+	if !s.connectSent {
+		s.sendConnect()
+	}
 	info := data.PeerInfo{
 		AgentMetadata: bytes.Clone(c.AgentMetadata),
 		BaseAddr:      c.BaseAddr,
@@ -212,10 +271,62 @@ func (s *Session) onConnect(c *protocol.Connect) error {
 	}
 	if c.PeerKV != nil {
 		info.DataAddr = c.PeerKV.DataAddr
-		info.LocalProcess = c.PeerKV.LocalProcess
+		info.SameHost = c.PeerKV.SameHost
 	}
-	s.env.Register(s, info)
+	s.register(info)
 	return nil
+}
+
+// onProof checks the peer's answer to our challenge.
+func (s *Session) onProof(m *protocol.Proof) error {
+	if s.state != awaitingProof {
+		return errors.New("unexpected peerkv_proof")
+	}
+	want := proof(s.env.Cfg.AuthSecret, s.peerID, s.env.LocalID, s.nonce, s.peerNonce)
+	if m.PeerID != s.peerID || !hmac.Equal(m.Proof, want) {
+		return s.reject("authentication failed: its proof does not match our auth secret " +
+			"(a different secret on that peer, or a proof replayed or relayed from another session)")
+	}
+	s.state = awaitingPaths
+	p := &protocol.Paths{
+		AgentMetadata: s.env.Data.AgentMetadata(),
+		BaseAddr:      s.env.Region.BaseAddr(),
+		NumBlocks:     s.env.Region.NumRows(),
+		DataTransport: s.env.Data.Name(),
+		DataAddr:      s.env.Data.DataAddr(),
+		SameHost:      s.offerSameHost(),
+	}
+	if p.AgentMetadata == nil {
+		p.AgentMetadata = []byte{}
+	}
+	p.MAC = pathsMAC(s.env.Cfg.AuthSecret, s.env.LocalID, s.peerID, s.peerNonce, s.nonce, p)
+	s.sendNow(p)
+	return nil
+}
+
+// onPaths registers the data paths of a peer that proved the secret.
+func (s *Session) onPaths(m *protocol.Paths) error {
+	if s.state != awaitingPaths {
+		return errors.New("unexpected peerkv_paths")
+	}
+	if !hmac.Equal(m.MAC, pathsMAC(s.env.Cfg.AuthSecret, s.peerID, s.env.LocalID, s.nonce, s.peerNonce, m)) {
+		return s.reject("authentication failed: its peerkv_paths were altered or belong to another session")
+	}
+	s.register(data.PeerInfo{
+		AgentMetadata: bytes.Clone(m.AgentMetadata),
+		BaseAddr:      m.BaseAddr,
+		NumRows:       m.NumBlocks,
+		RowLen:        s.peer.BlockLen,
+		DataAddr:      m.DataAddr,
+		SameHost:      m.SameHost,
+	})
+	return nil
+}
+
+func (s *Session) register(info data.PeerInfo) {
+	s.state = registering
+	s.peerRows = info.NumRows
+	s.env.Register(s, info)
 }
 
 // RegistrationDone completes the handshake once the peer's data path is
@@ -231,6 +342,7 @@ func (s *Session) RegistrationDone(err error) {
 	}
 	s.state = acked
 	s.sendNow(&protocol.ConnectAck{PeerID: s.env.LocalID})
+	s.flushQueued()
 }
 
 func (s *Session) onConnectAck() {
@@ -238,6 +350,14 @@ func (s *Session) onConnectAck() {
 		return
 	}
 	s.sendReady = true
+	s.flushQueued()
+}
+
+// flushQueued sends what waited for the handshake once both sides acked.
+func (s *Session) flushQueued() {
+	if !s.Ready() {
+		return
+	}
 	queued := s.queued
 	s.queued = nil
 	for _, m := range queued {
@@ -245,23 +365,47 @@ func (s *Session) onConnectAck() {
 	}
 }
 
+// sendConnect sends our connect. With a secret it carries only the
+// challenge: the data-path fields follow in peerkv_paths once the peer
+// proved the secret. Without one it carries what vLLM peers need.
 func (s *Session) sendConnect() {
+	s.connectSent = true
 	c := &protocol.Connect{
 		PeerID:            s.env.LocalID,
-		AgentMetadata:     s.env.Data.AgentMetadata(),
-		BaseAddr:          s.env.Region.BaseAddr(),
-		NumBlocks:         s.env.Region.NumRows(),
+		AgentMetadata:     []byte{},
+		NumBlocks:         1,
 		BlockLen:          s.env.Region.RowLen,
 		ConfigFingerprint: s.env.Cfg.ConfigFingerprint,
 		HashSeed:          s.env.Cfg.HashSeed,
 	}
-	if c.AgentMetadata == nil {
-		c.AgentMetadata = []byte{}
+	caps := &protocol.Capabilities{Version: capabilitiesVersion, Nonce: []byte{}}
+	if s.env.Cfg.AuthSecret != "" {
+		caps.Nonce = s.nonce
+	} else {
+		if md := s.env.Data.AgentMetadata(); md != nil {
+			c.AgentMetadata = md
+		}
+		c.BaseAddr = s.env.Region.BaseAddr()
+		c.NumBlocks = s.env.Region.NumRows()
+		caps.DataTransport = s.env.Data.Name()
+		caps.DataAddr = s.env.Data.DataAddr()
+		caps.SameHost = s.offerSameHost()
 	}
-	if s.env.Capabilities != nil {
-		c.PeerKV = s.env.Capabilities(c)
-	}
+	c.PeerKV = caps
 	s.sendNow(c)
+}
+
+// offerSameHost mints this session's same-host grant, if that path exists.
+func (s *Session) offerSameHost() string {
+	o, ok := s.env.Data.(data.Offerer)
+	if !ok {
+		return ""
+	}
+	if s.offer != "" {
+		o.Withdraw(s.peerID, s.offer)
+	}
+	s.offer = o.Offer(s.peerID)
+	return s.offer
 }
 
 // send queues m until the peer acked our connect, then sends in order.
@@ -269,10 +413,11 @@ func (s *Session) send(m protocol.Message) {
 	if s.dead {
 		return
 	}
-	if !s.sendReady {
+	if !s.Ready() {
 		s.queued = append(s.queued, m)
 		return
 	}
+	s.lastActivity = s.env.Now()
 	s.sendNow(m)
 }
 
@@ -290,6 +435,10 @@ func (s *Session) Tick(now time.Time) {
 	if (!s.sendReady || s.state != acked) && now.Sub(s.openedAt) > s.env.Cfg.HandshakeTimeout {
 		why := "no connect from the peer"
 		switch {
+		case s.state == awaitingProof:
+			why = "the peer never proved the auth secret (a stock vLLM peer, or a peer without auth_secret)"
+		case s.state == awaitingPaths:
+			why = "the peer proved the secret but sent no data paths (it rejected our proof: check its log)"
 		case s.state == registering:
 			why = "data path registration did not finish"
 		case s.state == acked:
@@ -334,6 +483,10 @@ func (s *Session) Close(reason string) {
 		s.markDead(reason)
 	}
 	s.queued = nil
+	if o, ok := s.env.Data.(data.Offerer); ok && s.offer != "" {
+		o.Withdraw(s.peerID, s.offer)
+		s.offer = ""
+	}
 	s.consumer.close()
 	s.producer.close()
 }

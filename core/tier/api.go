@@ -83,4 +83,6 @@ var (
 	ErrClosed          = errors.New("peer is shut down")
 	ErrTimeout         = errors.New("deadline exceeded")
 	ErrBadParams       = errors.New("bad kv_transfer_params")
+	// ErrInternal: a goroutine of ours panicked; the peer is stopped.
+	ErrInternal = errors.New("internal error")
 )

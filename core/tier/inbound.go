@@ -76,8 +76,8 @@ func (t *Tier) NextInbound(fits func(Inbound) bool) (Inbound, bool, bool) {
 func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID int64, pinSlots []int64) (bool, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
-		return true, ErrClosed
+	if err := t.usable(); err != nil {
+		return true, err
 	}
 	rows, err := t.checkSlots(pinSlots)
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/peerkv/peerkv/core/params"
-	"github.com/peerkv/peerkv/core/session"
 )
 
 // StartRequest parses a request's kv_transfer_params and, for a consumer,
@@ -15,8 +14,8 @@ func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
 	p, err := params.Parse(kvParams)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
-		return BlockLevel, ErrClosed
+	if err := t.usable(); err != nil {
+		return BlockLevel, err
 	}
 	if err != nil {
 		t.stats.badParams++
@@ -25,14 +24,16 @@ func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
 	if _, dup := t.requests[reqID]; dup {
 		return BlockLevel, fmt.Errorf("%w: request %s already started", ErrDuplicate, reqID)
 	}
-	t.requests[reqID] = &request{id: reqID, source: p.Source, dest: p.Dest}
+	r := &request{id: reqID, source: p.Source, dest: p.Dest}
+	t.requests[reqID] = r
 	if src := p.Source; src != nil {
 		if _, err := t.sessionFor(src.PeerID()); err != nil {
-			t.failedKV[src.KVRequestID] = struct{}{}
+			r.failed = true
 			t.logf("WARNING", "request %s cannot pull from %s: %v; it computes locally", reqID, src.PeerID(), err)
 		}
 	}
 	if p.Dest != nil {
+		t.claimServing(p.Dest.KVRequestID)
 		// The decoder needs every block, including prefix hits already in
 		// the CPU tier (vLLM #52808).
 		return RequestLevel, nil
@@ -51,19 +52,13 @@ func (t *Tier) Lookup(reqID string, keys [][]byte, out []LookupResult) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	r := t.requests[reqID]
-	src := (*params.Source)(nil)
-	if r != nil {
-		src = r.source
-	}
 	for i := range out {
 		out[i] = Miss
 	}
-	if src == nil || t.closed {
+	if r == nil || r.source == nil || r.failed || t.closed {
 		return nil
 	}
-	if _, failed := t.failedKV[src.KVRequestID]; failed {
-		return nil
-	}
+	src := r.source
 	if !src.Probe {
 		for i := range out {
 			out[i] = Hit // PD: the prefiller has or will have every block
@@ -124,12 +119,13 @@ func (t *Tier) SubmitLoad(reqID string, jobID int64, keys [][]byte, slots []int6
 	default:
 		src := r.source
 		s := t.sessions[src.PeerID()]
-		if _, failed := t.failedKV[src.KVRequestID]; failed || s == nil || s.Dead() {
-			t.failedKV[src.KVRequestID] = struct{}{}
+		if r.failed || s == nil || s.Dead() {
+			r.failed = true
 			t.report(jobID, false, 0)
 			return nil
 		}
 		j.peer = src.PeerID()
+		j.req = r
 		t.expect(j.peer, rows, true)
 		s.RequestBlocks(jobID, src.KVRequestID, copyKeys(keys), rows)
 		t.reapDead()
@@ -153,18 +149,8 @@ func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int
 		t.report(jobID, true, 0) // nobody will fetch these: nothing to keep
 		return nil
 	}
-	kv := r.dest.KVRequestID
-	if _, gone := t.reaped[kv]; gone {
-		t.logf("WARNING", "store job %d for kv_request_id=%s, whose earlier stores expired unfetched; failing it", jobID, kv)
-		t.report(jobID, false, 0)
-		return nil
-	}
-	if s := t.kvSession[kv]; s != nil && !s.Dead() {
-		s.AddStoredBlocks(kv, copyKeys(keys), rows, jobID, 0, false)
-		t.reapDead()
-		return nil
-	}
-	t.unbound[kv] = append(t.unbound[kv], parked{jobID: jobID, keys: copyKeys(keys), rows: rows, at: t.now()})
+	t.store(r.dest.KVRequestID, jobID, copyKeys(keys), rows)
+	t.reapDead()
 	return nil
 }
 
@@ -192,20 +178,12 @@ func (t *Tier) FinishRequest(reqID string) error {
 	}
 	delete(t.requests, reqID)
 	if src := r.source; src != nil {
-		delete(t.failedKV, src.KVRequestID)
 		if s := t.sessions[src.PeerID()]; s != nil {
 			s.FinishConsumer(src.KVRequestID)
 		}
 	}
 	if dst := r.dest; dst != nil {
-		if s := t.kvSession[dst.KVRequestID]; s != nil {
-			delete(t.kvSession, dst.KVRequestID)
-			s.FinishProducer(dst.KVRequestID)
-		} else if _, parkedStores := t.unbound[dst.KVRequestID]; parkedStores {
-			// The decoder has not asked yet: keep the stores until it does or
-			// they expire, and finish the round as soon as it is matched.
-			t.finishedKV[dst.KVRequestID] = struct{}{}
-		}
+		t.finishServing(dst.KVRequestID)
 	}
 	t.reapDead()
 	return nil
@@ -218,7 +196,7 @@ func (t *Tier) HasPendingWork() bool {
 	if t.closed {
 		return len(t.finished) > 0
 	}
-	if len(t.jobs) > 0 || len(t.finished) > 0 || t.inbound.len() > 0 || len(t.unbound) > 0 {
+	if len(t.jobs) > 0 || len(t.finished) > 0 || t.inbound.len() > 0 || t.parkedStores() > 0 {
 		return true
 	}
 	for _, s := range t.sessions {
@@ -264,14 +242,14 @@ func (t *Tier) inFlight() int {
 	return n
 }
 
-// Shutdown stops the peer; see peerkv_shutdown.
+// Shutdown stops the peer; see peerkv_shutdown. Any number of goroutines
+// may call it at once: each returns only after the one teardown finished.
 func (t *Tier) Shutdown() error {
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		return nil
-	}
-	t.mu.Unlock()
+	t.shutdownOnce.Do(func() { t.shutdownErr = t.shutdown() })
+	return t.shutdownErr
+}
+
+func (t *Tier) shutdown() error {
 	// Let writes in flight finish so no row is read after the host reuses it.
 	deadline := t.now().Add(t.cfg.ShutdownDrainTimeout)
 	for t.now().Before(deadline) && t.transfersInFlight() {
@@ -283,20 +261,21 @@ func (t *Tier) Shutdown() error {
 		s.Close("shutting down")
 		delete(t.sessions, id)
 	}
-	for kv, batches := range t.unbound {
-		for _, b := range batches {
+	for kv, sk := range t.serving {
+		for _, b := range sk.parked {
 			t.report(b.jobID, false, 0)
 		}
-		delete(t.unbound, kv)
+		delete(t.serving, kv)
 	}
 	for id := range t.jobs {
 		t.report(id, false, 0)
 	}
-	t.lookups = map[int64]*session.InboundLookup{}
+	clear(t.lookups)
 	t.inbound = inboundQueue{}
 	t.mu.Unlock()
 	close(t.stop)
 	<-t.loopDone
+	<-t.reg.done
 	errs := []error{t.ctl.Close(), t.dt.Close()}
 	return errors.Join(errs...)
 }
@@ -314,8 +293,8 @@ func (t *Tier) transfersInFlight() bool {
 
 // admitJob records a new job; called with t.mu held.
 func (t *Tier) admitJob(jobID int64, isLoad bool, rows []uint64) (*job, error) {
-	if t.closed {
-		return nil, ErrClosed
+	if err := t.usable(); err != nil {
+		return nil, err
 	}
 	if _, dup := t.jobs[jobID]; dup {
 		return nil, fmt.Errorf("%w: job %d is already in flight", ErrDuplicate, jobID)

@@ -7,8 +7,12 @@ type sink struct{ t *Tier }
 
 func (k sink) LoadDone(jobID int64, ok bool, kvID string, rows []uint64) {
 	t := k.t
-	if j := t.jobs[jobID]; j != nil {
+	j := t.jobs[jobID]
+	if j != nil {
 		t.expect(j.peer, rows, false)
+		if !ok && j.req != nil {
+			j.req.failed = true // this request recomputes; a later one reusing the kv id starts clean
+		}
 	}
 	var bytes int64
 	if ok {
@@ -19,31 +23,15 @@ func (k sink) LoadDone(jobID int64, ok bool, kvID string, rows []uint64) {
 
 func (k sink) StoreDone(jobID int64, ok bool, bytes int64) { k.t.report(jobID, ok, bytes) }
 
-func (k sink) ConsumerFailed(kvID string) { k.t.failedKV[kvID] = struct{}{} }
-
-// FetchArrived binds the kv id to the session and hands it the batches the
-// prefill stored before the decoder asked.
-func (k sink) FetchArrived(s *session.Session, kvID string) {
-	t := k.t
-	if _, gone := t.reaped[kvID]; gone {
-		// Its stores were already released: fail the round now instead of
-		// letting the decoder wait for its load timeout.
-		s.FinishProducer(kvID)
-		return
-	}
-	t.kvSession[kvID] = s
-	batches := t.unbound[kvID]
-	delete(t.unbound, kvID)
-	for _, b := range batches {
-		s.AddStoredBlocks(kvID, b.keys, b.rows, b.jobID, 0, false)
-	}
-	if _, done := t.finishedKV[kvID]; done {
-		// The prefill request already ended: nothing more will be stored.
-		delete(t.finishedKV, kvID)
-		delete(t.kvSession, kvID)
-		s.FinishProducer(kvID)
+func (k sink) ConsumerFailed(s *session.Session, kvID string) {
+	for _, r := range k.t.requests {
+		if src := r.source; src != nil && src.KVRequestID == kvID && src.PeerID() == s.PeerID() {
+			r.failed = true
+		}
 	}
 }
+
+func (k sink) FetchArrived(s *session.Session, kvID string) { k.t.fetchArrived(s, kvID) }
 
 func (k sink) InboundReady(l *session.InboundLookup) {
 	k.t.lookups[l.ID] = l

@@ -8,6 +8,7 @@ type counters struct {
 	loadsOK, loadsFailed, storesOK, storesFailed  int64
 	bytesIn, bytesOut                             int64
 	unboundExpired, badParams                     int64
+	sessionsRefused                               int64
 }
 
 // Stats is a snapshot of the peer's counters and gauges.
@@ -39,6 +40,17 @@ type Stats struct {
 	BytesOut       int64  `json:"bytes_out"`
 	UnboundExpired int64  `json:"unbound_expired"`
 	BadParams      int64  `json:"bad_params"`
+	// SessionsRefused counts connects refused before a session opened
+	// (max_peers, max_peers_per_host, a peer claiming our id).
+	SessionsRefused int64 `json:"sessions_refused"`
+	// DataPeers is how many peers the data path holds registered.
+	DataPeers int `json:"data_peers"`
+	// ServeKVIDs and ServeKeysWanted are what remote consumers make this
+	// peer hold as a producer: kv ids with state, keys fetched awaiting rows.
+	ServeKVIDs      int `json:"serve_kv_ids"`
+	ServeKeysWanted int `json:"serve_keys_wanted"`
+	// Poisoned says why the peer stopped after an internal error ("" if not).
+	Poisoned string `json:"poisoned,omitempty"`
 }
 
 // Stats returns a snapshot.
@@ -46,9 +58,16 @@ func (t *Tier) Stats() Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c := t.stats
-	parked := 0
-	for _, b := range t.unbound {
-		parked += len(b)
+	parked := t.parkedStores()
+	kvIDs, wanted := 0, 0
+	for _, s := range t.sessions {
+		k, w := s.Holds()
+		kvIDs += k
+		wanted += w
+	}
+	poisoned := ""
+	if t.poisoned != nil {
+		poisoned = t.poisoned.Error()
 	}
 	t.guardMu.RLock()
 	expected := len(t.expected)
@@ -62,5 +81,7 @@ func (t *Tier) Stats() Stats {
 		LookupHits: c.lookupHits, LookupMisses: c.lookupMisses, InboundLookups: c.inboundLookups,
 		LoadsOK: c.loadsOK, LoadsFailed: c.loadsFailed, StoresOK: c.storesOK, StoresFailed: c.storesFailed,
 		BytesIn: c.bytesIn, BytesOut: c.bytesOut, UnboundExpired: c.unboundExpired, BadParams: c.badParams,
+		SessionsRefused: c.sessionsRefused, DataPeers: t.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
+		Poisoned: poisoned,
 	}
 }

@@ -30,6 +30,10 @@ type request struct {
 	id     string
 	source *params.Source
 	dest   *params.Dest
+	// failed: its pull failed, so its lookups answer MISS and the host
+	// recomputes. It belongs to this request alone: a later request reusing
+	// the kv id starts clean.
+	failed bool
 }
 
 // job is a submitted job not yet reported.
@@ -37,16 +41,13 @@ type job struct {
 	isLoad bool
 	at     time.Time
 	rows   int
-	peer   string // loads: the peer allowed to write its rows
+	peer   string   // loads: the peer allowed to write its rows
+	req    *request // loads: the request the rows are pulled for
 }
 
-// parked is a store batch of a prefill producer that no decoder fetched yet.
-type parked struct {
-	jobID int64
-	keys  [][]byte
-	rows  []uint64
-	at    time.Time
-}
+// idleReapHeadroom: idle sessions are evicted only once this close to
+// max_peers, so a quiet mesh is not torn down (vLLM's _IDLE_REAP_HEADROOM).
+const idleReapHeadroom = 8
 
 // Tier is one peer. See the package comment for the threading model.
 type Tier struct {
@@ -57,21 +58,17 @@ type Tier struct {
 	now    func() time.Time
 	env    *session.Env
 	logs   *logRing
+	reg    *registry
 
-	mu       sync.Mutex
-	closed   bool
-	nonces   nonceCache // authenticated connects seen, against replays
-	requests map[string]*request
-	sessions map[string]*session.Session
-	jobs     map[int64]*job
-	finished []JobResult
-
-	failedKV   map[string]struct{}         // consumer kv ids whose lookups answer MISS
-	kvSession  map[string]*session.Session // producer kv id -> session that fetched it
-	unbound    map[string][]parked         // producer kv id -> parked store batches
-	reaped     map[string]time.Time        // producer kv ids whose parked stores expired
-	finishedKV map[string]struct{}         // producer kv ids whose local request already finished
-	inbound    inboundQueue                // work for the host's serve pass
+	mu         sync.Mutex
+	closed     bool
+	poisoned   error // set once a goroutine of ours panicked
+	requests   map[string]*request
+	sessions   map[string]*session.Session
+	jobs       map[int64]*job
+	finished   []JobResult
+	serving    map[string]*serveKV // PD kv ids this peer serves as a prefiller
+	inbound    inboundQueue        // work for the host's serve pass
 	lookups    map[int64]*session.InboundLookup
 	nextLookup int64
 	stats      counters
@@ -79,9 +76,11 @@ type Tier struct {
 	guardMu  sync.RWMutex
 	expected map[uint64]string // consumer row -> peer allowed to write it
 
-	registered chan registration
-	stop       chan struct{}
-	loopDone   chan struct{}
+	registered   chan registration
+	stop         chan struct{}
+	loopDone     chan struct{}
+	shutdownOnce sync.Once
+	shutdownErr  error
 }
 
 type registration struct {
@@ -111,11 +110,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		requests:   map[string]*request{},
 		sessions:   map[string]*session.Session{},
 		jobs:       map[int64]*job{},
-		failedKV:   map[string]struct{}{},
-		kvSession:  map[string]*session.Session{},
-		unbound:    map[string][]parked{},
-		reaped:     map[string]time.Time{},
-		finishedKV: map[string]struct{}{},
+		serving:    map[string]*serveKV{},
 		lookups:    map[int64]*session.InboundLookup{},
 		expected:   map[uint64]string{},
 		registered: make(chan registration, 64),
@@ -127,7 +122,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		return nil, err
 	}
 	t.dt = dt
-	t.logf("INFO", "%s: data paths %s (TCP listener %q)", deps.Control.LocalID(), dt.Name(), dt.DataAddr())
+	t.logf("INFO", "data paths %s (TCP listener %q)", dt.Name(), dt.DataAddr())
 	t.env = &session.Env{
 		LocalID:      deps.Control.LocalID(),
 		Cfg:          cfg,
@@ -137,13 +132,11 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		Send:         t.send,
 		Sink:         sink{t},
 		Logf:         t.logf,
-		Capabilities: t.capabilities,
 		NextLookupID: func() int64 { t.nextLookup++; return t.nextLookup },
-		Register:     t.register,
+		Register:     func(s *session.Session, info data.PeerInfo) { t.reg.add(s, info) },
 	}
-	if cfg.AuthSecret != "" {
-		t.env.Authenticate = t.authenticate
-	}
+	t.reg = newRegistry(t)
+	go t.reg.run()
 	go t.loop()
 	return t, nil
 }
@@ -180,22 +173,6 @@ func (t *Tier) send(peerID string, m protocol.Message) error {
 	return t.ctl.Send(peerID, frame)
 }
 
-// register adds the peer to the data path off the lock: NIXL metadata
-// loading can take milliseconds.
-func (t *Tier) register(s *session.Session, info data.PeerInfo) {
-	go func() {
-		defer t.recoverLoop("registration")
-		err := t.dt.AddPeer(s.PeerID(), info)
-		if err == nil {
-			t.logPath(s.PeerID())
-		}
-		select {
-		case t.registered <- registration{s, err}:
-		case <-t.stop:
-		}
-	}()
-}
-
 // logPath says which data path serves peerID and, when faster paths the
 // peer offered could not, why.
 func (t *Tier) logPath(peerID string) {
@@ -218,7 +195,7 @@ func (t *Tier) logPath(peerID string) {
 // registrations and deadlines.
 func (t *Tier) loop() {
 	defer close(t.loopDone)
-	defer t.recoverLoop("progress loop")
+	defer t.recoverLoop("the progress loop")
 	tick := time.NewTicker(t.cfg.Tick)
 	defer tick.Stop()
 	events := t.ctl.Events()
@@ -251,20 +228,17 @@ func (t *Tier) loop() {
 	}
 }
 
+// locked runs f under the lock, then reaps the sessions f ended: the one
+// place sessions are forgotten.
 func (t *Tier) locked(f func()) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		return
 	}
+	testPanic("loop")
 	f()
 	t.reapDead()
-}
-
-func (t *Tier) recoverLoop(where string) {
-	if r := recover(); r != nil {
-		t.logf("ERROR", "internal error in %s: %v\n%s", where, r, debug.Stack())
-	}
 }
 
 func (t *Tier) onEvent(ev control.Event) {
@@ -285,12 +259,16 @@ func (t *Tier) onEvent(ev control.Event) {
 				t.logf("WARNING", "dropping a frame from %s, which has no session (first message must be connect): %v", ev.PeerID, describe(m, err))
 				return
 			}
-			if len(t.sessions) >= t.cfg.MaxPeers {
-				t.logf("WARNING", "refusing peer %s: %d sessions already (max_peers)", ev.PeerID, len(t.sessions))
-				_ = t.send(ev.PeerID, &protocol.Disconnect{})
+			if why := t.admit(ev.PeerID, ev.Addr); why != "" {
+				t.stats.sessionsRefused++
+				t.logf("WARNING", "refusing peer %s (from %s): %s", ev.PeerID, ev.Addr, why)
+				if ev.PeerID != t.env.LocalID {
+					_ = t.send(ev.PeerID, &protocol.Disconnect{})
+					t.ctl.Disconnect(ev.PeerID) // the goodbye lingers briefly; no connection stays behind
+				}
 				return
 			}
-			s = t.openSession(ev.PeerID)
+			s = t.openSession(ev.PeerID, ev.Addr, false)
 		}
 		if err != nil {
 			t.stats.badFrames++
@@ -308,8 +286,37 @@ func describe(m protocol.Message, err error) string {
 	return string(m.MsgType())
 }
 
-func (t *Tier) openSession(peerID string) *session.Session {
-	s := session.New(t.env, peerID)
+// admit decides whether a connect from an unknown identity may open a
+// session. addr is where the connection really comes from (the id is a
+// claim), so one source cannot take every slot.
+func (t *Tier) admit(peerID, addr string) string {
+	if peerID == t.env.LocalID {
+		return "it claims our own id"
+	}
+	if addr != "" {
+		n := 0
+		for _, s := range t.sessions {
+			if s.Source() == addr {
+				n++
+			}
+		}
+		if n >= t.cfg.MaxPeersPerHost {
+			return fmt.Sprintf("%d sessions from %s already (max_peers_per_host)", n, addr)
+		}
+	}
+	if len(t.sessions) >= t.cfg.MaxPeers {
+		t.evictIdle(t.now(), true)
+		if len(t.sessions) >= t.cfg.MaxPeers {
+			return fmt.Sprintf("%d sessions already (max_peers)", len(t.sessions))
+		}
+	}
+	return ""
+}
+
+// openSession starts a session; source is the kernel-reported address of a
+// peer that dialed us ("" for one we dial).
+func (t *Tier) openSession(peerID, source string, dialed bool) *session.Session {
+	s := session.New(t.env, peerID, source, dialed)
 	t.sessions[peerID] = s
 	t.stats.sessionsOpened++
 	t.logf("INFO", "session with %s opened", peerID)
@@ -325,12 +332,15 @@ func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
 		return nil, errors.New("a peer cannot pull from itself")
 	}
 	if len(t.sessions) >= t.cfg.MaxPeers {
+		t.evictIdle(t.now(), true)
+	}
+	if len(t.sessions) >= t.cfg.MaxPeers {
 		return nil, fmt.Errorf("session limit reached (%d, option max_peers)", t.cfg.MaxPeers)
 	}
 	if err := t.ctl.Connect(peerID); err != nil {
 		return nil, err
 	}
-	return t.openSession(peerID), nil
+	return t.openSession(peerID, "", true), nil
 }
 
 func (t *Tier) onTick() {
@@ -338,7 +348,35 @@ func (t *Tier) onTick() {
 	for _, s := range t.sessions {
 		s.Tick(now)
 	}
-	t.reapUnbound(now)
+	t.tickServing(now)
+	if len(t.sessions) >= t.cfg.MaxPeers-min(idleReapHeadroom, t.cfg.MaxPeers-1) {
+		t.evictIdle(now, false)
+	}
+}
+
+// evictIdle ends sessions with no work and no traffic for idle_timeout_s
+// (all of them, or only the longest idle one when a slot is needed now).
+func (t *Tier) evictIdle(now time.Time, one bool) {
+	if t.cfg.IdleTimeout <= 0 {
+		return
+	}
+	var oldest *session.Session
+	for _, s := range t.sessions {
+		if s.Dead() || s.HasPendingWork() || now.Sub(s.LastActivity()) < t.cfg.IdleTimeout {
+			continue
+		}
+		if !one {
+			s.Close(fmt.Sprintf("idle for over %v", t.cfg.IdleTimeout))
+			continue
+		}
+		if oldest == nil || s.LastActivity().Before(oldest.LastActivity()) {
+			oldest = s
+		}
+	}
+	if oldest != nil {
+		oldest.Close(fmt.Sprintf("idle for over %v; its slot is needed", t.cfg.IdleTimeout))
+	}
+	t.reapDead()
 }
 
 // reapDead closes sessions that ended and forgets them.
@@ -350,38 +388,11 @@ func (t *Tier) reapDead() {
 		t.logf("WARNING", "peer %s down: %s", id, s.DeathReason())
 		s.Close(s.DeathReason())
 		delete(t.sessions, id)
-		for kv, bound := range t.kvSession {
-			if bound == s {
-				delete(t.kvSession, kv)
-			}
-		}
+		t.unbindServing(s)
 		t.dropInbound(s)
-		t.dt.RemovePeer(id)
+		t.reg.remove(id)
 		t.ctl.Disconnect(id)
 		t.stats.sessionsClosed++
-	}
-}
-
-// reapUnbound fails parked stores no decoder fetched in time.
-func (t *Tier) reapUnbound(now time.Time) {
-	for kv, at := range t.reaped {
-		if now.Sub(at) >= t.cfg.ReapedIDRetention {
-			delete(t.reaped, kv)
-		}
-	}
-	for kv, batches := range t.unbound {
-		if len(batches) == 0 || now.Sub(batches[0].at) < t.cfg.UnboundStoreTimeout {
-			continue
-		}
-		delete(t.unbound, kv)
-		delete(t.finishedKV, kv)
-		t.reaped[kv] = now
-		for _, b := range batches {
-			t.report(b.jobID, false, 0)
-		}
-		t.stats.unboundExpired += int64(len(batches))
-		t.logf("WARNING", "no decoder fetched kv_request_id=%s within %v; released %d stored batch(es) (raise unbound_store_timeout_s if prefills outlast it)",
-			kv, t.cfg.UnboundStoreTimeout, len(batches))
 	}
 }
 
@@ -411,4 +422,44 @@ func (t *Tier) report(jobID int64, ok bool, bytes int64) {
 	t.finished = append(t.finished, JobResult{
 		JobID: jobID, Success: ok, IsLoad: j.isLoad, Bytes: bytes, Duration: t.now().Sub(j.at),
 	})
+}
+
+// usable is nil while host calls may change state, else why not.
+func (t *Tier) usable() error {
+	if t.poisoned != nil {
+		return t.poisoned
+	}
+	if t.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// recoverLoop turns a panic in one of our goroutines into a poisoned peer:
+// its state is unknown, so it stops, and every job still outstanding is
+// reported failed (once) so the host recomputes instead of waiting forever.
+func (t *Tier) recoverLoop(where string) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	t.logf("ERROR", "internal error in %s: %v; this peer stops serving and fails its jobs (restart the engine)\n%s",
+		where, r, debug.Stack())
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.poisoned == nil {
+		t.poisoned = fmt.Errorf("%w: %s panicked (%v); the peer is stopped", ErrInternal, where, r)
+	}
+	t.closed = true
+	for id := range t.jobs {
+		t.report(id, false, 0)
+	}
+	t.guardMu.Lock()
+	clear(t.expected) // no peer may write our rows any more
+	t.guardMu.Unlock()
+	// Sessions are dropped, not closed: their state is what may be broken.
+	clear(t.sessions)
+	clear(t.serving)
+	clear(t.lookups)
+	t.inbound = inboundQueue{}
 }

@@ -1,0 +1,177 @@
+package tier
+
+import (
+	"time"
+
+	"github.com/peerkv/peerkv/core/session"
+)
+
+// serveState is where a PD kv id this peer serves as a prefiller stands.
+type serveState int
+
+const (
+	// serveParked: stores wait for the decoder's fetch.
+	serveParked serveState = iota
+	// serveBound: one session fetches it; later stores go straight to it.
+	serveBound
+	// serveExpired: parked stores expired unfetched; later stores and
+	// fetches fail at once until the tombstone is forgotten.
+	serveExpired
+)
+
+// parked is a store batch no decoder fetched yet.
+type parked struct {
+	jobID int64
+	keys  [][]byte
+	rows  []uint64
+}
+
+// serveKV is one PD kv id this peer serves: the one owner of what the
+// prefill stored for it, which session may fetch it, and its deadline.
+type serveKV struct {
+	id    string
+	state serveState
+	s     *session.Session // serveBound
+	// claimed: a local request serves this kv id (its remote_decoder).
+	// A fetch for an unclaimed id waits for the prefill to start here.
+	claimed     bool
+	requestDone bool // the local request finished: nothing more is stored
+	parked      []parked
+	// deadline: serveParked with batches, when they expire; serveBound and
+	// unclaimed, when the fetch stops waiting for a prefill; serveExpired,
+	// when the tombstone is forgotten.
+	deadline time.Time
+}
+
+func (t *Tier) servingKV(kv string) *serveKV {
+	sk := t.serving[kv]
+	if sk == nil {
+		sk = &serveKV{id: kv}
+		t.serving[kv] = sk
+	}
+	return sk
+}
+
+// claimServing records that a starting request serves kv.
+func (t *Tier) claimServing(kv string) {
+	t.servingKV(kv).claimed = true
+}
+
+// store hands a prefill's stored rows to the decoder, or parks them.
+func (t *Tier) store(kv string, jobID int64, keys [][]byte, rows []uint64) {
+	sk := t.servingKV(kv)
+	switch {
+	case sk.state == serveExpired:
+		t.logf("WARNING", "store job %d for kv_request_id=%s, whose earlier stores expired unfetched; failing it", jobID, kv)
+		t.report(jobID, false, 0)
+	case sk.state == serveBound && !sk.s.Dead():
+		sk.s.AddStoredBlocks(kv, keys, rows, jobID, 0, false)
+	default:
+		if sk.state != serveParked || len(sk.parked) == 0 {
+			sk.deadline = t.now().Add(t.cfg.UnboundStoreTimeout)
+		}
+		sk.state, sk.s = serveParked, nil
+		sk.parked = append(sk.parked, parked{jobID: jobID, keys: keys, rows: rows})
+	}
+}
+
+// fetchArrived binds kv to the first session that fetches it; any other
+// session's fetch is refused, so nobody can take over a decoder's rows.
+func (t *Tier) fetchArrived(s *session.Session, kv string) {
+	sk := t.serving[kv]
+	switch {
+	case sk == nil:
+		// The decoder asked before the prefill started here.
+		t.serving[kv] = &serveKV{id: kv, state: serveBound, s: s, deadline: t.now().Add(t.cfg.UnboundStoreTimeout)}
+		return
+	case sk.state == serveExpired:
+		s.FinishProducer(kv) // its stores are gone: fail the round now, not at the load timeout
+		return
+	case sk.state == serveBound && sk.s == s:
+		return
+	case sk.state == serveBound && !sk.s.Dead():
+		t.logf("WARNING", "peer %s fetched kv_request_id=%s, which peer %s already fetches; refusing it",
+			s.PeerID(), kv, sk.s.PeerID())
+		s.FinishProducer(kv)
+		return
+	}
+	sk.state, sk.s = serveBound, s
+	batches := sk.parked
+	sk.parked = nil
+	sk.deadline = t.now().Add(t.cfg.UnboundStoreTimeout)
+	for _, b := range batches {
+		s.AddStoredBlocks(kv, b.keys, b.rows, b.jobID, 0, false)
+	}
+	if sk.requestDone {
+		delete(t.serving, kv)
+		s.FinishProducer(kv)
+	}
+}
+
+// finishServing ends the local request that served kv.
+func (t *Tier) finishServing(kv string) {
+	sk := t.serving[kv]
+	switch {
+	case sk == nil:
+	case sk.state == serveBound:
+		delete(t.serving, kv)
+		sk.s.FinishProducer(kv)
+	case sk.state == serveParked && len(sk.parked) > 0:
+		// The decoder has not asked yet: keep the stores until it does or
+		// they expire, and finish the round as soon as it is matched.
+		sk.requestDone = true
+	case sk.state == serveParked:
+		delete(t.serving, kv)
+	}
+}
+
+// unbindServing forgets a closed session's bindings. Its stores were
+// reported by the session's Close; a live prefill parks later ones.
+func (t *Tier) unbindServing(s *session.Session) {
+	for kv, sk := range t.serving {
+		if sk.state != serveBound || sk.s != s {
+			continue
+		}
+		if sk.claimed {
+			sk.state, sk.s = serveParked, nil
+		} else {
+			delete(t.serving, kv)
+		}
+	}
+}
+
+// tickServing applies the serving deadlines.
+func (t *Tier) tickServing(now time.Time) {
+	for kv, sk := range t.serving {
+		if sk.deadline.IsZero() || now.Before(sk.deadline) {
+			continue
+		}
+		switch {
+		case sk.state == serveParked && len(sk.parked) > 0:
+			for _, b := range sk.parked {
+				t.report(b.jobID, false, 0)
+			}
+			t.stats.unboundExpired += int64(len(sk.parked))
+			t.logf("WARNING", "no decoder fetched kv_request_id=%s within %v; released %d stored batch(es) (raise unbound_store_timeout_s if prefills outlast it)",
+				kv, t.cfg.UnboundStoreTimeout, len(sk.parked))
+			sk.parked = nil
+			sk.state = serveExpired
+			sk.deadline = now.Add(t.cfg.ReapedIDRetention)
+		case sk.state == serveExpired:
+			delete(t.serving, kv)
+		case sk.state == serveBound && !sk.claimed:
+			// No prefill for it started here; the session fails its fetch
+			// at the same deadline.
+			delete(t.serving, kv)
+		}
+	}
+}
+
+// parkedStores counts store batches waiting for a decoder.
+func (t *Tier) parkedStores() int {
+	n := 0
+	for _, sk := range t.serving {
+		n += len(sk.parked)
+	}
+	return n
+}
