@@ -59,9 +59,13 @@ type Config struct {
 	KeyLen int
 	// DataTransport is DataAuto, "nixl" or "tcp".
 	DataTransport string
-	// NoSameHostCopy turns the same-host copy path (cma) off in DataAuto,
-	// for hosts whose policy forbids one process writing into another's
-	// memory ("same_host_copy": false).
+	// NoSameHostCopy turns the same-host path (shm) off in DataAuto
+	// ("same_host_copy": false). That path hands our region's file
+	// descriptor over a local socket to a peer process of the same user on
+	// this host (the kernel vouches for its uid and pid) that presents the
+	// grant we offered that peer alone; it maps the region and copies rows
+	// into it. Turn it off where policy forbids sharing the region's memory
+	// with another process.
 	NoSameHostCopy bool
 	// DataHost is the address the TCP data listener binds (default Host).
 	DataHost string

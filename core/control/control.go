@@ -7,8 +7,8 @@
 //   - Send to a peer with no connection opens one (dialing the peer id
 //     "host:port"), so a producer can answer a consumer it has never dialed.
 //   - Events delivers, in order, every inbound frame with the sender's peer
-//     id, and a PeerDown event when a peer's connection is lost. The channel
-//     is closed after Close.
+//     id and source address, and a PeerDown event when a peer's connection
+//     is lost. The channel is closed after Close.
 //   - Close is idempotent, drops queued frames (linger 0) and returns only
 //     after the transport's goroutines have exited.
 package control
@@ -29,8 +29,13 @@ const (
 type Event struct {
 	Kind   EventKind
 	PeerID string
-	Frame  []byte // EventFrame only; owned by the receiver
-	Err    error  // EventPeerDown only: why the peer is considered gone
+	// Addr (EventFrame only) is the IP address, without port, that the
+	// frame's connection comes from, as the kernel knows it; "" if the
+	// transport cannot tell. PeerID is only what the sender claims to be;
+	// Addr it cannot choose, so per-source limits key on Addr.
+	Addr  string
+	Frame []byte // EventFrame only; owned by the receiver
+	Err   error  // EventPeerDown only: why the peer is considered gone
 }
 
 // Transport is the control path of one peer.

@@ -40,7 +40,6 @@ type PeerInfo struct {
 	NumRows       uint64
 	RowLen        uint64
 	DataAddr      string // TCP data listener, from peerkv capabilities
-	LocalProcess  string // same-host process locator, from peerkv capabilities
 	// SameHost is the peer's same-host offer (see Offerer), opaque here:
 	// what the peer's same-host path needs to ask that peer for a grant.
 	SameHost string

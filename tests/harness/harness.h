@@ -117,6 +117,7 @@ typedef struct hpeer {
   peerkv_handle h;
   int port;
   uint8_t *region;
+  int region_fd; /* the memfd behind region */
   uint64_t num_rows, row_len;
   char err[ERRLEN];
 

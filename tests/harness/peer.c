@@ -82,8 +82,13 @@ void peer_open(hpeer *p, uint64_t num_rows, uint64_t row_len, const char *extra_
   p->num_rows = num_rows;
   p->row_len = row_len;
   p->next_job_id = 1000;
-  /* Host-owned region, as vLLM's pinned CPU tensor would be. */
-  p->region = mmap(NULL, num_rows * row_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  /* Host-owned region, file-backed and shared as vLLM's /dev/shm region is,
+   * so same-host peers can be granted it (the shm path). The fd stays open
+   * while the region lives: it is how the library finds the file. */
+  p->region_fd = memfd_create("peerkv-harness-region", MFD_CLOEXEC);
+  CHECK(p->region_fd >= 0, "memfd_create: %s", strerror(errno));
+  CHECK(ftruncate(p->region_fd, (off_t)(num_rows * row_len)) == 0, "ftruncate region: %s", strerror(errno));
+  p->region = mmap(NULL, num_rows * row_len, PROT_READ | PROT_WRITE, MAP_SHARED, p->region_fd, 0);
   CHECK(p->region != MAP_FAILED, "mmap region: %s", strerror(errno));
   int base = 20000 + (int)((getpid() * 7919u + (unsigned)(now_s() * 1000)) % 30000u);
   for (int attempt = 0; attempt < 64; attempt++) {
@@ -370,4 +375,6 @@ void peer_close(hpeer *p) {
   CHECK_RC(rc, PEERKV_ERR_UNKNOWN_HANDLE, p->err);
   munmap(p->region, p->num_rows * p->row_len);
   p->region = NULL;
+  close(p->region_fd);
+  p->region_fd = -1;
 }

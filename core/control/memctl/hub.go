@@ -9,6 +9,7 @@
 // sender, like a refused connection; after PeerDown the connection is
 // forgotten and a later Send dials again. A peer that only receives from
 // another is not told when that one dies (zmqctl watches DEALERs only).
+// A frame's Event.Addr is the host part of the sender's id.
 package memctl
 
 import (
@@ -90,7 +91,17 @@ func (h *Hub) route(from, to string, frame []byte) (delivered bool, err error) {
 	}
 	// Appending under h.mu keeps frames from concurrent senders in the
 	// order their Send calls were routed.
-	return dst.inbox.push(control.Event{Kind: control.EventFrame, PeerID: from, Frame: frame}), nil
+	return dst.inbox.push(control.Event{Kind: control.EventFrame, PeerID: from, Addr: hostOf(from), Frame: frame}), nil
+}
+
+// hostOf stands in for the source address zmqctl reads from the kernel:
+// the host part of the sender's id, so ids sharing a host share an Addr.
+func hostOf(peerID string) string {
+	host, _, err := net.SplitHostPort(peerID)
+	if err != nil {
+		return ""
+	}
+	return host
 }
 
 func (h *Hub) exists(peerID string) bool {

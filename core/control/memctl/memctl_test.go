@@ -51,6 +51,22 @@ func TestFramesArriveInOrderWithSenderID(t *testing.T) {
 	}
 }
 
+func TestFramesCarryTheSendersHostAsAddr(t *testing.T) {
+	hub := NewHub()
+	dst := hub.Transport("10.0.0.9:5710")
+	defer dst.Close()
+	for _, id := range []string{"10.0.0.1:5710", "10.0.0.1:5711", "[fd00::1]:5710"} {
+		src := hub.Transport(id)
+		defer src.Close()
+		require.NoError(t, src.Send(dst.LocalID(), []byte("x")))
+	}
+	for _, want := range []string{"10.0.0.1", "10.0.0.1", "fd00::1"} {
+		ev := next(t, dst)
+		require.Equal(t, control.EventFrame, ev.Kind)
+		assert.Equal(t, want, ev.Addr, "from %s", ev.PeerID)
+	}
+}
+
 func TestSendCopiesTheFrame(t *testing.T) {
 	hub := NewHub()
 	a, b := hub.Transport("a:1"), hub.Transport("b:1")

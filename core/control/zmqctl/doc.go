@@ -59,6 +59,35 @@
 // Options.SendTimeout). Send fails with ErrSendQueueFull once
 // Options.SendHWM frames for the peer are waiting in front of libzmq.
 //
+// # Limits
+//
+// Every socket has ZMQ_MAXMSGSIZE = Options.MaxFrameBytes (plus CURVE's 33
+// bytes per frame in CURVE mode): libzmq reads a frame's length from its
+// header and drops the connection of a peer that announces more, before
+// allocating anything, and the frame is never delivered. Parts of a
+// message past the second are read and discarded. DEALERs have a receive
+// queue of one message: peers never send on them, and one that does is
+// held back by TCP instead of filling our memory. Event.Addr is the IP of
+// the frame's TCP connection (libzmq's "Peer-Address", from the kernel),
+// unlike PeerID, which the sender chooses.
+//
+// # Encryption
+//
+// With Options.Curve (keys from DeriveCurveKeys, one shared secret per
+// cluster) every connection runs ZMQ CURVE: the ROUTER is a CURVE server,
+// every DEALER a client of the cluster's server key. This gives the
+// control frames (identities included) confidentiality and integrity
+// against anyone on the network, and only holders of the secret can
+// complete a handshake: a server must hold the server secret key, a client
+// the server's public key, which is derived from the secret as well and
+// never sent on the wire (no ZAP handler checks client keys). It does
+// not cover the data path (NIXL's one-sided writes travel outside ZMQ),
+// and it does not authenticate which peer id a node is: every node holds
+// the same keys, so the tier's HMAC challenge-response proves that. CURVE
+// peers and plaintext peers (stock vLLM) cannot talk to each other: the
+// handshake fails, frames are not delivered, and the dialing side reports
+// EventPeerDown as for an unreachable peer, within Options.ConnectTimeout.
+//
 // # Latency
 //
 // A wake-up costs one inproc message, coalesced across concurrent Sends.

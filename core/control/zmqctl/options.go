@@ -17,6 +17,8 @@ const (
 	DefaultEventBuffer       = 1024
 	DefaultCloseTimeout      = 5 * time.Second
 	DefaultDisconnectLinger  = 500 * time.Millisecond
+	// DefaultMaxFrameBytes matches config.DefaultMaxFrameBytes.
+	DefaultMaxFrameBytes = 64 << 20
 )
 
 // Options tunes a Transport. Zero fields take the defaults above.
@@ -39,6 +41,13 @@ type Options struct {
 	// reject goes out on a connection that may not be up yet). vLLM's
 	// DEALERs linger 500 ms.
 	DisconnectLinger time.Duration
+	// MaxFrameBytes bounds one inbound frame (ZMQ_MAXMSGSIZE on every
+	// socket): libzmq drops the connection of a peer that announces a larger
+	// frame before allocating it.
+	MaxFrameBytes int
+	// Curve, when set, runs every connection under ZMQ CURVE with these
+	// keys (see DeriveCurveKeys); nil is plaintext, as stock vLLM peers need.
+	Curve *CurveKeys
 	// EventBuffer is the capacity of the Events channel.
 	EventBuffer int
 	// CloseTimeout bounds how long Close waits for the pump to exit.
@@ -72,8 +81,17 @@ func (o Options) withDefaults() (Options, error) {
 			*d.value = d.def
 		}
 	}
-	if o.SendHWM < 0 || o.EventBuffer < 0 {
-		return o, fmt.Errorf("zmqctl: Options.SendHWM (%d) and EventBuffer (%d) must not be negative", o.SendHWM, o.EventBuffer)
+	if o.SendHWM < 0 || o.EventBuffer < 0 || o.MaxFrameBytes < 0 {
+		return o, fmt.Errorf("zmqctl: Options.SendHWM (%d), EventBuffer (%d) and MaxFrameBytes (%d) must not be negative",
+			o.SendHWM, o.EventBuffer, o.MaxFrameBytes)
+	}
+	if o.MaxFrameBytes == 0 {
+		o.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	if o.Curve != nil {
+		if err := o.Curve.validate(); err != nil {
+			return o, err
+		}
 	}
 	if o.SendHWM == 0 {
 		o.SendHWM = DefaultSendHWM

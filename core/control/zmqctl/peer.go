@@ -63,6 +63,11 @@ func openPeer(ctx *zmq.Context, localID, peerID string, ep endpoint, monitorAddr
 	}{
 		{"identity", func() error { return pc.dealer.SetIdentity(localID) }},
 		{"send hwm", func() error { return pc.dealer.SetSndhwm(o.SendHWM) }},
+		{"max message size", func() error { return pc.dealer.SetMaxmsgsize(maxMsgSize(o)) }},
+		// Nothing reads a DEALER: peers never send on it, so a peer that
+		// does gets TCP back-pressure instead of our memory.
+		{"receive hwm", func() error { return pc.dealer.SetRcvhwm(1) }},
+		{"curve", func() error { return secureDealer(pc.dealer, o) }},
 		{"ipv6", func() error { return pc.dealer.SetIpv6(ep.ipv6) }},
 		{"heartbeat", func() error { return heartbeat(pc.dealer, o) }},
 		{"monitor", func() error { return pc.dealer.Monitor(monitorAddr, monitoredEvents) }},

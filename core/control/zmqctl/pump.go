@@ -3,6 +3,7 @@ package zmqctl
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"runtime"
 	"runtime/debug"
 	"syscall"
@@ -85,6 +86,13 @@ func (p *pump) configureRouter(bind endpoint) error {
 	}
 	if err := p.router.SetIpv6(bind.ipv6); err != nil {
 		return fmt.Errorf("set ipv6: %w", err)
+	}
+	// Checked by libzmq's decoder on the frame header, before it allocates.
+	if err := p.router.SetMaxmsgsize(maxMsgSize(p.t.opts)); err != nil {
+		return fmt.Errorf("set max message size: %w", err)
+	}
+	if err := secureRouter(p.router, p.t.opts); err != nil {
+		return err
 	}
 	return heartbeat(p.router, p.t.opts)
 }
@@ -201,20 +209,20 @@ func (p *pump) readRouter() {
 		if len(p.backlog) > 0 {
 			return
 		}
-		parts, err := p.router.RecvMessageBytes(zmq.DONTWAIT)
+		msg, err := recvRouterMessage(p.router)
 		if err != nil {
 			if !isAgain(err) {
 				p.t.log.Warn("router receive failed", "err", err)
 			}
 			return
 		}
-		if len(parts) != 2 {
+		if msg.parts != 2 {
 			p.t.counters.droppedIn.Add(1)
-			p.t.log.Warn("dropping message with wrong frame count", "frames", len(parts), "want", 2)
+			p.t.log.Warn("dropping message with wrong frame count", "frames", msg.parts, "want", 2)
 			continue
 		}
 		p.t.counters.framesIn.Add(1)
-		p.emit(control.Event{Kind: control.EventFrame, PeerID: string(parts[0]), Frame: parts[1]})
+		p.emit(control.Event{Kind: control.EventFrame, PeerID: string(msg.identity), Addr: msg.addr, Frame: msg.payload})
 	}
 }
 
@@ -413,6 +421,58 @@ func (p *pump) closeSockets() {
 			s.Close()
 		}
 	}
+}
+
+// peerAddressProperty is libzmq's ZMQ_MSG_PROPERTY_PEER_ADDRESS: the
+// numeric IP of the TCP connection a message came in on, from getpeername.
+const peerAddressProperty = "Peer-Address"
+
+// routerMessage is what the pump keeps of one ROUTER message: the first
+// two parts, the part count and the source address.
+type routerMessage struct {
+	identity, payload []byte
+	parts             int
+	addr              string
+}
+
+// recvRouterMessage reads one whole message. Parts past the second are
+// read and dropped, so a message of many parts costs no Go memory. The
+// identity part carries no metadata when zmq_poll prefetched the message,
+// so the address is asked of every part until one has it.
+func recvRouterMessage(sock *zmq.Socket) (msg routerMessage, err error) {
+	want := []string{peerAddressProperty}
+	for {
+		part, meta, err := sock.RecvBytesWithMetadata(zmq.DONTWAIT, want...)
+		if err != nil {
+			return msg, err
+		}
+		switch msg.parts++; msg.parts {
+		case 1:
+			msg.identity = part
+		case 2:
+			msg.payload = part
+		default:
+			msg.payload = nil
+		}
+		if msg.addr == "" {
+			if msg.addr = peerAddress(meta); msg.addr != "" {
+				want = nil
+			}
+		}
+		if more, err := sock.GetRcvmore(); err != nil || !more {
+			return msg, err
+		}
+	}
+}
+
+// peerAddress returns the remote IP libzmq reported, IPv4-mapped IPv6
+// written as IPv4 so one host has one spelling; "" if there is none.
+func peerAddress(meta map[string]string) string {
+	addr, err := netip.ParseAddr(meta[peerAddressProperty])
+	if err != nil {
+		return ""
+	}
+	return addr.Unmap().String()
 }
 
 func isAgain(err error) bool {

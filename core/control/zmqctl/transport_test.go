@@ -377,6 +377,7 @@ func TestIPv6Loopback(t *testing.T) {
 	require.NoError(t, b.Send(ev.PeerID, []byte("to v6 side")))
 	ev = nextEvent(t, a, 5*time.Second)
 	assert.Equal(t, []byte("to v6 side"), ev.Frame)
+	assert.Equal(t, "::1", ev.Addr)
 }
 
 func TestPumpPanicMarksTransportDead(t *testing.T) {

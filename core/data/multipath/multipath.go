@@ -1,14 +1,15 @@
-// Package multipath serves several data paths at once (same-host copy,
-// NIXL, TCP) and picks one per peer: the same-host copy to peerkv peers on
-// this host, NIXL to stock vLLM peers and to peerkv peers that have it, TCP
-// to peerkv peers that offer only TCP.
+// Package multipath serves several data paths at once (same-host shm,
+// NIXL, TCP) and picks one per peer: shm to peerkv peers on this host, NIXL
+// to stock vLLM peers and to peerkv peers that have it, TCP to peerkv peers
+// that offer only TCP.
 //
 // The choice is made at AddPeer, in the order the paths were given: the
-// first path the peer's connect offers (a process locator for the same-host
-// copy, agent metadata for NIXL, a data address for TCP) and that accepts
-// the peer wins; a path that fails to register the peer (another host, no
-// permission, NIXL error) falls through to the next. Every advertised field of
-// every path goes into our connect, so the peer can choose too.
+// first path the peer's connect offers (a same-host offer for shm, agent
+// metadata for NIXL, a data address for TCP) and that accepts the peer
+// wins; a path that fails to register the peer (another host, a refused
+// grant, NIXL error) falls through to the next. Every advertised field of
+// every path goes into our connect, so the peer can choose too; Offer and
+// Withdraw reach the path that grants same-host peers (data.Offerer).
 package multipath
 
 import (
@@ -105,21 +106,35 @@ func (t *Transport) DataAddr() string {
 	return ""
 }
 
-// LocalProcess is the same-host path's process locator ("" without one).
-func (t *Transport) LocalProcess() string {
+var _ data.Offerer = (*Transport)(nil)
+
+// Offer is the same-host path's grant for peerID ("" without such a path).
+func (t *Transport) Offer(peerID string) string {
 	for _, p := range t.paths {
-		if lp, ok := p.(interface{ LocalProcess() string }); ok {
-			return lp.LocalProcess()
+		if o, ok := p.(data.Offerer); ok {
+			if offer := o.Offer(peerID); offer != "" {
+				return offer
+			}
 		}
 	}
 	return ""
 }
 
+// Withdraw revokes offer on every path that grants; each ignores offers it
+// did not make.
+func (t *Transport) Withdraw(peerID, offer string) {
+	for _, p := range t.paths {
+		if o, ok := p.(data.Offerer); ok {
+			o.Withdraw(peerID, offer)
+		}
+	}
+}
+
 // Offers reports whether a peer's connect offers the path named name.
 func Offers(name string, info data.PeerInfo) bool {
 	switch name {
-	case "cma":
-		return info.LocalProcess != ""
+	case "shm":
+		return info.SameHost != ""
 	case "nixl":
 		return len(info.AgentMetadata) > 0
 	case "tcp":

@@ -32,10 +32,23 @@ func (f *fakeNixl) AddPeer(id string, info data.PeerInfo) error {
 	return f.Transport.AddPeer(id, info)
 }
 
-// end is one peer: its region, its fake NIXL path and its TCP path.
+// fakeShm stands in for the same-host path: an in-memory path that grants
+// offers (data.Offerer) and takes only peers that made one.
+type fakeShm struct {
+	*memdata.Transport
+	withdrawn []string
+}
+
+func (f *fakeShm) Name() string                  { return "shm" }
+func (f *fakeShm) Offer(peerID string) string    { return "v1 grant-for " + peerID }
+func (f *fakeShm) Withdraw(peerID, offer string) { f.withdrawn = append(f.withdrawn, peerID+" "+offer) }
+
+// end is one peer: its region, its fake same-host and NIXL paths and its
+// TCP path.
 type end struct {
 	id     string
 	region data.Region
+	shm    *fakeShm
 	nixl   *fakeNixl
 	tcp    *tcpdata.Transport
 }
@@ -46,7 +59,8 @@ func newEnd(t *testing.T, hub *memdata.Hub, id string) *end {
 	tcp, err := tcpdata.New(tcpdata.Options{LocalID: id, Region: region, ListenHost: "127.0.0.1"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tcp.Close() })
-	return &end{id: id, region: region, nixl: &fakeNixl{Transport: hub.Transport(id, region, nil)}, tcp: tcp}
+	return &end{id: id, region: region, shm: &fakeShm{Transport: hub.Transport(id, region, nil)},
+		nixl: &fakeNixl{Transport: hub.Transport(id, region, nil)}, tcp: tcp}
 }
 
 // info is what e's connect would advertise with the given paths.
@@ -112,6 +126,36 @@ func TestPrefersTheFirstPathBothSidesHave(t *testing.T) {
 	require.NoError(t, tr.AddPeer(b.id, b.info(true, true)))
 	assert.Equal(t, "nixl", tr.PathTo(b.id))
 	writeRow(t, tr, a, b)
+}
+
+func TestSameHostOfferPicksShmAndGrantsAreForwarded(t *testing.T) {
+	hub := memdata.NewHub()
+	a, b, c := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1"), newEnd(t, hub, "c:1")
+	tr := newMultipath(t, "", a.shm, a.nixl, a.tcp)
+	assert.Equal(t, "shm+nixl+tcp", tr.Name())
+
+	offer := tr.Offer(b.id)
+	assert.Equal(t, "v1 grant-for b:1", offer, "the same-host path's grant goes into our connect")
+	tr.Withdraw(b.id, offer)
+	assert.Equal(t, []string{"b:1 v1 grant-for b:1"}, a.shm.withdrawn)
+
+	withOffer := b.info(true, true)
+	withOffer.SameHost = b.shm.Offer(a.id)
+	require.NoError(t, tr.AddPeer(b.id, withOffer))
+	assert.Equal(t, "shm", tr.PathTo(b.id))
+	writeRow(t, tr, a, b)
+
+	require.NoError(t, tr.AddPeer(c.id, c.info(true, true)), "a peer without an offer (another host)")
+	assert.Equal(t, "nixl", tr.PathTo(c.id))
+	assert.Empty(t, tr.Refused(c.id), "shm was not offered, so not refused")
+}
+
+func TestWithoutAGrantingPathThereIsNoOffer(t *testing.T) {
+	hub := memdata.NewHub()
+	a, b := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1")
+	tr := newMultipath(t, "", a.nixl, a.tcp)
+	assert.Empty(t, tr.Offer(b.id))
+	tr.Withdraw(b.id, "v1 anything") // nothing to forward to: a no-op
 }
 
 func TestPeerOfferingOnlyTCPGetsTCP(t *testing.T) {

@@ -1,16 +1,16 @@
 // Command datapath measures peerkv's data paths (tcpdata, NIXL when it
-// loads, and the same-host copy cmadata) between two processes on loopback against single-thread memcpy, in
+// loads, and the same-host path shmdata) between two processes on loopback against single-thread memcpy, in
 // the same run.
 //
 // The program re-executes itself as the receiver (env childEnv set): the
-// child maps its region, prints its TCP data address and its NIXL agent
-// metadata, and on "verify <crc>" checks what arrived. The parent writes
+// child maps its region (a memfd, as shmdata needs a file-backed region), prints its TCP data address, its
+// same-host offer and its NIXL agent metadata, and on "verify <crc>" checks what arrived. The parent writes
 // every row to the child -iters times per path and prints, e.g.:
 //
 //	datapath: tcp 256x2MiB: 3.1 GB/s; memcpy 1-thread: 9.8 GB/s; ratio 0.32
 //	datapath: nixl 256x2MiB: 4.9 GB/s; memcpy 1-thread: 9.8 GB/s; ratio 0.50
 //	verified
-//	datapath: cma 256x2MiB: 9.1 GB/s; memcpy 1-thread: 9.8 GB/s; ratio 0.93
+//	datapath: shm 256x2MiB: 9.1 GB/s; memcpy 1-thread: 9.8 GB/s; ratio 0.93
 //	verified
 //
 // Figures are medians; GB is 10^9 bytes. NIXL is searched in -python-prefix
@@ -33,11 +33,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/peerkv/peerkv/core/data"
-	"github.com/peerkv/peerkv/core/data/cmadata"
+	"github.com/peerkv/peerkv/core/data/shmdata"
 	"github.com/peerkv/peerkv/core/data/tcpdata"
 	"github.com/peerkv/peerkv/nixl"
 )
@@ -76,14 +77,30 @@ func main() {
 }
 
 // region maps the rows outside the Go heap, as a host's region is (NIXL
-// registers it).
+// registers it): a memfd mapped shared, like vLLM's /dev/shm region, so the
+// same-host path can grant it. The fd stays open for the process's life.
 func (p params) region() (data.Region, error) {
 	rowLen := uint64(p.rowMiB) << 20
-	mem, err := syscall.Mmap(-1, 0, p.rows*int(rowLen), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	size := p.rows * int(rowLen)
+	fd, err := unix.MemfdCreate("peerkv-datapath", unix.MFD_CLOEXEC)
+	if err != nil {
+		return data.Region{}, fmt.Errorf("memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return data.Region{}, fmt.Errorf("ftruncate: %w", err)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return data.Region{}, fmt.Errorf("mmap: %w", err)
 	}
 	return data.Region{Mem: mem, RowLen: rowLen}, nil
+}
+
+func (p params) shm(id string, region data.Region) (*shmdata.Transport, error) {
+	return shmdata.New(shmdata.Options{
+		Region: region, LocalID: id, TransferTimeout: ioTimeout,
+		Logf: func(format string, args ...any) { fmt.Fprintf(os.Stderr, id+": "+format+"\n", args...) },
+	})
 }
 
 func (p params) tcp(id string, region data.Region) (data.Transport, error) {
@@ -111,12 +128,12 @@ func runChild(p params) error {
 		return err
 	}
 	defer tcp.Close()
-	cma, err := cmadata.New(cmadata.Options{Region: region})
+	shm, err := p.shm("child", region)
 	if err != nil {
 		return err
 	}
-	defer cma.Close()
-	fmt.Printf("addr %s base %d proc %s\n", tcp.DataAddr(), region.BaseAddr(), cma.LocalProcess())
+	defer shm.Close()
+	fmt.Printf("addr %s base %d shm %s\n", tcp.DataAddr(), region.BaseAddr(), shm.Offer("parent"))
 	if nx, err := p.nixl(region); err != nil {
 		fmt.Printf("nixl-unavailable %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 	} else {
@@ -223,9 +240,11 @@ func runParent(p params) error {
 	if err != nil {
 		return err
 	}
-	if _, err := fmt.Sscanf(line, "addr %s base %d proc %s", &info.DataAddr, &info.BaseAddr, &info.LocalProcess); err != nil {
-		return fmt.Errorf("child said %q, expected its addresses: %v", line, err)
+	addrs, offer, found := strings.Cut(line, " shm ")
+	if _, err := fmt.Sscanf(addrs, "addr %s base %d", &info.DataAddr, &info.BaseAddr); err != nil || !found {
+		return fmt.Errorf("child said %q, expected its addresses and same-host offer: %v", line, err)
 	}
+	info.SameHost = offer
 	if line, err = ch.readLine(); err != nil {
 		return err
 	}
@@ -246,9 +265,7 @@ func runParent(p params) error {
 	}{
 		{"tcp", func() (data.Transport, error) { return p.tcp("parent", src) }},
 		{"nixl", func() (data.Transport, error) { return p.nixl(src) }},
-		{"cma", func() (data.Transport, error) {
-			return cmadata.New(cmadata.Options{Region: src, TransferTimeout: ioTimeout})
-		}},
+		{"shm", func() (data.Transport, error) { return p.shm("parent", src) }},
 	}
 	for _, path := range paths {
 		if path.name == "nixl" && nixlWhy != "" {
@@ -292,7 +309,7 @@ func compareWithUpstream(p params, ours map[string]float64) {
 	if _, err := fmt.Sscanf(reply.Line[strings.Index(reply.Line, ": ")+2:], "%f GB/s", &upstream); err != nil || upstream <= 0 {
 		return
 	}
-	for _, name := range []string{"cma", "nixl", "tcp"} {
+	for _, name := range []string{"shm", "nixl", "tcp"} {
 		if r, ok := ours[name]; ok {
 			fmt.Printf("datapath: ours ÷ upstream: %s %.2f\n", name, r/upstream)
 		}

@@ -1,0 +1,172 @@
+package shmdata
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/peerkv/peerkv/core/data"
+)
+
+// The consumer of most tests is another process: this test binary
+// re-executed with childEnv = "<local id> <rows> <row len> <skip>".
+const childEnv = "PEERKV_SHMDATA_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(childEnv); spec != "" {
+		os.Exit(runChild(spec))
+	}
+	os.Exit(m.Run())
+}
+
+// memfdRegion maps a fresh memfd MAP_SHARED, as a host's region would be;
+// the region starts skip bytes into the file. It returns the whole mapping
+// too and the fd, which stays open.
+func memfdRegion(rows, rowLen, skip int) (data.Region, []byte, int, error) {
+	fd, err := unix.MemfdCreate("peerkv-shmdata-test", unix.MFD_CLOEXEC)
+	if err != nil {
+		return data.Region{}, nil, -1, err
+	}
+	size := skip + rows*rowLen
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return data.Region{}, nil, -1, err
+	}
+	all, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return data.Region{}, nil, -1, err
+	}
+	return data.Region{Mem: all[skip:], RowLen: uint64(rowLen)}, all, fd, nil
+}
+
+// runChild serves its region and answers one line per command on stdin:
+// "offer PEER", "withdraw PEER OFFER", "sum" (sha256 of the whole file),
+// "truncate" (shrink the file to nothing), "logs" (refusals logged).
+func runChild(spec string) int {
+	var id string
+	var rows, rowLen, skip int
+	if _, err := fmt.Sscanf(spec, "%s %d %d %d", &id, &rows, &rowLen, &skip); err != nil {
+		fmt.Fprintln(os.Stderr, "child spec:", err)
+		return 2
+	}
+	region, all, fd, err := memfdRegion(rows, rowLen, skip)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child region:", err)
+		return 2
+	}
+	var mu sync.Mutex
+	var logs []string
+	tr, err := New(Options{Region: region, LocalID: id, Logf: func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		logs = append(logs, fmt.Sprintf(format, args...))
+	}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child New:", err)
+		return 2
+	}
+	defer tr.Close()
+	fmt.Println("ready")
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		cmd, arg, _ := strings.Cut(in.Text(), " ")
+		switch cmd {
+		case "offer":
+			fmt.Println(tr.Offer(arg))
+		case "withdraw":
+			peerID, offer, _ := strings.Cut(arg, " ")
+			tr.Withdraw(peerID, offer)
+			fmt.Println("ok")
+		case "sum":
+			sum := sha256.Sum256(all)
+			fmt.Println(hex.EncodeToString(sum[:]))
+		case "truncate":
+			if err := unix.Ftruncate(fd, 0); err != nil {
+				fmt.Println("truncate:", err)
+			} else {
+				fmt.Println("ok")
+			}
+		case "logs":
+			mu.Lock()
+			fmt.Println(strings.Join(logs, " | ") + ".")
+			mu.Unlock()
+		default:
+			fmt.Println("unknown command", cmd)
+		}
+	}
+	return 0
+}
+
+// child is a consumer process driven over its stdin and stdout.
+type child struct {
+	t     *testing.T
+	stdin *os.File
+	lines chan string
+}
+
+func startChild(t *testing.T, id string, rows, rowLen, skip int) *child {
+	t.Helper()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command(self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d %d", childEnv, id, rows, rowLen, skip),
+		"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0") // the race runtime otherwise idles 1s at exit
+	cmd.Stderr = os.Stderr
+	stdinR, stdinW, err := os.Pipe()
+	require.NoError(t, err)
+	cmd.Stdin = stdinR
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	_ = stdinR.Close()
+	c := &child{t: t, stdin: stdinW, lines: make(chan string, 16)}
+	go func() {
+		defer close(c.lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			c.lines <- sc.Text()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = stdinW.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	require.Equal(t, "ready", c.line())
+	return c
+}
+
+func (c *child) line() string {
+	c.t.Helper()
+	select {
+	case l, ok := <-c.lines:
+		require.True(c.t, ok, "the child exited")
+		return l
+	case <-time.After(10 * time.Second):
+		c.t.Fatal("the child said nothing for 10s")
+		return ""
+	}
+}
+
+// ask sends one command and returns the child's answer.
+func (c *child) ask(format string, args ...any) string {
+	c.t.Helper()
+	_, err := fmt.Fprintf(c.stdin, format+"\n", args...)
+	require.NoError(c.t, err)
+	return c.line()
+}

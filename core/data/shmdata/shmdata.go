@@ -1,0 +1,203 @@
+// Package shmdata is the same-host data path: the producer maps the
+// consumer's region file once and copies rows into it with memcpy, split
+// across a few goroutines. One copy, no sockets on the data path, no NIXL.
+//
+// Access is granted by the kernel, never by the wire. The consumer (whose
+// region receives rows) keeps an fd for the file behind its region (vLLM's
+// is on /dev/shm; anonymous memory cannot be served) and listens on a Unix
+// socket in the abstract namespace under an unguessable name. Offer mints a
+// random token bound to one peer id; the offer string (socket + token) goes
+// to that peer in our connect. The peer's producer dials the socket, both
+// ends read SO_PEERCRED and refuse another user or their own process, the
+// producer presents the token with its own id, and only if that is the
+// token issued to exactly that id does the consumer reply with its own id,
+// row length and row count and pass the fd over SCM_RIGHTS. The producer
+// checks the replier is the peer it meant, maps exactly the granted rows
+// and writes nowhere else: the mapping's length bounds every write, and a
+// consumer that truncates its file fails the transfer (SIGBUS is
+// recovered) instead of killing the producer.
+//
+// Addresses and row counts a peer advertises in connect are ignored here.
+package shmdata
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/peerkv/peerkv/core/data"
+)
+
+// Name is the path's name in logs and in capabilities.
+const Name = "shm"
+
+// Options configures the transport.
+type Options struct {
+	// Region is the host's region; it must be a MAP_SHARED mapping of a
+	// file (a memfd or a file on /dev/shm) to be granted to peers.
+	Region data.Region
+	// LocalID is this peer's id ("host:port"); it binds tokens and
+	// replies, so a grant reaches only the peer it was issued to.
+	LocalID string
+	// Workers copy one transfer's rows in parallel; 0 = min(4, GOMAXPROCS).
+	Workers int
+	// TransferTimeout bounds a transfer; a copy still running then fails.
+	TransferTimeout time.Duration
+	// HandshakeTimeout bounds the grant exchange: dialling and every read
+	// and write on the local socket (0 = 3s).
+	HandshakeTimeout time.Duration
+	// GrantTTL is how long an offer stays valid (0 = 5 minutes).
+	GrantTTL time.Duration
+	// Logf receives refusals and other diagnostics (nil = silent).
+	Logf func(format string, args ...any)
+}
+
+// Transport is the same-host data path of one peer: it grants its region to
+// peers (consumer side) and writes into peers' regions (producer side).
+type Transport struct {
+	opts   Options
+	file   regionFile
+	ln     *net.UnixListener
+	grants *grants
+
+	mu      sync.Mutex
+	peers   map[string]*peer
+	conns   map[*net.UnixConn]struct{}
+	nextID  uint64
+	closed  bool
+	running sync.WaitGroup // transfers
+	serving sync.WaitGroup // the acceptor and its exchanges
+
+	outbox    *data.Outbox
+	closeOnce sync.Once
+
+	// batchHook, when set (tests), runs before each batch a copy starts.
+	batchHook func()
+}
+
+var (
+	_ data.Transport = (*Transport)(nil)
+	_ data.Offerer   = (*Transport)(nil)
+)
+
+// New finds the file behind opts.Region and starts the grant listener. It
+// fails, saying why, when the region cannot be granted (anonymous or
+// private memory, no fd for its file).
+func New(opts Options) (*Transport, error) {
+	switch {
+	case opts.Region.RowLen == 0 || opts.Region.NumRows() == 0:
+		return nil, errors.New("shmdata: empty region")
+	case opts.LocalID == "" || len(opts.LocalID) > maxIDLen:
+		return nil, fmt.Errorf("shmdata: local id of %d bytes (1..%d allowed)", len(opts.LocalID), maxIDLen)
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = min(4, runtime.GOMAXPROCS(0))
+	}
+	if opts.TransferTimeout <= 0 {
+		opts.TransferTimeout = 30 * time.Second
+	}
+	if opts.HandshakeTimeout <= 0 {
+		opts.HandshakeTimeout = 3 * time.Second
+	}
+	if opts.GrantTTL <= 0 {
+		opts.GrantTTL = defaultGrantTTL
+	}
+	file, err := findRegionFile(opts.Region.Mem)
+	if err != nil {
+		return nil, fmt.Errorf("shmdata: %w", err)
+	}
+	name, err := randomHex(socketRandLen)
+	if err != nil {
+		_ = unix.Close(file.fd)
+		return nil, fmt.Errorf("shmdata: socket name: %w", err)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socketPrefix + name, Net: "unix"})
+	if err != nil {
+		_ = unix.Close(file.fd)
+		return nil, fmt.Errorf("shmdata: listen: %w", err)
+	}
+	t := &Transport{
+		opts:   opts,
+		file:   file,
+		ln:     ln,
+		grants: newGrants(opts.GrantTTL),
+		peers:  map[string]*peer{},
+		conns:  map[*net.UnixConn]struct{}{},
+		outbox: data.NewOutbox(1024),
+	}
+	t.serving.Add(1)
+	go t.serve()
+	return t, nil
+}
+
+// Name implements data.Transport.
+func (t *Transport) Name() string { return Name }
+
+// AgentMetadata implements data.Transport: none.
+func (t *Transport) AgentMetadata() []byte { return nil }
+
+// DataAddr implements data.Transport: none.
+func (t *Transport) DataAddr() string { return "" }
+
+// Offer implements data.Offerer: a fresh grant of our region to peerID.
+func (t *Transport) Offer(peerID string) string {
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed || peerID == "" || len(peerID) > maxIDLen {
+		return ""
+	}
+	tok, err := t.grants.issue(peerID)
+	if err != nil {
+		t.logf("shmdata: no offer for %s: %v", peerID, err)
+		return ""
+	}
+	return offer{socket: t.ln.Addr().String(), token: tok}.String()
+}
+
+// Withdraw implements data.Offerer.
+func (t *Transport) Withdraw(peerID, offerString string) {
+	o, err := parseOffer(offerString)
+	if err != nil || o.socket != t.ln.Addr().String() {
+		return
+	}
+	t.grants.revoke(peerID, o.token)
+}
+
+// Completions implements data.Transport.
+func (t *Transport) Completions() <-chan data.Completion { return t.outbox.C() }
+
+// Close stops granting, fails running transfers at their next batch, waits
+// for them, unmaps every peer's region and closes Completions.
+func (t *Transport) Close() error {
+	t.closeOnce.Do(func() {
+		t.mu.Lock()
+		t.closed = true
+		for c := range t.conns {
+			_ = c.Close()
+		}
+		for id, p := range t.peers {
+			t.dropLocked(p)
+			delete(t.peers, id)
+		}
+		t.mu.Unlock()
+		_ = t.ln.Close()
+		t.serving.Wait()
+		t.outbox.StartClosing()
+		t.running.Wait()
+		_ = unix.Close(t.file.fd)
+		t.outbox.Finish()
+	})
+	return nil
+}
+
+func (t *Transport) logf(format string, args ...any) {
+	if t.opts.Logf != nil {
+		t.opts.Logf(format, args...)
+	}
+}
