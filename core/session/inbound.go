@@ -80,6 +80,14 @@ func (p *producer) onLookup(m *protocol.Lookup) error {
 // whether the lookup is finished (its context may be released now).
 func (s *Session) AnswerLookup(l *InboundLookup, answers []Answer, pinJob int64, pinRows []uint64) (bool, error) {
 	l.CheckedOut = false
+	if l.Done || s.dead {
+		// The consumer ended the request, the peer left, or the host took too
+		// long: release the pins at once.
+		if pinJob >= 0 && len(pinRows) > 0 {
+			s.env.Sink.StoreDone(pinJob, false, 0)
+		}
+		return true, nil
+	}
 	if len(answers) != len(l.pending) {
 		return false, fmt.Errorf("got %d answers for %d keys", len(answers), len(l.pending))
 	}
@@ -98,14 +106,6 @@ func (s *Session) AnswerLookup(l *InboundLookup, answers []Answer, pinJob int64,
 	}
 	if len(hits) > 0 && pinJob < 0 {
 		return false, fmt.Errorf("%d hits but no pin job", len(hits))
-	}
-	if l.Done || s.dead {
-		// The consumer ended the request (or the peer left) while the host was
-		// evaluating: release the pins at once.
-		if len(hits) > 0 {
-			s.env.Sink.StoreDone(pinJob, false, 0)
-		}
-		return true, nil
 	}
 	for i, a := range answers {
 		if a != AnswerLater {

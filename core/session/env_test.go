@@ -1,0 +1,149 @@
+package session
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/peerkv/peerkv/core/config"
+	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/core/data/memdata"
+	"github.com/peerkv/peerkv/core/protocol"
+)
+
+const (
+	testRowLen = 64
+	testRows   = 16
+	testKeyLen = 36
+)
+
+// fakeOwner plays core/tier for one session: it records what the session
+// sends and reports, registers peers with a memdata transport at once, and
+// owns a clock the test moves.
+type fakeOwner struct {
+	t        *testing.T
+	env      *Env
+	now      time.Time
+	sent     []protocol.Message
+	register []data.PeerInfo
+	loads    map[int64]bool
+	stores   map[int64]bool
+	failed   []string
+	fetches  []string
+	inbound  []*InboundLookup
+	finished []*InboundLookup
+	logs     []string
+	nextID   int64
+	session  *Session
+}
+
+func newOwner(t *testing.T, localID string, mutate ...func(*config.Config)) *fakeOwner {
+	cfg := config.Config{
+		Host: "127.0.0.1", Port: 1, HashSeed: "42", KeyLen: testKeyLen,
+		MaxPeers: 8, MaxRequestsPerPeer: 64, MaxKeysPerPeer: 1024,
+	}.WithDefaults()
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	o := &fakeOwner{t: t, now: time.Unix(1_790_000_000, 0), loads: map[int64]bool{}, stores: map[int64]bool{}}
+	region := data.Region{Mem: make([]byte, testRows*testRowLen), RowLen: testRowLen}
+	dt := memdata.NewHub().Transport(localID, region, nil)
+	t.Cleanup(func() { _ = dt.Close() })
+	o.env = &Env{
+		LocalID: localID, Cfg: cfg, Region: region, Data: dt,
+		Now:          func() time.Time { return o.now },
+		Send:         func(_ string, m protocol.Message) error { o.sent = append(o.sent, roundTrip(t, m)); return nil },
+		Sink:         o,
+		Logf:         func(level, format string, args ...any) { o.logs = append(o.logs, level+" "+fmt.Sprintf(format, args...)) },
+		NextLookupID: func() int64 { o.nextID++; return o.nextID },
+		Register: func(s *Session, info data.PeerInfo) {
+			o.register = append(o.register, info)
+			s.RegistrationDone(nil)
+		},
+	}
+	return o
+}
+
+// roundTrip encodes and decodes m as the wire would.
+func roundTrip(t *testing.T, m protocol.Message) protocol.Message {
+	b, err := protocol.Encode(m)
+	require.NoError(t, err)
+	out, err := protocol.Decode(b, protocol.Limits{KeyLen: testKeyLen})
+	require.NoError(t, err)
+	return out
+}
+
+// take returns and forgets what the session sent.
+func (o *fakeOwner) take() []protocol.Message {
+	out := o.sent
+	o.sent = nil
+	return out
+}
+
+func (o *fakeOwner) LoadDone(jobID int64, ok bool, _ string, _ []uint64) {
+	_, dup := o.loads[jobID]
+	require.False(o.t, dup, "load %d reported twice", jobID)
+	o.loads[jobID] = ok
+}
+
+func (o *fakeOwner) StoreDone(jobID int64, ok bool, _ int64) {
+	_, dup := o.stores[jobID]
+	require.False(o.t, dup, "store %d reported twice", jobID)
+	o.stores[jobID] = ok
+}
+
+func (o *fakeOwner) ConsumerFailed(_ *Session, kv string)  { o.failed = append(o.failed, kv) }
+func (o *fakeOwner) FetchArrived(_ *Session, kv string)    { o.fetches = append(o.fetches, kv) }
+func (o *fakeOwner) InboundReady(l *InboundLookup)         { o.inbound = append(o.inbound, l) }
+func (o *fakeOwner) InboundFinished(l *InboundLookup)      { o.finished = append(o.finished, l) }
+func (o *fakeOwner) tick(d time.Duration)                  { o.now = o.now.Add(d); o.session.Tick(o.now) }
+func (o *fakeOwner) open(peerID string, dialed bool) *Session {
+	o.session = New(o.env, peerID, "127.0.0.1", dialed)
+	return o.session
+}
+
+// pair is two sessions, A dialing B, whose messages the test delivers.
+type pair struct {
+	a, b   *fakeOwner
+	sa, sb *Session
+}
+
+func newPair(t *testing.T, mutate ...func(*config.Config)) *pair {
+	p := &pair{a: newOwner(t, "127.0.0.1:1001", mutate...), b: newOwner(t, "127.0.0.1:1002", mutate...)}
+	p.sa = p.a.open("127.0.0.1:1002", true)
+	p.sb = p.b.open("127.0.0.1:1001", false)
+	return p
+}
+
+// pump delivers messages both ways until neither side sends more.
+func (p *pair) pump() {
+	for range 32 {
+		fromA, fromB := p.a.take(), p.b.take()
+		if len(fromA) == 0 && len(fromB) == 0 {
+			return
+		}
+		for _, m := range fromA {
+			p.sb.Handle(m)
+		}
+		for _, m := range fromB {
+			p.sa.Handle(m)
+		}
+	}
+	p.a.t.Fatal("the sessions kept talking")
+}
+
+func types(ms []protocol.Message) []protocol.Type {
+	out := make([]protocol.Type, len(ms))
+	for i, m := range ms {
+		out[i] = m.MsgType()
+	}
+	return out
+}
+
+func key(i int) []byte {
+	k := make([]byte, testKeyLen)
+	k[0], k[1] = byte(i), byte(i>>8)
+	return k
+}

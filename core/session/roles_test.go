@@ -1,0 +1,147 @@
+package session
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/peerkv/peerkv/core/config"
+	"github.com/peerkv/peerkv/core/protocol"
+)
+
+// handshaked returns a pair past the handshake with nothing left to send.
+func handshaked(t *testing.T, mutate ...func(*config.Config)) *pair {
+	p := newPair(t, mutate...)
+	p.pump()
+	require.True(t, p.sa.Ready())
+	require.True(t, p.sb.Ready())
+	return p
+}
+
+func lookupResps(ms []protocol.Message) []*protocol.LookupResp {
+	var out []*protocol.LookupResp
+	for _, m := range ms {
+		if r, ok := m.(*protocol.LookupResp); ok {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func transferDones(ms []protocol.Message) []*protocol.TransferDone {
+	var out []*protocol.TransferDone
+	for _, m := range ms {
+		if r, ok := m.(*protocol.TransferDone); ok {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// A producer answering with empty lookup_resps must not hold the keys at
+// RETRY: the deadline runs from when the lookup was sent.
+func TestEmptyAnswersDoNotExtendTheLookupDeadline(t *testing.T) {
+	p := handshaked(t, func(c *config.Config) { c.LookupTimeout = 2 * time.Second })
+	_, known := p.sa.RegisterLookup("kv", key(1))
+	require.False(t, known)
+	p.sa.FlushLookups()
+	require.Len(t, p.a.take(), 1)
+	for range 5 {
+		p.a.tick(500 * time.Millisecond)
+		p.sa.Handle(&protocol.LookupResp{KVRequestID: "kv", Keys: [][]byte{}, Hits: []bool{}})
+	}
+	hit, known := p.sa.RegisterLookup("kv", key(1))
+	assert.True(t, known, "answered as a miss at the deadline")
+	assert.False(t, hit)
+}
+
+func TestFetchesNobodySuppliesExpire(t *testing.T) {
+	p := handshaked(t, func(c *config.Config) { c.UnboundStoreTimeout = 3 * time.Second })
+	for i := range 10 {
+		p.sb.Handle(&protocol.Fetch{KVRequestID: "nobody-" + string(rune('a'+i)), Keys: [][]byte{key(i)}, BlockIndexes: []uint64{0}})
+	}
+	kv, wanted := p.sb.Holds()
+	assert.Equal(t, 10, kv)
+	assert.Equal(t, 10, wanted)
+	p.b.tick(2 * time.Second)
+	assert.Empty(t, transferDones(p.b.take()), "the prefill may still come")
+	p.b.tick(2 * time.Second)
+	done := transferDones(p.b.take())
+	require.Len(t, done, 10)
+	for _, d := range done {
+		assert.False(t, d.Success)
+	}
+	kv, wanted = p.sb.Holds()
+	assert.Zero(t, kv)
+	assert.Zero(t, wanted)
+	assert.False(t, p.sb.HasPendingWork())
+}
+
+func TestAPeerCannotMakeUsHoldMoreThanItsShare(t *testing.T) {
+	p := handshaked(t, func(c *config.Config) { c.MaxRequestsPerPeer = 4; c.MaxKeysPerPeer = 6 })
+	for i := range 4 {
+		p.sb.Handle(&protocol.Lookup{KVRequestID: "lu-" + string(rune('a'+i)), Keys: [][]byte{key(i)}})
+	}
+	assert.Len(t, p.b.inbound, 4)
+	p.sb.Handle(&protocol.Lookup{KVRequestID: "one-too-many", Keys: [][]byte{key(9)}})
+	assert.Len(t, p.b.inbound, 4, "not queued for the host")
+	resp := lookupResps(p.b.take())
+	require.Len(t, resp, 1)
+	assert.Equal(t, []bool{false}, resp[0].Hits, "answered at once, as a miss")
+
+	// Keys: an existing kv id asking for more keys than the cap allows.
+	p.sb.Handle(&protocol.Fetch{KVRequestID: "lu-a", Keys: [][]byte{key(20), key(21), key(22)}, BlockIndexes: []uint64{0, 1, 2}})
+	done := transferDones(p.b.take())
+	require.Len(t, done, 1)
+	assert.False(t, done[0].Success)
+	assert.Empty(t, p.b.fetches)
+
+	// Abort tombstones for unknown rounds are capped too, and answered.
+	for i := range 100 {
+		p.sb.Handle(&protocol.AbortFetch{KVRequestID: fmt.Sprint("gone-", i), RoundSeq: 1})
+	}
+	kv, _ := p.sb.Holds()
+	assert.Equal(t, 4, kv)
+	acks := 0
+	for _, m := range p.b.take() {
+		if _, ok := m.(*protocol.AbortAck); ok {
+			acks++
+		}
+	}
+	assert.Equal(t, 100, acks)
+}
+
+func TestAbortTombstonesExpire(t *testing.T) {
+	p := handshaked(t, func(c *config.Config) { c.ReapedIDRetention = 2 * time.Second })
+	p.sb.Handle(&protocol.AbortFetch{KVRequestID: "x", RoundSeq: 3})
+	kv, _ := p.sb.Holds()
+	require.Equal(t, 1, kv)
+	p.b.tick(3 * time.Second)
+	kv, _ = p.sb.Holds()
+	assert.Zero(t, kv)
+}
+
+// An inbound lookup the host checked out and never answered is answered as
+// misses one deadline later; the host's late answer releases its pins.
+func TestCheckedOutLookupsHaveADeadline(t *testing.T) {
+	p := handshaked(t, func(c *config.Config) { c.InboundLookupTimeout = time.Second })
+	p.sb.Handle(&protocol.Lookup{KVRequestID: "kv", Keys: [][]byte{key(1)}})
+	require.Len(t, p.b.inbound, 1)
+	l := p.b.inbound[0]
+	l.Evaluated, l.CheckedOut = true, true
+	p.b.tick(1500 * time.Millisecond)
+	assert.Empty(t, lookupResps(p.b.take()), "still within the host's grace")
+	p.b.tick(time.Second)
+	resp := lookupResps(p.b.take())
+	require.Len(t, resp, 1)
+	assert.Equal(t, []bool{false}, resp[0].Hits)
+	require.Len(t, p.b.finished, 1)
+
+	finished, err := p.sb.AnswerLookup(l, []Answer{AnswerHit}, 7, []uint64{3})
+	require.NoError(t, err)
+	assert.True(t, finished)
+	assert.Equal(t, map[int64]bool{7: false}, p.b.stores, "the late pin is released at once")
+}
