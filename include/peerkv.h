@@ -227,7 +227,7 @@ int32_t peerkv_drain(peerkv_handle h, char *err, size_t errlen);
 
 /* Writes a JSON object of counters and gauges into buf (same size protocol as
  * peerkv_info): local_id, data_paths (the data paths served, e.g.
- * "cma+nixl+tcp"), sessions, lookups, hits, misses, bytes, transfers,
+ * "shm+nixl+tcp"), sessions, lookups, hits, misses, bytes, transfers,
  * failures by cause, parked stores, pinned rows. */
 int32_t peerkv_stats(peerkv_handle h, char *buf, size_t len, size_t *needed,
                      char *err, size_t errlen);

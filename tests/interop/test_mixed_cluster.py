@@ -53,8 +53,8 @@ class Cluster:
         node.call("take_logs")
         info = node.call("add", name, config, timeout=60)
         assert info["tier_type"] == kind, info
-        if kind == PEERKV:  # NIXL really loaded: the default serves it beside cma and tcp
-            paths = {"nixl": "nixl", "tcp": "tcp"}.get(data_transport, "cma+nixl+tcp")
+        if kind == PEERKV:  # NIXL really loaded: the default serves it beside shm and tcp
+            paths = {"nixl": "nixl", "tcp": "tcp"}.get(data_transport, "shm+nixl+tcp")
             lines = node.call("take_logs")
             assert any(f"127.0.0.1:{port}:" in line and f"data paths {paths}" in line for line in lines), lines
         self.nodes[name], self.ports[name] = node, port

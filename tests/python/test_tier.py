@@ -151,8 +151,8 @@ def test_forbidden_combination_is_rejected_and_logged_once(cluster):
 
 
 def test_default_data_path_is_the_same_host_copy(cluster):
-    """data_transport "auto" (the default) serves cma, NIXL and TCP; two such
-    peers on one host copy straight into each other's region (cma)."""
+    """data_transport "auto" (the default) serves shm, NIXL and TCP; two such
+    peers on one host copy straight into each other's region (shm)."""
     a, b = cluster.a, cluster.b
     cluster.add(a, "a_auto")  # a fresh peer: the session (and its path choice) starts here
     keys, rows = random_keys(2), random_rows(2)
@@ -162,10 +162,10 @@ def test_default_data_path_is_the_same_host_copy(cluster):
     b.call("finish", "b", "c-auto")
     a.call("finish", "a_auto", "src-auto")
     assert got["results"] == ["HIT", "HIT"] and got["rows"] == rows
-    assert b.call("stats", "b")["data_paths"] == "cma+nixl+tcp"
+    assert b.call("stats", "b")["data_paths"] == "shm+nixl+tcp"
     lines = _logs(a, b)
     for peer in ("a_auto", "b"):  # each side logs the path it writes over
-        assert any(f"peer {HOST}:{cluster.ports[peer]}: data path cma" in line for line in lines), (peer, lines)
+        assert any(f"peer {HOST}:{cluster.ports[peer]}: data path shm" in line for line in lines), (peer, lines)
 
 
 def test_tcp_only_peer_and_default_peer_meet_on_tcp(cluster):
