@@ -47,7 +47,7 @@ GO_LDFLAGS = -s -w -X main.version=$(VERSION) '-extldflags=-Wl,--version-script=
 HARNESS_CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -O1 -g -I$(BUILD)/include
 HARNESS_LDFLAGS := -L$(BUILD) -lpeerkv -Wl,-rpath,'$$ORIGIN' -Wl,--allow-shlib-undefined
 
-.PHONY: all lib test test-go test-harness test-python test-interop vet bench demo setup setup-python clean help
+.PHONY: all lib test test-go fuzz fuzz-short fuzz-run test-harness test-python test-interop vet bench demo setup setup-python clean help
 
 # Scenarios bind ports and time themselves: run targets one at a time.
 .NOTPARALLEL:
@@ -106,6 +106,36 @@ vet: ## go vet ./...
 test-go: ## go test -race ./... (msgspec oracle and NIXL from the venv are required, never skipped)
 	PEERKV_PYTHON=$(abspath $(PYTHON)) PEERKV_REQUIRE_ORACLE=1 PEERKV_REQUIRE_NIXL=1 $(GO) test -race -count=1 ./...
 
+# Fuzzing: every Fuzz* function in a _test.go file, found with grep so new
+# targets join by themselves. go test -fuzz takes one target of one package
+# per run: they run one at a time, each printing its executions and crashes
+# (new failing inputs, which go writes under the package's testdata/fuzz, and
+# failing checked-in ones).
+FUZZTIME ?= 60s
+FUZZ_FILES := grep -rl --include='*_test.go' --exclude-dir=.git --exclude-dir=.venv --exclude-dir=$(BUILD) '^func Fuzz' .
+
+fuzz: ## run every Fuzz* target for FUZZTIME each (default 60s), one at a time
+	@$(MAKE) --no-print-directory fuzz-run FUZZ_FOR=$(FUZZTIME)
+
+fuzz-short: ## every Fuzz* target for 5 s (part of make test)
+	@$(MAKE) --no-print-directory fuzz-run FUZZ_FOR=5s
+
+fuzz-run:
+	@files=$$($(FUZZ_FILES) | sort || true); \
+	if [ -z "$$files" ]; then echo "fuzz: no Fuzz* functions found"; exit 1; fi; \
+	log=$$(mktemp); trap 'rm -f "$$log"' EXIT; failed=0; \
+	for file in $$files; do \
+		pkg=./$$(dirname "$${file#./}"); \
+		for name in $$(sed -nE 's/^func (Fuzz[A-Za-z0-9_]*)\(.*/\1/p' "$$file"); do \
+			rc=0; $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZ_FOR) "$$pkg" >"$$log" 2>&1 || rc=$$?; \
+			execs=$$(grep -oE 'execs: [0-9]+' "$$log" | tail -n 1 | grep -oE '[0-9]+' || echo 0); \
+			crashes=$$(grep -cE "Failing input written to|failure while testing seed corpus entry" "$$log" || true); \
+			echo "fuzz $$name ($$pkg, $(FUZZ_FOR)): $$execs executions, $$crashes crashes, exit $$rc"; \
+			if [ $$rc -ne 0 ]; then failed=1; sed 's/^/    /' "$$log"; fi; \
+		done; \
+	done; \
+	exit $$failed
+
 # ASan: LeakSanitizer reports only the harness's own leaks; the Go runtime and
 # libzmq keep process-lifetime allocations by design (see tests/harness/lsan.supp).
 ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:handle_segv=0:allow_user_segv_handler=1 \
@@ -127,7 +157,7 @@ test-interop: $(LIB) ## the mixed-cluster matrix (tests/interop): peerkv <-> vLL
 	rc=0; PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) -m pytest -q tests/interop || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
-test: setup-python all vet test-go test-harness test-python test-interop ## everything: build + visibility gate, vet, go test -race, C harness (plain + ASan), pytest, interop matrix
+test: setup-python all vet test-go fuzz-short test-harness test-python test-interop ## everything: build + visibility gate, vet, go test -race, fuzz (5 s per target), C harness (plain + ASan), pytest, interop matrix
 	@echo "make test: all passed"
 
 bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, pull latency vs upstream, lookup round trips, host-call cost; then Go micro-benchmarks

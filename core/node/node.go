@@ -14,8 +14,8 @@ import (
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/control/zmqctl"
 	"github.com/peerkv/peerkv/core/data"
-	"github.com/peerkv/peerkv/core/data/cmadata"
 	"github.com/peerkv/peerkv/core/data/multipath"
+	"github.com/peerkv/peerkv/core/data/shmdata"
 	"github.com/peerkv/peerkv/core/data/tcpdata"
 	"github.com/peerkv/peerkv/core/tier"
 	"github.com/peerkv/peerkv/nixl"
@@ -35,8 +35,18 @@ func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
 		return nil, fmt.Errorf("%w: %v", tier.ErrInvalidArgument, err)
 	}
 	logs := &transportLog{}
+	var curve *zmqctl.CurveKeys
+	if cfg.Encrypt {
+		keys, err := zmqctl.DeriveCurveKeys(cfg.AuthSecret)
+		if err != nil {
+			return nil, fmt.Errorf("%w: control path encryption: %v", ErrTransport, err)
+		}
+		curve = &keys
+	}
 	ctl, err := zmqctl.New(cfg.LocalID(), cfg.Host, cfg.Port, zmqctl.Options{
 		ConnectTimeout: cfg.HandshakeTimeout,
+		MaxFrameBytes:  cfg.MaxFrameBytes,
+		Curve:          curve,
 		Logger:         logs.logger(),
 	})
 	if err != nil {
@@ -70,10 +80,16 @@ func newData(cfg config.Config, region data.Region, guard data.WriteGuard, logf 
 	case config.DataAuto:
 		// Same-host peers first: a direct copy beats any transport.
 		if !cfg.NoSameHostCopy {
-			if cma, err := cmadata.New(cmadata.Options{Region: region, TransferTimeout: cfg.LoadTimeout}); err != nil {
+			shm, err := shmdata.New(shmdata.Options{
+				Region:          region,
+				LocalID:         cfg.LocalID(),
+				TransferTimeout: cfg.LoadTimeout,
+				Logf:            func(format string, args ...any) { logf("WARNING", format, args...) },
+			})
+			if err != nil {
 				logf("WARNING", "%s: no same-host copy path: %v", cfg.LocalID(), err)
 			} else {
-				paths = append(paths, cma)
+				paths = append(paths, shm)
 			}
 		}
 		if cfg.AuthSecret != "" {
@@ -124,6 +140,7 @@ func newTCP(cfg config.Config, region data.Region, guard data.WriteGuard, logf t
 		ListenHost: cfg.DataHost,
 		ListenPort: cfg.DataPort,
 		AuthSecret: cfg.AuthSecret,
+		Encrypt:    cfg.Encrypt,
 		// A stalled socket must fail well before the load deadline.
 		IOTimeout: min(tcpdata.DefaultIOTimeout, cfg.LoadTimeout),
 		Logf:      func(format string, args ...any) { logf("WARNING", format, args...) },

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"golang.org/x/sys/unix"
 	"net"
 	"strconv"
 	"strings"
@@ -34,6 +35,19 @@ func testConfig(t *testing.T, extra string) config.Config {
 }
 
 func testRegion() data.Region { return data.Region{Mem: make([]byte, 4*4096), RowLen: 4096} }
+
+// sharedRegion is file-backed, as vLLM's is, so the same-host path can
+// hand it to a local peer.
+func sharedRegion(t *testing.T) data.Region {
+	fd, err := unix.MemfdCreate("peerkv-node-test", unix.MFD_CLOEXEC)
+	require.NoError(t, err)
+	const size = 4 * 4096
+	require.NoError(t, unix.Ftruncate(fd, size))
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(mem); _ = unix.Close(fd) })
+	return data.Region{Mem: mem, RowLen: 4096}
+}
 
 func TestOpenBindsTheControlPortAndShutsDown(t *testing.T) {
 	cfg := testConfig(t, "")
@@ -100,10 +114,10 @@ func TestNixlStatusIsOKOrSaysWhy(t *testing.T) {
 func TestAutoWithoutNixlServesTCPAndSaysWhy(t *testing.T) {
 	cfg := testConfig(t, `,"nixl_library":"/nonexistent/libnixl_capi.so"`)
 	require.Equal(t, config.DataAuto, cfg.DataTransport, "auto is the default")
-	tr, err := Open(cfg, testRegion())
+	tr, err := Open(cfg, sharedRegion(t))
 	require.NoError(t, err, "auto must not fail when NIXL is missing")
 	defer tr.Shutdown()
-	assert.Equal(t, "cma+tcp", tr.Stats().DataPaths)
+	assert.Equal(t, "shm+tcp", tr.Stats().DataPaths)
 	logs := string(tr.TakeLogs(1 << 16))
 	assert.Contains(t, logs, "stock vLLM peers cannot be served")
 	assert.Contains(t, logs, "NIXL unavailable")
@@ -112,10 +126,10 @@ func TestAutoWithoutNixlServesTCPAndSaysWhy(t *testing.T) {
 
 func TestAutoWithAuthSecretLeavesNixlOff(t *testing.T) {
 	cfg := testConfig(t, `,"auth_secret":"s3cret"`)
-	tr, err := Open(cfg, testRegion())
+	tr, err := Open(cfg, sharedRegion(t))
 	require.NoError(t, err)
 	defer tr.Shutdown()
-	assert.Equal(t, "cma+tcp", tr.Stats().DataPaths, "the same-host copy reaches only same-user processes, so it stays")
+	assert.Equal(t, "shm+tcp", tr.Stats().DataPaths, "the same-host grant is kernel-checked and bound to one peer, so it stays")
 	assert.Contains(t, string(tr.TakeLogs(1<<16)), "NIXL is off because auth_secret is set")
 }
 

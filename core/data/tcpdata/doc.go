@@ -17,7 +17,7 @@
 // Write returns at once; each transfer's outcome arrives exactly once on
 // Completions, which is closed when Close returns.
 //
-// # Wire format (little-endian, version 1)
+// # Wire format (little-endian, version 1: plaintext)
 //
 // Connection setup, receiver first:
 //
@@ -49,12 +49,46 @@
 // the part is in memory. A malformed header (bad magic, row_len, counts) is
 // answered with statusBadRequest when possible and the connection closed.
 //
+// # Encrypted mode (version 2)
+//
+// With Options.Encrypt (which requires AuthSecret) every connection runs
+// under TLS 1.3, and version 1 is refused both ways. The receiver first
+// sends, in the clear, a server hello of version 2 with auth_required 1 and
+// a zero nonce: it only announces TLS (40 bytes, so a version-1 producer
+// reads it whole and refuses the version). Then the producer, as the TLS
+// client, runs the TLS 1.3 handshake. The receiver's certificate is
+// self-signed, made at New and never verified: the hello below, bound to
+// the TLS channel, authenticates both ends. Inside TLS the hello runs as
+// in version 1, with version 2 and these changes:
+//
+//	server hello   as in version 1, with a fresh nonce
+//	client hello   magic "PKVD" u32 | version u8 | pad u8 | id_len u16 | row_len u64 | mac [32] | client_nonce [32] | id [id_len]
+//	hello status   status u8 | pad u8 | msg_len u16 | server_mac [32] | msg [msg_len]
+//
+// With exporter = the TLS exporter "EXPORTER-peerkv-tcpdata-v2" (no
+// context, 32 bytes) of the connection:
+//
+//	mac        = HMAC-SHA256(secret, "peerkv/tcpdata/v2/client" | nonce | client_nonce | row_len u64 | exporter | id)
+//	server_mac = HMAC-SHA256(secret, "peerkv/tcpdata/v2/server" | client_nonce | nonce | exporter | id)
+//
+// server_mac is sent only with status ok (zeros otherwise), after mac
+// checked out, and the producer sends no part until it checks server_mac.
+// A man in the middle that terminates TLS toward each side holds two
+// exporters, so neither MAC it relays verifies. Parts and acks then flow
+// inside TLS as in version 1.
+//
+// A producer whose receiver announces the other version sends the fixed
+// part of a client hello with its own version (zeros elsewhere) and closes,
+// so the receiver can log the mismatch too; both sides' errors say "set
+// encrypt on every peer".
+//
 // Status codes: 0 ok, 1 rejected by the guard, 2 row out of range,
 // 3 bad request, 4 authentication failed, 5 row length mismatch,
 // 6 unsupported version.
 //
 // # Deadlines
 //
+// The hello, the TLS handshake included, must finish within IOTimeout.
 // Every read and write has a deadline of IOTimeout, renewed as bytes make
 // progress (per row on the receiver, per batch of rows on the producer); the
 // ack must arrive within IOTimeout of the part's last byte. A connection

@@ -55,7 +55,8 @@ type receiver struct {
 }
 
 // serveInbound runs the hello and then receives parts until the writer
-// leaves, a deadline passes or the transport closes.
+// leaves, a deadline passes or the transport closes. c is the raw
+// connection Close shuts; parts flow on the hello's (TLS in encrypted mode).
 func (t *Transport) serveInbound(c net.Conn) {
 	defer func() {
 		t.mu.Lock()
@@ -64,12 +65,12 @@ func (t *Transport) serveInbound(c net.Conn) {
 		_ = c.Close()
 	}()
 	t.tuneConn(c)
-	peerID, err := t.acceptHello(c)
+	conn, peerID, err := t.acceptHello(c)
 	if err != nil {
 		t.opts.Logf("tcpdata: writer at %s refused: %v", c.RemoteAddr(), err)
 		return
 	}
-	r := &receiver{t: t, conn: c, peerID: peerID}
+	r := &receiver{t: t, conn: conn, peerID: peerID}
 	for {
 		if err := r.receivePart(); err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
@@ -80,12 +81,30 @@ func (t *Transport) serveInbound(c net.Conn) {
 	}
 }
 
-// acceptHello challenges the writer and returns its peer id.
-func (t *Transport) acceptHello(c net.Conn) (string, error) {
+// acceptHello (TLS first in encrypted mode) challenges the writer and
+// returns the connection parts flow on and the writer's peer id. The TLS
+// handshake and the hello share one IOTimeout deadline.
+func (t *Transport) acceptHello(c net.Conn) (net.Conn, string, error) {
 	_ = c.SetDeadline(time.Now().Add(t.opts.IOTimeout))
+	h := helloConn{Conn: c}
+	if t.tls != nil {
+		var err error
+		if h, err = t.startServerTLS(c); err != nil {
+			return nil, "", err
+		}
+	}
+	peerID, err := t.helloAsReceiver(h)
+	if err != nil {
+		return nil, "", err
+	}
+	_ = c.SetDeadline(time.Time{})
+	return h.Conn, peerID, nil
+}
+
+func (t *Transport) helloAsReceiver(h helloConn) (string, error) {
 	var server [serverHelloLen]byte
 	binary.LittleEndian.PutUint32(server[0:], helloMagic)
-	server[4] = protocolVersion
+	server[4] = h.version()
 	if t.opts.AuthSecret != "" {
 		server[5] = 1
 	}
@@ -93,47 +112,61 @@ func (t *Transport) acceptHello(c net.Conn) (string, error) {
 	if _, err := rand.Read(nonce); err != nil {
 		return "", fmt.Errorf("nonce: %w", err)
 	}
-	if _, err := c.Write(server[:]); err != nil {
+	if _, err := h.Write(server[:]); err != nil {
 		return "", fmt.Errorf("send hello: %w", err)
 	}
 
-	var client [clientHelloLen]byte
-	if _, err := io.ReadFull(c, client[:]); err != nil {
+	client := make([]byte, h.clientFixedLen())
+	if _, err := io.ReadFull(h, client); err != nil {
 		return "", fmt.Errorf("read hello: %w", err)
 	}
 	refuse := func(st status, reason string) (string, error) {
-		_ = writeHelloStatus(c, st, reason)
+		_ = h.writeStatus(st, nil, reason)
 		return "", fmt.Errorf("%v: %s", st, reason)
 	}
 	if magic := binary.LittleEndian.Uint32(client[0:]); magic != helloMagic {
 		return refuse(statusBadRequest, fmt.Sprintf("hello magic %#x", magic))
 	}
-	if v := client[4]; v != protocolVersion {
-		return refuse(statusBadVersion, fmt.Sprintf("version %d, expected %d", v, protocolVersion))
+	if v := client[4]; v != h.version() {
+		if v == encryptedVersion {
+			return refuse(statusBadVersion, "the writer's data path is encrypted and ours is not: set encrypt on every peer")
+		}
+		return refuse(statusBadVersion, fmt.Sprintf("version %d, expected %d", v, h.version()))
 	}
 	idLen := binary.LittleEndian.Uint16(client[6:])
 	if idLen == 0 || idLen > maxPeerIDLen {
 		return refuse(statusBadRequest, fmt.Sprintf("peer id of %d bytes", idLen))
 	}
 	id := make([]byte, idLen)
-	if _, err := io.ReadFull(c, id); err != nil {
+	if _, err := io.ReadFull(h, id); err != nil {
 		return "", fmt.Errorf("read hello peer id: %w", err)
 	}
 	peerID := string(id)
 	rowLen := binary.LittleEndian.Uint64(client[8:])
+	gotMAC := client[16 : 16+macLen]
+	var clientNonce []byte
 	if t.opts.AuthSecret != "" {
-		want := helloMAC(t.opts.AuthSecret, nonce, rowLen, peerID)
-		if !hmac.Equal(want, client[16:16+macLen]) {
+		var want []byte
+		if h.encrypted() {
+			clientNonce = client[clientHelloLen : clientHelloLen+nonceLen]
+			want = clientMAC(t.opts.AuthSecret, nonce, clientNonce, rowLen, h.exporter, peerID)
+		} else {
+			want = helloMAC(t.opts.AuthSecret, nonce, rowLen, peerID)
+		}
+		if !hmac.Equal(want, gotMAC) {
 			return refuse(statusAuthFailed, fmt.Sprintf("%s did not prove the shared secret", peerID))
 		}
 	}
 	if rowLen != t.region.RowLen {
 		return refuse(statusRowLenMismatch, fmt.Sprintf("%s sends %d-byte rows, ours are %d", peerID, rowLen, t.region.RowLen))
 	}
-	if err := writeHelloStatus(c, statusOK, ""); err != nil {
+	var proof []byte // our proof, only once the writer proved itself
+	if h.encrypted() {
+		proof = serverMAC(t.opts.AuthSecret, clientNonce, nonce, h.exporter, peerID)
+	}
+	if err := h.writeStatus(statusOK, proof, ""); err != nil {
 		return "", fmt.Errorf("answer hello of %s: %w", peerID, err)
 	}
-	_ = c.SetDeadline(time.Time{})
 	return peerID, nil
 }
 

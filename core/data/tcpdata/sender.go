@@ -2,6 +2,8 @@ package tcpdata
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -125,7 +127,8 @@ func (l *peerLink) untrack(c net.Conn) {
 // sender is one stream's state, owned by its goroutine.
 type sender struct {
 	link   *peerLink
-	conn   net.Conn
+	conn   net.Conn // parts flow here: raw, or TLS over raw
+	raw    net.Conn // the tracked TCP connection; closing it ends conn
 	header []byte   // part header and indices, reused
 	iov    [][]byte // writev vector, reused
 	ackBuf [ackLen]byte
@@ -188,9 +191,11 @@ func (s *sender) process(p *part) {
 }
 
 func (s *sender) dropConn() {
-	if s.conn != nil {
-		s.link.untrack(s.conn)
-		s.conn = nil
+	// Closing the raw connection skips TLS close_notify, which could
+	// block on a stalled peer; the receiver reads EOF either way.
+	if s.raw != nil {
+		s.link.untrack(s.raw)
+		s.conn, s.raw = nil, nil
 	}
 }
 
@@ -206,51 +211,86 @@ func (s *sender) connect() error {
 		return fmt.Errorf("tcpdata: link to %s shut down", l.peerID)
 	}
 	l.t.tuneConn(c)
-	if err := s.hello(c); err != nil {
+	conn, err := s.hello(c)
+	if err != nil {
 		l.untrack(c)
 		return err
 	}
-	s.conn = c
+	s.conn, s.raw = conn, c
 	return nil
 }
 
-func (s *sender) hello(c net.Conn) error {
+// hello runs the hello (TLS first in encrypted mode) under one IOTimeout
+// deadline and returns the connection parts flow on.
+func (s *sender) hello(c net.Conn) (net.Conn, error) {
 	l, opts := s.link, &s.link.t.opts
 	_ = c.SetDeadline(time.Now().Add(opts.IOTimeout))
 	var server [serverHelloLen]byte
 	if _, err := io.ReadFull(c, server[:]); err != nil {
-		return fmt.Errorf("tcpdata: hello from %s at %s: %w", l.peerID, l.addr, err)
+		return nil, fmt.Errorf("tcpdata: hello from %s at %s: %w", l.peerID, l.addr, err)
 	}
 	if magic := binary.LittleEndian.Uint32(server[0:]); magic != helloMagic {
-		return fmt.Errorf("%w: %s at %s is not a peerkv data port (magic %#x)", ErrProtocol, l.peerID, l.addr, magic)
+		return nil, fmt.Errorf("%w: %s at %s is not a peerkv data port (magic %#x)", ErrProtocol, l.peerID, l.addr, magic)
 	}
-	if v := server[4]; v != protocolVersion {
-		return fmt.Errorf("%w: %s speaks data protocol version %d, we speak %d", ErrHandshake, l.peerID, v, protocolVersion)
+	h := helloConn{Conn: c}
+	ours := uint8(protocolVersion)
+	if l.t.tls != nil {
+		ours = encryptedVersion
+	}
+	if v := server[4]; v != ours {
+		sendVersionNotice(c, ours)
+		return nil, versionError(l.peerID, v, ours)
+	}
+	if l.t.tls != nil {
+		// The clear hello only announced TLS; the real one runs inside.
+		var err error
+		if h, err = l.t.startClientTLS(c); err != nil {
+			return nil, fmt.Errorf("tcpdata: %s at %s: %w", l.peerID, l.addr, err)
+		}
+		if _, err := io.ReadFull(h, server[:]); err != nil {
+			return nil, fmt.Errorf("tcpdata: hello from %s at %s: %w", l.peerID, l.addr, err)
+		}
+		if magic, v := binary.LittleEndian.Uint32(server[0:]), server[4]; magic != helloMagic || v != encryptedVersion {
+			return nil, fmt.Errorf("%w: %s sent hello magic %#x version %d inside TLS", ErrProtocol, l.peerID, magic, v)
+		}
 	}
 	nonce := server[8 : 8+nonceLen]
 
-	id := opts.LocalID
-	msg := make([]byte, clientHelloLen+len(id))
+	id, rowLen := opts.LocalID, l.t.region.RowLen
+	fixed := h.clientFixedLen()
+	msg := make([]byte, fixed+len(id))
 	binary.LittleEndian.PutUint32(msg[0:], helloMagic)
-	msg[4] = protocolVersion
+	msg[4] = h.version()
 	binary.LittleEndian.PutUint16(msg[6:], uint16(len(id)))
-	binary.LittleEndian.PutUint64(msg[8:], l.t.region.RowLen)
-	if opts.AuthSecret != "" {
-		copy(msg[16:], helloMAC(opts.AuthSecret, nonce, l.t.region.RowLen, id))
+	binary.LittleEndian.PutUint64(msg[8:], rowLen)
+	var clientNonce []byte
+	switch {
+	case h.encrypted():
+		clientNonce = msg[clientHelloLen:fixed]
+		if _, err := rand.Read(clientNonce); err != nil {
+			return nil, fmt.Errorf("tcpdata: nonce: %w", err)
+		}
+		copy(msg[16:], clientMAC(opts.AuthSecret, nonce, clientNonce, rowLen, h.exporter, id))
+	case opts.AuthSecret != "":
+		copy(msg[16:], helloMAC(opts.AuthSecret, nonce, rowLen, id))
 	}
-	copy(msg[clientHelloLen:], id)
-	if _, err := c.Write(msg); err != nil {
-		return fmt.Errorf("tcpdata: hello to %s at %s: %w", l.peerID, l.addr, err)
+	copy(msg[fixed:], id)
+	if _, err := h.Write(msg); err != nil {
+		return nil, fmt.Errorf("tcpdata: hello to %s at %s: %w", l.peerID, l.addr, err)
 	}
-	st, reason, err := readHelloStatus(c)
+	st, proof, reason, err := h.readStatus()
 	if err != nil {
-		return fmt.Errorf("tcpdata: hello answer from %s at %s: %w", l.peerID, l.addr, err)
+		return nil, fmt.Errorf("tcpdata: hello answer from %s at %s: %w", l.peerID, l.addr, err)
 	}
 	if st != statusOK {
-		return helloError(l.peerID, st, reason)
+		return nil, helloError(l.peerID, st, reason)
+	}
+	// No row goes to a receiver that has not proven the secret too.
+	if h.encrypted() && !hmac.Equal(proof, serverMAC(opts.AuthSecret, clientNonce, nonce, h.exporter, id)) {
+		return nil, fmt.Errorf("%w: receiver %s at %s did not prove the shared secret", ErrAuthFailed, l.peerID, l.addr)
 	}
 	_ = c.SetDeadline(time.Time{})
-	return nil
+	return h.Conn, nil
 }
 
 // send writes one part and waits for its ack. keepConn is false when the

@@ -42,6 +42,10 @@ type Options struct {
 	// AuthSecret, when set, is required of every writer (HMAC over a
 	// challenge) and used to answer receivers' challenges.
 	AuthSecret string
+	// Encrypt runs every data connection under TLS 1.3, authenticated by
+	// AuthSecret (required) bound to the TLS channel. Every peer must set
+	// it alike: a mismatch fails the hello, naming the setting.
+	Encrypt bool
 	// IOTimeout bounds every read and write without progress, the dial,
 	// the handshake and the wait for an ack (default 10 s).
 	IOTimeout time.Duration
@@ -67,6 +71,9 @@ func (o *Options) validate() error {
 	if o.ListenHost == "" {
 		return errors.New("tcpdata: ListenHost is required")
 	}
+	if o.Encrypt && o.AuthSecret == "" {
+		return errors.New("tcpdata: Encrypt needs AuthSecret: the secret is what authenticates TLS peers")
+	}
 	if o.IOTimeout < 0 || o.IdleTimeout < 0 || o.Streams < 0 || o.SocketBufferBytes < 0 {
 		return errors.New("tcpdata: negative timeout, stream count or buffer size")
 	}
@@ -91,6 +98,7 @@ type Transport struct {
 	region   data.Region
 	listener net.Listener
 	addr     string
+	tls      *tlsConfigs // nil in plaintext mode
 
 	mu      sync.Mutex
 	links   map[string]*peerLink
@@ -119,6 +127,13 @@ func New(opts Options) (*Transport, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
+	var tlsConf *tlsConfigs
+	if opts.Encrypt {
+		var err error
+		if tlsConf, err = newTLSConfigs(); err != nil {
+			return nil, err
+		}
+	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(opts.ListenHost, strconv.Itoa(opts.ListenPort)))
 	if err != nil {
 		return nil, fmt.Errorf("tcpdata: listen: %w", err)
@@ -128,6 +143,7 @@ func New(opts Options) (*Transport, error) {
 		region:   opts.Region,
 		listener: ln,
 		addr:     ln.Addr().String(),
+		tls:      tlsConf,
 		links:    map[string]*peerLink{},
 		pending:  map[uint64]*transfer{},
 		inbound:  map[net.Conn]struct{}{},

@@ -30,14 +30,14 @@ func sentinelRegion(rows int) data.Region {
 }
 
 // randomRegion returns rows rows of random bytes.
-func randomRegion(t *testing.T, rows int) data.Region {
+func randomRegion(t testing.TB, rows int) data.Region {
 	r := data.Region{Mem: make([]byte, rows*rowLen), RowLen: rowLen}
 	_, err := rand.Read(r.Mem)
 	require.NoError(t, err)
 	return r
 }
 
-func newTransport(t *testing.T, id string, region data.Region, mutate func(*Options)) *Transport {
+func newTransport(t testing.TB, id string, region data.Region, mutate func(*Options)) *Transport {
 	t.Helper()
 	opts := Options{
 		LocalID: id, Region: region, ListenHost: "127.0.0.1",
@@ -52,7 +52,7 @@ func newTransport(t *testing.T, id string, region data.Region, mutate func(*Opti
 	return tr
 }
 
-func addPeer(t *testing.T, from *Transport, peerID string, to *Transport) {
+func addPeer(t testing.TB, from *Transport, peerID string, to *Transport) {
 	t.Helper()
 	require.NoError(t, from.AddPeer(peerID, data.PeerInfo{
 		NumRows: to.region.NumRows(), RowLen: to.region.RowLen, DataAddr: to.DataAddr(),
@@ -267,7 +267,7 @@ func fakeReceiver(t *testing.T, behave func(net.Conn)) string {
 		if _, err := io.ReadFull(c, id); err != nil {
 			return
 		}
-		if writeHelloStatus(c, statusOK, "") != nil {
+		if (helloConn{Conn: c}).writeStatus(statusOK, nil, "") != nil {
 			return
 		}
 		behave(c)

@@ -171,32 +171,45 @@ func parseAck(b []byte) ack {
 	}
 }
 
-// writeHelloStatus sends a hello answer; reason is cut to the wire limit.
-func writeHelloStatus(w io.Writer, st status, reason string) error {
+// writeStatus sends a hello answer; reason is cut to the wire limit. In
+// encrypted mode the answer carries mac (zeros when nil).
+func (h helloConn) writeStatus(st status, mac []byte, reason string) error {
 	if len(reason) > maxStatusMsgLen {
 		reason = reason[:maxStatusMsgLen]
 	}
-	b := make([]byte, helloStatusLen+len(reason))
+	fixed := helloStatusLen
+	if h.encrypted() {
+		fixed += macLen
+	}
+	b := make([]byte, fixed+len(reason))
 	b[0] = byte(st)
 	binary.LittleEndian.PutUint16(b[2:], uint16(len(reason)))
-	copy(b[helloStatusLen:], reason)
-	_, err := w.Write(b)
+	copy(b[helloStatusLen:fixed], mac)
+	copy(b[fixed:], reason)
+	_, err := h.Write(b)
 	return err
 }
 
-// readHelloStatus reads a hello answer.
-func readHelloStatus(r io.Reader) (status, string, error) {
-	var b [helloStatusLen]byte
-	if _, err := io.ReadFull(r, b[:]); err != nil {
-		return 0, "", err
+// readStatus reads a hello answer; mac is nil in plaintext mode.
+func (h helloConn) readStatus() (st status, mac []byte, reason string, err error) {
+	fixed := helloStatusLen
+	if h.encrypted() {
+		fixed += macLen
+	}
+	b := make([]byte, fixed)
+	if _, err := io.ReadFull(h, b); err != nil {
+		return 0, nil, "", err
 	}
 	n := binary.LittleEndian.Uint16(b[2:])
 	if n > maxStatusMsgLen {
-		return 0, "", fmt.Errorf("%w: hello status reason of %d bytes", ErrProtocol, n)
+		return 0, nil, "", fmt.Errorf("%w: hello status reason of %d bytes", ErrProtocol, n)
 	}
 	msg := make([]byte, n)
-	if _, err := io.ReadFull(r, msg); err != nil {
-		return 0, "", err
+	if _, err := io.ReadFull(h, msg); err != nil {
+		return 0, nil, "", err
 	}
-	return status(b[0]), string(msg), nil
+	if h.encrypted() {
+		mac = b[helloStatusLen:]
+	}
+	return status(b[0]), mac, string(msg), nil
 }
