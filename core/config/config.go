@@ -104,7 +104,8 @@ type Config struct {
 	MaxListItems  int
 
 	// IdleTimeout evicts a session with no traffic and no work for that long
-	// (idle_timeout_s, else VLLM_P2P_IDLE_TIMEOUT_S as vLLM's tier reads it).
+	// once sessions near MaxPeers (idle_timeout_s, else VLLM_P2P_IDLE_TIMEOUT_S
+	// as vLLM's tier reads it, where 0 turns eviction off: negative here).
 	IdleTimeout time.Duration
 	// MaxPeersPerHost bounds sessions whose connections come from one
 	// network address, so one source cannot fill MaxPeers.
@@ -226,7 +227,7 @@ func (c Config) Validate() error {
 		{"store_timeout_s", c.StoreTimeout}, {"unbound_store_timeout_s", c.UnboundStoreTimeout},
 		{"inbound_lookup_timeout_s", c.InboundLookupTimeout}, {"reaped_id_retention_s", c.ReapedIDRetention},
 		{"shutdown_drain_timeout_s", c.ShutdownDrainTimeout}, {"drain_timeout_s", c.DrainTimeout},
-		{"tick_s", c.Tick}, {"idle_timeout_s", c.IdleTimeout},
+		{"tick_s", c.Tick}, {"idle_timeout_s", max(c.IdleTimeout, 1)}, // negative: eviction off
 	} {
 		if d.v <= 0 {
 			return fmt.Errorf("%s must be positive, got %v", d.name, d.v)
@@ -345,7 +346,11 @@ func FromJSON(b []byte) (Config, error) {
 			if err != nil {
 				return Config{}, fmt.Errorf("environment: VLLM_P2P_IDLE_TIMEOUT_S must be a number of seconds, got %q", env)
 			}
-			j.IdleTimeoutS = &v
+			if v <= 0 {
+				c.IdleTimeout = -1 // as vLLM: 0 turns idle eviction off
+			} else {
+				j.IdleTimeoutS = &v
+			}
 		}
 	}
 	if err := c.loadSecret(); err != nil {

@@ -104,6 +104,11 @@ var ErrRowOutOfRange = errors.New("data transport: row out of range")
 // ErrRejected is reported when the receiver refused a write (guard).
 var ErrRejected = errors.New("data transport: receiver rejected the write")
 
+// ErrNotReachable is returned by AddPeer when the path cannot reach that
+// peer from here at all (say, a same-host path and a peer on another host):
+// an expected miss, not a fault worth warning about.
+var ErrNotReachable = errors.New("data transport: peer not reachable on this path")
+
 // ErrClosed is returned by calls on a closed transport.
 var ErrClosed = errors.New("data transport closed")
 

@@ -252,3 +252,28 @@ func TestAConnectClaimingOurOwnIDIsRefused(t *testing.T) {
 	assert.Contains(t, string(p.TakeLogs(1<<16)), "its connect names")
 	assert.Zero(t, p.Stats().DataPeers)
 }
+
+func TestIdleSessionsAreEvictedNearTheSessionLimit(t *testing.T) {
+	c := newCluster(t)
+	idle := func(cfg *config.Config) { cfg.MaxPeers = 2; cfg.IdleTimeout = 300 * time.Millisecond }
+	prod, dec := c.peer(1, idle), c.peer(2, idle)
+	pull := func(kv string, job int64) {
+		ks := keys(int(job))
+		prod.fill(0, ks[0])
+		_, err := prod.StartRequest("p"+kv, []byte(fmt.Sprintf(`{"remote_decoder":{"kv_request_id":%q}}`, kv)))
+		require.NoError(t, err)
+		require.NoError(t, prod.SubmitStore("p"+kv, job, ks, []int64{0}))
+		_, err = dec.StartRequest("d"+kv, pdParams(kv, prod))
+		require.NoError(t, err)
+		require.NoError(t, dec.SubmitLoad("d"+kv, job, ks, []int64{1}))
+		require.True(t, dec.waitJob(job, 3*time.Second).Success)
+		require.NoError(t, dec.FinishRequest("d"+kv))
+		require.NoError(t, prod.FinishRequest("p"+kv))
+		assert.True(t, prod.waitJob(job, 3*time.Second).Success)
+	}
+	pull("kv-idle-1", 1)
+	require.Eventually(t, func() bool { return prod.Stats().Sessions == 0 && dec.Stats().Sessions == 0 },
+		3*time.Second, 5*time.Millisecond, "idle sessions give their slots back")
+	assert.Contains(t, string(prod.TakeLogs(1<<16)), "idle for over")
+	pull("kv-idle-2", 2) // a new session handshakes as before
+}

@@ -153,7 +153,9 @@ func (t *Transport) AddPeer(peerID string, info data.PeerInfo) error {
 		}
 		if err := p.AddPeer(peerID, info); err != nil {
 			why = append(why, fmt.Sprintf("%s: %v", p.Name(), err))
-			refused = append(refused, fmt.Sprintf("%s: %v", p.Name(), err))
+			if !errors.Is(err, data.ErrNotReachable) { // a peer on another host is no reason to warn
+				refused = append(refused, fmt.Sprintf("%s: %v", p.Name(), err))
+			}
 			continue
 		}
 		t.mu.Lock()

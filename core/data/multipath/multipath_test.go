@@ -1,6 +1,7 @@
 package multipath
 
 import (
+	"fmt"
 	"bytes"
 	"errors"
 	"testing"
@@ -246,4 +247,14 @@ func TestCloseEndsCompletions(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Completions not closed after Close")
 	}
+}
+
+func TestAPathThatCannotReachThePeerIsNoWarning(t *testing.T) {
+	hub := memdata.NewHub()
+	a, b := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1")
+	a.nixl.refuse = fmt.Errorf("%w: the peer is on another host", data.ErrNotReachable)
+	tr := newMultipath(t, "", a.nixl, a.tcp)
+	require.NoError(t, tr.AddPeer(b.id, b.info(true, true)))
+	assert.Equal(t, "tcp", tr.PathTo(b.id))
+	assert.Empty(t, tr.Refused(b.id), "a path that cannot reach the peer from here is expected, not refused")
 }

@@ -68,7 +68,8 @@ func (t *Transport) claim(peerID string, o offer) (*peer, error) {
 	timeout := t.opts.HandshakeTimeout
 	conn, err := (&net.Dialer{Timeout: timeout}).Dial("unix", o.socket)
 	if err != nil {
-		return nil, fmt.Errorf("no such local socket (another host or network namespace, or the peer is gone): %w", err)
+		return nil, fmt.Errorf("%w: no such local socket (another host or network namespace, or the peer is gone): %v",
+			data.ErrNotReachable, err)
 	}
 	c := conn.(*net.UnixConn)
 	defer c.Close()
