@@ -274,6 +274,19 @@ func TestIdleSessionsAreEvictedNearTheSessionLimit(t *testing.T) {
 	pull("kv-idle-1", 1)
 	require.Eventually(t, func() bool { return prod.Stats().Sessions == 0 && dec.Stats().Sessions == 0 },
 		3*time.Second, 5*time.Millisecond, "idle sessions give their slots back")
-	assert.Contains(t, string(prod.TakeLogs(1<<16)), "idle for over")
+	assert.Contains(t, string(prod.TakeLogs(1<<16))+string(dec.TakeLogs(1<<16)), "idle for over", "one side evicted, the other heard its goodbye")
 	pull("kv-idle-2", 2) // a new session handshakes as before
+}
+
+func TestAControlPathThatDiesPoisonsThePeer(t *testing.T) {
+	c := newCluster(t)
+	p := c.peer(1)
+	_, err := p.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-deaf"}}`))
+	require.NoError(t, err)
+	require.NoError(t, p.SubmitStore("p", 1, keys(1), []int64{0}))
+	c.ctl.Kill(p.id) // its Events close under the running tier
+	assert.False(t, p.waitJob(1, 3*time.Second).Success, "the parked store is failed, not left for a decoder that cannot come")
+	assert.Contains(t, p.Stats().Poisoned, "control transport stopped")
+	_, err = p.StartRequest("q", nil)
+	assert.ErrorIs(t, err, tier.ErrInternal)
 }

@@ -206,8 +206,10 @@ func (t *Tier) loop() {
 			return
 		case ev, ok := <-events:
 			if !ok {
-				events = nil
-				continue
+				// Shutdown stops this loop before closing the transport, so this
+				// is the control path dying under us: nothing more can arrive.
+				t.poison(fmt.Errorf("%w: the control transport stopped; the peer is stopped", ErrInternal))
+				return
 			}
 			t.locked(func() { t.onEvent(ev) })
 		case c, ok := <-completions:
@@ -445,10 +447,16 @@ func (t *Tier) recoverLoop(where string) {
 	}
 	t.logf("ERROR", "internal error in %s: %v; this peer stops serving and fails its jobs (restart the engine)\n%s",
 		where, r, debug.Stack())
+	t.poison(fmt.Errorf("%w: %s panicked (%v); the peer is stopped", ErrInternal, where, r))
+}
+
+// poison stops the peer for good after an internal failure.
+func (t *Tier) poison(cause error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.poisoned == nil {
-		t.poisoned = fmt.Errorf("%w: %s panicked (%v); the peer is stopped", ErrInternal, where, r)
+		t.poisoned = cause
+		t.logf("ERROR", "%v", cause)
 	}
 	t.closed = true
 	for id := range t.jobs {
