@@ -229,7 +229,7 @@ func (c *consumer) finishLoad(id string, round uint64, ok bool, via string) {
 		c.s.env.Logf("WARNING", "peer %s could not supply kv_request_id=%s round=%d; the request recomputes locally",
 			c.s.peerID, id, round)
 	}
-	c.s.env.Sink.LoadDone(l.jobID, ok, id, l.rows) // a failed load fails its own request only
+	c.s.report(Report{Kind: LoadDone, JobID: l.jobID, OK: ok, KVID: id, Rows: l.rows}) // a failed load fails its own request only
 	c.prune(id)
 }
 
@@ -248,7 +248,7 @@ func (c *consumer) tick(now time.Time) {
 				c.s.env.Logf("WARNING", "peer %s: no abort_ack for kv_request_id=%s round=%d within %v; failing the load",
 					c.s.peerID, id, round, cfg.AbortAckTimeout)
 				delete(r.loads, round)
-				c.s.env.Sink.LoadDone(l.jobID, false, id, l.rows)
+				c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Rows: l.rows})
 			}
 		}
 		n := 0
@@ -275,7 +275,7 @@ func (c *consumer) close() {
 	for id, r := range c.requests {
 		for _, round := range sortedRounds(r.loads) {
 			l := r.loads[round]
-			c.s.env.Sink.LoadDone(l.jobID, false, id, l.rows)
+			c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Rows: l.rows})
 		}
 		failed := false
 		for _, p := range r.probes {
@@ -284,7 +284,7 @@ func (c *consumer) close() {
 			}
 		}
 		if failed {
-			c.s.env.Sink.ConsumerFailed(c.s, id)
+			c.s.report(Report{Kind: ConsumerFailed, KVID: id})
 		}
 	}
 	clear(c.requests)

@@ -53,10 +53,12 @@ func newOwner(t *testing.T, localID string, mutate ...func(*config.Config)) *fak
 	t.Cleanup(func() { _ = dt.Close() })
 	o.env = &Env{
 		LocalID: localID, Cfg: cfg, Region: region, Data: dt,
-		Now:          func() time.Time { return o.now },
-		Send:         func(_ string, m protocol.Message) error { o.sent = append(o.sent, roundTrip(t, m)); return nil },
-		Sink:         o,
-		Logf:         func(level, format string, args ...any) { o.logs = append(o.logs, level+" "+fmt.Sprintf(format, args...)) },
+		Now:    func() time.Time { return o.now },
+		Send:   func(_ string, m protocol.Message) error { o.sent = append(o.sent, roundTrip(t, m)); return nil },
+		Report: o.apply,
+		Logf: func(level, format string, args ...any) {
+			o.logs = append(o.logs, level+" "+fmt.Sprintf(format, args...))
+		},
 		NextLookupID: func() int64 { o.nextID++; return o.nextID },
 		Register: func(s *Session, info data.PeerInfo) {
 			o.register = append(o.register, info)
@@ -82,23 +84,40 @@ func (o *fakeOwner) take() []protocol.Message {
 	return out
 }
 
-func (o *fakeOwner) LoadDone(jobID int64, ok bool, _ string, _ []uint64) {
+// apply records a report at once: the fake owner has no state a session
+// could see half-changed.
+func (o *fakeOwner) apply(r Report) {
+	switch r.Kind {
+	case LoadDone:
+		o.LoadDone(r.JobID, r.OK)
+	case StoreDone:
+		o.StoreDone(r.JobID, r.OK)
+	case ConsumerFailed:
+		o.failed = append(o.failed, r.KVID)
+	case FetchArrived:
+		o.fetches = append(o.fetches, r.KVID)
+	case InboundReady:
+		o.inbound = append(o.inbound, r.Lookup)
+	case InboundFinished:
+		o.finished = append(o.finished, r.Lookup)
+	default:
+		o.t.Fatalf("unknown report %+v", r)
+	}
+}
+
+func (o *fakeOwner) LoadDone(jobID int64, ok bool) {
 	_, dup := o.loads[jobID]
 	require.False(o.t, dup, "load %d reported twice", jobID)
 	o.loads[jobID] = ok
 }
 
-func (o *fakeOwner) StoreDone(jobID int64, ok bool, _ int64) {
+func (o *fakeOwner) StoreDone(jobID int64, ok bool) {
 	_, dup := o.stores[jobID]
 	require.False(o.t, dup, "store %d reported twice", jobID)
 	o.stores[jobID] = ok
 }
 
-func (o *fakeOwner) ConsumerFailed(_ *Session, kv string)  { o.failed = append(o.failed, kv) }
-func (o *fakeOwner) FetchArrived(_ *Session, kv string)    { o.fetches = append(o.fetches, kv) }
-func (o *fakeOwner) InboundReady(l *InboundLookup)         { o.inbound = append(o.inbound, l) }
-func (o *fakeOwner) InboundFinished(l *InboundLookup)      { o.finished = append(o.finished, l) }
-func (o *fakeOwner) tick(d time.Duration)                  { o.now = o.now.Add(d); o.session.Tick(o.now) }
+func (o *fakeOwner) tick(d time.Duration) { o.now = o.now.Add(d); o.session.Tick(o.now) }
 func (o *fakeOwner) open(peerID string, dialed bool) *Session {
 	o.session = New(o.env, peerID, "127.0.0.1", dialed)
 	return o.session

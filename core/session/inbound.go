@@ -71,7 +71,7 @@ func (p *producer) onLookup(m *protocol.Lookup) error {
 		}
 	}
 	p.request(m.KVRequestID).lookups[id] = l
-	p.s.env.Sink.InboundReady(l)
+	p.s.report(Report{Kind: InboundReady, Lookup: l})
 	return nil
 }
 
@@ -84,7 +84,7 @@ func (s *Session) AnswerLookup(l *InboundLookup, answers []Answer, pinJob int64,
 		// The consumer ended the request, the peer left, or the host took too
 		// long: release the pins at once.
 		if pinJob >= 0 && len(pinRows) > 0 {
-			s.env.Sink.StoreDone(pinJob, false, 0)
+			s.report(Report{Kind: StoreDone, JobID: pinJob})
 		}
 		return true, nil
 	}
@@ -147,7 +147,7 @@ func (p *producer) dropLookups(kvID string) {
 	for id, l := range req.lookups {
 		l.Done = true
 		delete(req.lookups, id)
-		p.s.env.Sink.InboundFinished(l)
+		p.s.report(Report{Kind: InboundFinished, Lookup: l})
 	}
 }
 
@@ -168,13 +168,13 @@ func (p *producer) tickLookups(now time.Time) {
 				l.CheckedOut = false
 				l.Evaluated = false // its late answer finds it gone: no Finish item is owed
 				p.respond(l)
-				p.s.env.Sink.InboundFinished(l)
+				p.s.report(Report{Kind: InboundFinished, Lookup: l})
 				continue
 			}
 			p.s.env.Logf("WARNING", "peer %s: lookup kv_request_id=%s still had %d keys pending after %v; answering them as misses",
 				p.s.peerID, l.KVRequestID, len(l.pending), p.s.env.Cfg.InboundLookupTimeout)
 			p.respond(l)
-			p.s.env.Sink.InboundFinished(l)
+			p.s.report(Report{Kind: InboundFinished, Lookup: l})
 		}
 	}
 }

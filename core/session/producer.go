@@ -128,7 +128,7 @@ func (s *Session) AddStoredBlocks(kvID string, keys [][]byte, rows []uint64, job
 	p := &s.producer
 	r := p.round(kvID, roundSeq)
 	if r.cancelled || s.dead {
-		s.env.Sink.StoreDone(jobID, false, 0)
+		s.report(Report{Kind: StoreDone, JobID: jobID})
 		return
 	}
 	p.jobs[jobID] = &storeJob{at: s.env.Now(), kvID: kvID, round: roundSeq}
@@ -216,7 +216,7 @@ func (p *producer) onFetch(m *protocol.Fetch) error {
 		p.finalize(m.KVRequestID, m.RoundSeq, true)
 	}
 	if !rd.fromLookup {
-		p.s.env.Sink.FetchArrived(p.s, m.KVRequestID)
+		p.s.report(Report{Kind: FetchArrived, KVID: m.KVRequestID})
 	}
 	return nil
 }
@@ -375,7 +375,7 @@ func (p *producer) reportJob(j int64, ok bool) {
 		return
 	}
 	delete(p.jobs, j)
-	p.s.env.Sink.StoreDone(j, ok, int64(sj.written)*int64(p.s.env.Region.RowLen))
+	p.s.report(Report{Kind: StoreDone, JobID: j, OK: ok, Bytes: int64(sj.written) * int64(p.s.env.Region.RowLen)})
 }
 
 // finalize ends a round: reports its jobs, and tells the consumer with

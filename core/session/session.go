@@ -5,7 +5,8 @@
 //
 // A Session is not safe for concurrent use: its owner (core/tier) calls it
 // with its own lock held. Sessions never block and never touch sockets
-// directly; they send through Env.Send and report results through Env.Sink.
+// directly; they send through Env.Send and hand what happened to their
+// owner as Reports (report.go), which the owner applies after the call.
 package session
 
 import (
@@ -20,27 +21,6 @@ import (
 	"github.com/peerkv/peerkv/core/protocol"
 )
 
-// Sink receives what sessions report upward. Methods are called with the
-// owner's lock held and must not call back into the reporting session's
-// state in a way that re-enters the call in progress, except where noted.
-type Sink interface {
-	// LoadDone reports a load job's single outcome.
-	LoadDone(jobID int64, ok bool, kvRequestID string, rows []uint64)
-	// StoreDone reports a store (or lookup pin) job's single outcome.
-	StoreDone(jobID int64, ok bool, bytes int64)
-	// ConsumerFailed marks the live request pulling kvRequestID from s as
-	// failed, so its lookups answer MISS.
-	ConsumerFailed(s *Session, kvRequestID string)
-	// FetchArrived reports a non-terminal fetch for kvRequestID, after its
-	// demand is recorded; the owner binds the id and may call AddStoredBlocks
-	// or FinishProducer on s.
-	FetchArrived(s *Session, kvRequestID string)
-	// InboundReady queues an inbound lookup for the host to evaluate.
-	InboundReady(l *InboundLookup)
-	// InboundFinished reports that an inbound lookup is over.
-	InboundFinished(l *InboundLookup)
-}
-
 // Env is what a session needs from its owner.
 type Env struct {
 	LocalID string
@@ -50,7 +30,8 @@ type Env struct {
 	Now     func() time.Time
 	// Send encodes and queues one message to peerID.
 	Send func(peerID string, m protocol.Message) error
-	Sink Sink
+	// Report queues one Report for the owner to apply after the call.
+	Report func(Report)
 	// Logf logs one line at level "DEBUG", "INFO", "WARNING" or "ERROR".
 	Logf func(level, format string, args ...any)
 	// NextLookupID returns a fresh inbound lookup id (unique per owner).

@@ -125,7 +125,7 @@ func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID in
 	} else {
 		t.inbound.postpone(inboundItem{id: lookupID, kind: InboundEvaluate})
 	}
-	t.reapDead()
+	t.settle()
 	return finished, nil
 }
 

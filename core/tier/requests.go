@@ -128,7 +128,7 @@ func (t *Tier) SubmitLoad(reqID string, jobID int64, keys [][]byte, slots []int6
 		j.req = r
 		t.expect(j.peer, rows, true)
 		s.RequestBlocks(jobID, src.KVRequestID, copyKeys(keys), rows)
-		t.reapDead()
+		t.settle()
 	}
 	return nil
 }
@@ -150,7 +150,7 @@ func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int
 		return nil
 	}
 	t.store(r.dest.KVRequestID, jobID, copyKeys(keys), rows)
-	t.reapDead()
+	t.settle()
 	return nil
 }
 
@@ -185,7 +185,7 @@ func (t *Tier) FinishRequest(reqID string) error {
 	if dst := r.dest; dst != nil {
 		t.finishServing(dst.KVRequestID)
 	}
-	t.reapDead()
+	t.settle()
 	return nil
 }
 
@@ -261,6 +261,7 @@ func (t *Tier) shutdown() error {
 		s.Close("shutting down")
 		delete(t.sessions, id)
 	}
+	t.settle() // what the sessions reported as they closed
 	for kv, sk := range t.serving {
 		for _, b := range sk.parked {
 			t.report(b.jobID, false, 0)

@@ -71,6 +71,7 @@ type Tier struct {
 	inbound    inboundQueue        // work for the host's serve pass
 	lookups    map[int64]*session.InboundLookup
 	nextLookup int64
+	pending    []session.Report // sessions' reports not yet applied (see settle)
 	stats      counters
 
 	guardMu  sync.RWMutex
@@ -130,7 +131,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		Data:         dt,
 		Now:          now,
 		Send:         t.send,
-		Sink:         sink{t},
+		Report:       func(r session.Report) { t.pending = append(t.pending, r) },
 		Logf:         t.logf,
 		NextLookupID: func() int64 { t.nextLookup++; return t.nextLookup },
 		Register:     func(s *session.Session, info data.PeerInfo) { t.reg.add(s, info) },
@@ -230,8 +231,7 @@ func (t *Tier) loop() {
 	}
 }
 
-// locked runs f under the lock, then reaps the sessions f ended: the one
-// place sessions are forgotten.
+// locked runs f under the lock, then settles what f set off.
 func (t *Tier) locked(f func()) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -240,7 +240,7 @@ func (t *Tier) locked(f func()) {
 	}
 	testPanic("loop")
 	f()
-	t.reapDead()
+	t.settle()
 }
 
 func (t *Tier) onEvent(ev control.Event) {
@@ -378,15 +378,18 @@ func (t *Tier) evictIdle(now time.Time, one bool) {
 	if oldest != nil {
 		oldest.Close(fmt.Sprintf("idle for over %v; its slot is needed", t.cfg.IdleTimeout))
 	}
-	t.reapDead()
+	t.settle()
 }
 
-// reapDead closes sessions that ended and forgets them.
-func (t *Tier) reapDead() {
+// reapDead closes sessions that ended and forgets them, reporting whether
+// there were any; only settle calls it, and applies what Close reported.
+func (t *Tier) reapDead() bool {
+	reaped := false
 	for id, s := range t.sessions {
 		if !s.Dead() {
 			continue
 		}
+		reaped = true
 		t.logf("WARNING", "peer %s down: %s", id, s.DeathReason())
 		s.Close(s.DeathReason())
 		delete(t.sessions, id)
@@ -396,6 +399,7 @@ func (t *Tier) reapDead() {
 		t.ctl.Disconnect(id)
 		t.stats.sessionsClosed++
 	}
+	return reaped
 }
 
 // report delivers a job's single outcome to the host.
@@ -467,6 +471,7 @@ func (t *Tier) poison(cause error) {
 	t.guardMu.Unlock()
 	// Sessions are dropped, not closed: their state is what may be broken.
 	clear(t.sessions)
+	t.pending = nil
 	clear(t.serving)
 	clear(t.lookups)
 	t.inbound = inboundQueue{}

@@ -1,0 +1,42 @@
+package session
+
+// ReportKind says what a Report tells the owner.
+type ReportKind int8
+
+const (
+	// LoadDone: load job JobID ended (OK), pulling KVID into Rows.
+	LoadDone ReportKind = iota + 1
+	// StoreDone: store or lookup-pin job JobID ended; Bytes were written.
+	StoreDone
+	// ConsumerFailed: the owner's live request pulling KVID from Session
+	// failed (probes left unanswered when the session closed).
+	ConsumerFailed
+	// FetchArrived: Session's peer fetched PD kv id KVID; the owner binds it
+	// and hands the session what was stored for it.
+	FetchArrived
+	// InboundReady: Lookup waits for the host's evaluation.
+	InboundReady
+	// InboundFinished: Lookup is over.
+	InboundFinished
+)
+
+// Report is one thing that happened in a session that its owner must
+// apply. A session never calls into its owner (which would call back into
+// the session halfway through a change): it hands reports to Env.Report,
+// which only queues them, and the owner applies them, in order, after the
+// call returns.
+type Report struct {
+	Kind    ReportKind
+	Session *Session
+	JobID   int64
+	OK      bool
+	Bytes   int64
+	KVID    string
+	Rows    []uint64
+	Lookup  *InboundLookup
+}
+
+func (s *Session) report(r Report) {
+	r.Session = s
+	s.env.Report(r)
+}
