@@ -125,7 +125,7 @@ func FuzzSession(f *testing.F) {
 // answerInbound plays the host for the oldest unanswered inbound lookup.
 func answerInbound(s *Session, o *fakeOwner, next *int64, submitted map[int64]bool, choice int) {
 	for _, l := range o.inbound {
-		if l.Done || l.CheckedOut {
+		if l.state == inboundDone || l.CheckedOut() {
 			continue
 		}
 		answers := make([]Answer, len(l.Pending()))
@@ -142,7 +142,7 @@ func answerInbound(s *Session, o *fakeOwner, next *int64, submitted map[int64]bo
 			job = *next
 			submitted[job] = false
 		}
-		l.Evaluated, l.CheckedOut = true, true
+		l.CheckOut()
 		if _, err := s.AnswerLookup(l, answers, job, pins); err != nil {
 			panic(err) // answers are well formed here
 		}

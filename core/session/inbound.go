@@ -25,12 +25,11 @@ type InboundLookup struct {
 	KVRequestID string
 	Round       uint64
 
-	// Evaluated: the host started a context for it (owes a finish).
-	Evaluated bool
-	// CheckedOut: handed to the host and not yet answered.
-	CheckedOut bool
-	// Done: answered or dropped; nothing more will happen.
-	Done bool
+	state inboundState
+	// evaluated: the host started a context for it, which it releases on a
+	// Finish item, or on the answer to a checkout that outlived the lookup.
+	evaluated  bool
+	lateAnswer bool // ended while checked out: the host's answer ends it
 
 	s        *Session
 	keys     [][]byte
@@ -39,8 +38,39 @@ type InboundLookup struct {
 	deadline time.Time
 }
 
+// inboundState is where an inbound lookup stands; only the session changes
+// it, and the owner hands it out through CheckOut.
+type inboundState int8
+
+const (
+	inboundWaiting    inboundState = iota // keys wait for the host's (next) evaluation
+	inboundCheckedOut                     // handed to the host; its answer is owed
+	inboundDone                           // answered or dropped; nothing more happens
+)
+
 // Session returns the session the lookup came from.
 func (l *InboundLookup) Session() *Session { return l.s }
+
+// CheckOut hands the lookup to the host for evaluation; first says the host
+// must start a context for it.
+func (l *InboundLookup) CheckOut() (first bool) {
+	first = !l.evaluated
+	l.evaluated = true
+	l.state = inboundCheckedOut
+	return first
+}
+
+// Evaluated reports whether the host has evaluated it at least once.
+func (l *InboundLookup) Evaluated() bool { return l.evaluated }
+
+// CheckedOut reports whether the host holds it and owes an answer.
+func (l *InboundLookup) CheckedOut() bool { return l.state == inboundCheckedOut }
+
+// OwesFinish reports whether the host needs a Finish item once the lookup
+// is over: it started a context and no answer of its will end it.
+func (l *InboundLookup) OwesFinish() bool {
+	return l.evaluated && l.state != inboundCheckedOut && !l.lateAnswer
+}
 
 // Pending returns the keys the host must (re)evaluate, in first-seen order.
 func (l *InboundLookup) Pending() [][]byte { return l.pending }
@@ -79,8 +109,7 @@ func (p *producer) onLookup(m *protocol.Lookup) error {
 // as host job pinJob at rows pinRows (one per hit, in key order). It reports
 // whether the lookup is finished (its context may be released now).
 func (s *Session) AnswerLookup(l *InboundLookup, answers []Answer, pinJob int64, pinRows []uint64) (bool, error) {
-	l.CheckedOut = false
-	if l.Done || s.dead {
+	if l.state == inboundDone || s.dead {
 		// The consumer ended the request, the peer left, or the host took too
 		// long: release the pins at once.
 		if pinJob >= 0 && len(pinRows) > 0 {
@@ -107,6 +136,7 @@ func (s *Session) AnswerLookup(l *InboundLookup, answers []Answer, pinJob int64,
 	if len(hits) > 0 && pinJob < 0 {
 		return false, fmt.Errorf("%d hits but no pin job", len(hits))
 	}
+	l.state = inboundWaiting
 	for i, a := range answers {
 		if a != AnswerLater {
 			l.resolved[string(l.pending[i])] = a == AnswerHit
@@ -130,7 +160,7 @@ func (p *producer) respond(l *InboundLookup) {
 		hits[i] = l.resolved[string(k)]
 	}
 	p.s.send(&protocol.LookupResp{KVRequestID: l.KVRequestID, Keys: l.keys, Hits: hits})
-	l.Done = true
+	l.state = inboundDone
 	l.pending = nil
 	if req := p.requests[l.KVRequestID]; req != nil {
 		delete(req.lookups, l.ID)
@@ -145,7 +175,7 @@ func (p *producer) dropLookups(kvID string) {
 		return
 	}
 	for id, l := range req.lookups {
-		l.Done = true
+		l.state = inboundDone
 		delete(req.lookups, id)
 		p.s.report(Report{Kind: InboundFinished, Lookup: l})
 	}
@@ -159,14 +189,13 @@ func (p *producer) tickLookups(now time.Time) {
 	grace := p.s.env.Cfg.InboundLookupTimeout
 	for _, req := range p.requests {
 		for _, l := range req.lookups {
-			if now.Before(l.deadline) || (l.CheckedOut && now.Before(l.deadline.Add(grace))) {
+			if now.Before(l.deadline) || (l.CheckedOut() && now.Before(l.deadline.Add(grace))) {
 				continue
 			}
-			if l.CheckedOut {
+			if l.CheckedOut() {
 				p.s.env.Logf("WARNING", "peer %s: the host did not answer lookup kv_request_id=%s within %v; answering it as misses",
 					p.s.peerID, l.KVRequestID, 2*grace)
-				l.CheckedOut = false
-				l.Evaluated = false // its late answer finds it gone: no Finish item is owed
+				l.lateAnswer = true // its late answer finds it gone: no Finish item is owed
 				p.respond(l)
 				p.s.report(Report{Kind: InboundFinished, Lookup: l})
 				continue

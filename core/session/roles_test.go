@@ -131,7 +131,7 @@ func TestCheckedOutLookupsHaveADeadline(t *testing.T) {
 	p.sb.Handle(&protocol.Lookup{KVRequestID: "kv", Keys: [][]byte{key(1)}})
 	require.Len(t, p.b.inbound, 1)
 	l := p.b.inbound[0]
-	l.Evaluated, l.CheckedOut = true, true
+	l.CheckOut()
 	p.b.tick(1500 * time.Millisecond)
 	assert.Empty(t, lookupResps(p.b.take()), "still within the host's grace")
 	p.b.tick(time.Second)

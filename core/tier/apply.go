@@ -52,7 +52,7 @@ func (t *Tier) apply(r session.Report) {
 		l := r.Lookup
 		delete(t.lookups, l.ID)
 		t.inbound.remove(l.ID)
-		if l.Evaluated && !l.CheckedOut {
+		if l.OwesFinish() {
 			t.inbound.push(inboundItem{id: l.ID, kind: InboundFinish, reqID: l.ReqID})
 		}
 	}

@@ -57,7 +57,7 @@ func (t *Tier) NextInbound(fits func(Inbound) bool) (Inbound, bool, bool) {
 				continue
 			}
 			in.ReqID = l.ReqID
-			in.First = !l.Evaluated
+			in.First = !l.Evaluated()
 			in.Keys = l.Pending()
 		}
 		if fits != nil && !fits(in) {
@@ -65,8 +65,7 @@ func (t *Tier) NextInbound(fits func(Inbound) bool) (Inbound, bool, bool) {
 		}
 		t.inbound.now = t.inbound.now[1:]
 		if l != nil {
-			l.Evaluated = true
-			l.CheckedOut = true
+			l.CheckOut()
 		}
 		return in, true, true
 	}
@@ -97,7 +96,7 @@ func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID in
 		}
 	}
 	l := t.lookups[lookupID]
-	if l != nil && !l.CheckedOut {
+	if l != nil && !l.CheckedOut() {
 		return false, fmt.Errorf("%w: lookup %d was not handed out for evaluation", ErrInvalidArgument, lookupID)
 	}
 	if len(pinSlots) > 0 {
@@ -113,8 +112,7 @@ func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID in
 		return true, nil
 	}
 	finished, err := l.Session().AnswerLookup(l, answers, pinJobID, rows)
-	if err != nil {
-		l.CheckedOut = true
+	if err != nil { // nothing changed: the lookup stays checked out
 		if len(pinSlots) > 0 {
 			delete(t.jobs, pinJobID)
 		}
