@@ -5,6 +5,23 @@
 // guarded by one mutex that is never held across network I/O, so host calls
 // return in microseconds. Network progress (inbound frames, transfer
 // completions, deadlines) runs on the tier's own goroutine.
+//
+// Glossary (one word per concept, here and in core/session):
+//   - host request: a vLLM request (req_id) and its kv_transfer_params.
+//   - kv id: the orchestrator's kv_request_id, shared by both ends of a transfer.
+//   - pull: this peer as consumer, loading rows from a source (remote_prefiller,
+//     remote_kv_source); serve: this peer as producer, writing rows to a consumer.
+//   - round: one fetch of one kv id (round_seq), with its supply (stored or pinned
+//     rows), its demand (the fetch's keys and rows) and its writes in flight.
+//   - row: one block of the region (block_len bytes); key: its offload key.
+//   - job: a load or store the host submitted, reported exactly once.
+//   - inbound lookup: a remote consumer's lookup, evaluated by the host.
+//
+// State has one owner each: a request (its pull's failure included) here; a
+// served PD kv id in a serveKV (serve.go); the data path's peers in the
+// registry; a round, a load or an inbound lookup in its session. Sessions
+// report what happened as values (session.Report); settle applies them and
+// reaps ended sessions, in one step after every call into sessions.
 package tier
 
 import (
