@@ -48,7 +48,9 @@ const DataAuto = "auto"
 // Config is one peer's configuration. Zero durations mean "use the default".
 type Config struct {
 	// Host and Port are bound and are this peer's identity "host:port".
-	// Port is the final port (base + data-parallel index).
+	// A host name (default "localhost") is resolved before binding, to its
+	// first IPv4 address (IPv6 when it has none); the identity keeps the
+	// name. Port is the final port (base + data-parallel index).
 	Host string
 	Port int
 	// ConfigFingerprint is vLLM's 16-hex-char config fingerprint ("" = any).

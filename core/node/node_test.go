@@ -174,3 +174,31 @@ func TestSameHostCopyCanBeTurnedOff(t *testing.T) {
 	defer tr.Shutdown()
 	assert.Equal(t, "tcp", tr.Stats().DataPaths)
 }
+
+// The documented default host, spelled out or left out, binds on any libzmq
+// (4.3.4 does not resolve names on bind itself) and stays the identity.
+func TestLocalhostIsTheDefaultHostAndBinds(t *testing.T) {
+	for name, host := range map[string]string{"localhost": `"host":"localhost",`, "no host": ""} {
+		t.Run(name, func(t *testing.T) {
+			port := freePort(t)
+			cfg, err := config.FromJSON([]byte(`{` + host + `"port":` + strconv.Itoa(port) +
+				`,"data_port":0,"data_transport":"tcp","shutdown_drain_timeout_s":0.5}`))
+			require.NoError(t, err)
+			tr, err := Open(cfg, testRegion())
+			require.NoError(t, err)
+			assert.Equal(t, "localhost:"+strconv.Itoa(port), tr.LocalID())
+			conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), 5*time.Second)
+			require.NoError(t, err, "the control port is bound on loopback")
+			_ = conn.Close()
+
+			done := make(chan error, 1)
+			go func() { done <- tr.Shutdown() }()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("Shutdown did not return within 10s")
+			}
+		})
+	}
+}

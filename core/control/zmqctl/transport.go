@@ -75,7 +75,10 @@ func New(localID, bindHost string, port int, opts Options) (*Transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	bind := tcpEndpoint(bindHost, port)
+	bind, err := bindEndpoint(bindHost, port) // a host name is resolved here
+	if err != nil {
+		return nil, fmt.Errorf("zmqctl: %w", err)
+	}
 	t := &Transport{
 		localID:  localID,
 		bindAddr: bind.addr,
