@@ -1,7 +1,7 @@
 package node
 
 import (
-	"golang.org/x/sys/unix"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"golang.org/x/sys/unix"
 
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/data"
@@ -201,4 +202,71 @@ func TestLocalhostIsTheDefaultHostAndBinds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pullOnce runs one PD transfer of one row from prod to dec, within bounds.
+func pullOnce(t *testing.T, prod, dec *tier.Tier, prodRegion, decRegion data.Region, kv string) {
+	t.Helper()
+	key := make([]byte, 36)
+	copy(key, kv)
+	row := prodRegion.Row(0)
+	for i := range row {
+		row[i] = byte(i*7 + len(kv))
+	}
+	_, err := prod.StartRequest("p", []byte(fmt.Sprintf(`{"remote_decoder":{"kv_request_id":%q}}`, kv)))
+	require.NoError(t, err)
+	require.NoError(t, prod.SubmitStore("p", 1, [][]byte{key}, []int64{0}))
+	_, err = dec.StartRequest("d", []byte(fmt.Sprintf(
+		`{"remote_prefiller":{"kv_request_id":%q,"remote_host":"127.0.0.1","remote_port":%s}}`,
+		kv, strings.TrimPrefix(prod.LocalID(), "127.0.0.1:"))))
+	require.NoError(t, err)
+	require.NoError(t, dec.SubmitLoad("d", 2, [][]byte{key}, []int64{1}))
+	var res []tier.JobResult
+	require.Eventually(t, func() bool {
+		res = append(res, dec.GetFinished(8)...)
+		return len(res) > 0
+	}, 15*time.Second, 5*time.Millisecond, "the load is reported")
+	require.True(t, res[0].Success, "logs: %s", dec.TakeLogs(1<<16))
+	assert.Equal(t, row, decRegion.Row(1))
+}
+
+// Two nodes with a secret and encrypt: CURVE on the control path, TLS on
+// the TCP data path, and the pull works end to end.
+func TestEncryptedNodesPullEndToEnd(t *testing.T) {
+	t.Setenv(config.SecretEnv, "cluster secret")
+	prodCfg := testConfig(t, `,"data_transport":"tcp","encrypt":true`)
+	decCfg := testConfig(t, `,"data_transport":"tcp","encrypt":true`)
+	prodRegion, decRegion := testRegion(), testRegion()
+	prod, err := Open(prodCfg, prodRegion)
+	require.NoError(t, err)
+	defer prod.Shutdown()
+	dec, err := Open(decCfg, decRegion)
+	require.NoError(t, err)
+	defer dec.Shutdown()
+	pullOnce(t, prod, dec, prodRegion, decRegion, "kv-encrypted")
+}
+
+// A node without encrypt cannot talk to one with it, and says nothing
+// useful to it: the load fails within its deadline instead of hanging.
+func TestEncryptedAndPlainNodesDoNotTalk(t *testing.T) {
+	t.Setenv(config.SecretEnv, "cluster secret")
+	prodCfg := testConfig(t, `,"data_transport":"tcp","encrypt":true`)
+	decCfg := testConfig(t, `,"data_transport":"tcp","handshake_timeout_s":1,"load_timeout_s":1,"abort_ack_timeout_s":0.5`)
+	prod, err := Open(prodCfg, testRegion())
+	require.NoError(t, err)
+	defer prod.Shutdown()
+	dec, err := Open(decCfg, testRegion())
+	require.NoError(t, err)
+	defer dec.Shutdown()
+	_, err = dec.StartRequest("d", []byte(fmt.Sprintf(
+		`{"remote_prefiller":{"kv_request_id":"kv-x","remote_host":"127.0.0.1","remote_port":%d}}`, prodCfg.Port)))
+	require.NoError(t, err)
+	require.NoError(t, dec.SubmitLoad("d", 1, [][]byte{make([]byte, 36)}, []int64{0}))
+	var res []tier.JobResult
+	require.Eventually(t, func() bool {
+		res = append(res, dec.GetFinished(8)...)
+		return len(res) > 0
+	}, 10*time.Second, 5*time.Millisecond)
+	assert.False(t, res[0].Success)
+	assert.Zero(t, prod.Stats().DataPeers, "the plaintext peer never got past CURVE")
 }

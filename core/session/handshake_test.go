@@ -1,12 +1,15 @@
 package session
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/peerkv/peerkv/core/config"
+	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/protocol"
 )
 
@@ -154,4 +157,50 @@ func TestRequestsBeforeTheHandshakeAreProtocolErrors(t *testing.T) {
 		assert.Contains(t, s.DeathReason(), "before the handshake finished")
 		assert.Empty(t, b.inbound)
 	}
+}
+
+func TestRevisionOnePeerIsToldToUpgrade(t *testing.T) {
+	b := newOwner(t, "127.0.0.1:1002", withSecret("s"))
+	s := b.open("127.0.0.1:1001", false)
+	s.Handle(&protocol.Connect{PeerID: "127.0.0.1:1001", AgentMetadata: []byte{}, NumBlocks: 1, BlockLen: testRowLen,
+		HashSeed: "42", PeerKV: &protocol.Capabilities{Version: 1, Nonce: make([]byte, nonceLen)}})
+	assert.True(t, s.Dead())
+	assert.Contains(t, b.logs[len(b.logs)-1], "upgrade it")
+}
+
+func TestHalfOpenHandshakeIsDroppedAtItsDeadline(t *testing.T) {
+	b := newOwner(t, "127.0.0.1:1002", withSecret("s"), func(c *config.Config) { c.HandshakeTimeout = 2 * time.Second })
+	s := b.open("127.0.0.1:1001", false)
+	s.Handle(&protocol.Connect{PeerID: "127.0.0.1:1001", AgentMetadata: []byte{}, NumBlocks: 1, BlockLen: testRowLen,
+		HashSeed: "42", PeerKV: &protocol.Capabilities{Version: 2, Nonce: make([]byte, nonceLen)}})
+	b.tick(time.Second)
+	assert.False(t, s.Dead())
+	b.tick(1500 * time.Millisecond)
+	assert.True(t, s.Dead(), "a peer that never proves the secret holds its slot only until the deadline")
+	assert.Contains(t, s.DeathReason(), "never proved the auth secret")
+}
+
+// offeringData is a data path with a same-host grant, recording withdrawals.
+type offeringData struct {
+	data.Transport
+	offers, withdrawn []string
+}
+
+func (o *offeringData) Offer(peerID string) string {
+	g := fmt.Sprintf("v1 grant-%d-for-%s", len(o.offers), peerID)
+	o.offers = append(o.offers, g)
+	return g
+}
+func (o *offeringData) Withdraw(peerID, offer string) { o.withdrawn = append(o.withdrawn, offer) }
+
+func TestASessionWithdrawsItsSameHostGrantWhenItCloses(t *testing.T) {
+	a := newOwner(t, "127.0.0.1:1001")
+	od := &offeringData{Transport: a.env.Data}
+	a.env.Data = od
+	s := a.open("127.0.0.1:1002", true)
+	c := a.take()[0].(*protocol.Connect)
+	require.Len(t, od.offers, 1)
+	assert.Equal(t, od.offers[0], c.PeerKV.SameHost, "the grant goes to this peer only, in our connect")
+	s.Close("done")
+	assert.Equal(t, od.offers, od.withdrawn, "no grant outlives its session")
 }

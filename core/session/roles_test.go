@@ -145,3 +145,24 @@ func TestCheckedOutLookupsHaveADeadline(t *testing.T) {
 	assert.True(t, finished)
 	assert.Equal(t, map[int64]bool{7: false}, p.b.stores, "the late pin is released at once")
 }
+
+// Rows pinned for a lookup whose fetch never comes are released at
+// store_timeout_s, and the late fetch gets a failure, never stale rows.
+func TestUnfetchedLookupPinsAreReleased(t *testing.T) {
+	p := handshaked(t, func(c *config.Config) { c.StoreTimeout = 2 * time.Second })
+	p.sb.Handle(&protocol.Lookup{KVRequestID: "kv", Keys: [][]byte{key(1)}})
+	l := p.b.inbound[0]
+	l.CheckOut()
+	finished, err := p.sb.AnswerLookup(l, []Answer{AnswerHit}, 9, []uint64{2})
+	require.NoError(t, err)
+	require.True(t, finished)
+	p.b.take()
+	p.b.tick(time.Second)
+	assert.Empty(t, p.b.stores, "still pinned within store_timeout_s")
+	p.b.tick(1500 * time.Millisecond)
+	assert.Equal(t, map[int64]bool{9: false}, p.b.stores, "released, reported once")
+	p.sb.Handle(&protocol.Fetch{KVRequestID: "kv", Keys: [][]byte{key(1)}, BlockIndexes: []uint64{0}})
+	done := transferDones(p.b.take())
+	require.Len(t, done, 1)
+	assert.False(t, done[0].Success)
+}
