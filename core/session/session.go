@@ -111,6 +111,9 @@ func (s *Session) Ready() bool { return s.sendReady && s.state == acked && !s.de
 // LastActivity is when the peer last sent us something or we sent it work.
 func (s *Session) LastActivity() time.Time { return s.lastActivity }
 
+// OpenedAt is when the session started.
+func (s *Session) OpenedAt() time.Time { return s.openedAt }
+
 // Handshaked reports whether both sides acked each other.
 func (s *Session) Handshaked() bool { return s.Ready() }
 

@@ -290,3 +290,27 @@ func TestAControlPathThatDiesPoisonsThePeer(t *testing.T) {
 	_, err = p.StartRequest("q", nil)
 	assert.ErrorIs(t, err, tier.ErrInternal)
 }
+
+// Connects that never finish their handshake, from many sources, cannot
+// keep a real peer out: when every slot is taken the oldest stalled one
+// gives its slot up.
+func TestStalledHandshakesGiveTheirSlotsToNewcomers(t *testing.T) {
+	c := newCluster(t)
+	limits := func(cfg *config.Config) { cfg.MaxPeers = 4; cfg.HandshakeTimeout = 30 * time.Second }
+	prod, dec := c.peer(1, limits), c.peer(2, limits)
+	for i := range 4 {
+		c.raw(fmt.Sprintf("127.0.%d.9:7000", 10+i)).connect(prod.id) // four sources, never acking
+	}
+	require.Eventually(t, func() bool { return prod.Stats().Sessions == 4 }, 3*time.Second, time.Millisecond)
+	time.Sleep(1100 * time.Millisecond) // past the grace a real handshake needs
+	ks := keys(1)
+	prod.fill(0, ks[0])
+	_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-stall"}}`))
+	require.NoError(t, err)
+	require.NoError(t, prod.SubmitStore("p", 1, ks, []int64{0}))
+	_, err = dec.StartRequest("d", pdParams("kv-stall", prod))
+	require.NoError(t, err)
+	require.NoError(t, dec.SubmitLoad("d", 2, ks, []int64{3}))
+	assert.True(t, dec.waitJob(2, 3*time.Second).Success, "the real peer got a slot")
+	assert.Contains(t, string(prod.TakeLogs(1<<16)), "handshake unfinished")
+}

@@ -308,11 +308,37 @@ func (t *Tier) admit(peerID, addr string) string {
 	}
 	if len(t.sessions) >= t.cfg.MaxPeers {
 		t.evictIdle(t.now(), true)
-		if len(t.sessions) >= t.cfg.MaxPeers {
-			return fmt.Sprintf("%d sessions already (max_peers)", len(t.sessions))
-		}
+	}
+	if len(t.sessions) >= t.cfg.MaxPeers {
+		t.evictStalledHandshake(t.now())
+	}
+	if len(t.sessions) >= t.cfg.MaxPeers {
+		return fmt.Sprintf("%d sessions already (max_peers)", len(t.sessions))
 	}
 	return ""
+}
+
+// handshakeGrace is how long a handshake may take before its slot can go to
+// a newcomer when every slot is taken: real peers finish in milliseconds,
+// so only connects that never complete (a flood) lose their slot.
+const handshakeGrace = time.Second
+
+// evictStalledHandshake frees the slot of the oldest session whose
+// handshake has not finished after handshakeGrace.
+func (t *Tier) evictStalledHandshake(now time.Time) {
+	var oldest *session.Session
+	for _, s := range t.sessions {
+		if s.Dead() || s.Handshaked() || now.Sub(s.OpenedAt()) < handshakeGrace {
+			continue
+		}
+		if oldest == nil || s.OpenedAt().Before(oldest.OpenedAt()) {
+			oldest = s
+		}
+	}
+	if oldest != nil {
+		oldest.Close(fmt.Sprintf("handshake unfinished after %v while every session slot is taken", now.Sub(oldest.OpenedAt()).Round(time.Millisecond)))
+		t.settle()
+	}
 }
 
 // openSession starts a session; source is the kernel-reported address of a
