@@ -36,10 +36,41 @@ func (t *Transport) acceptLoop() {
 			_ = c.Close()
 			return
 		}
+		if why := t.overConnLimit(c); why != "" {
+			t.mu.Unlock()
+			t.opts.Logf("tcpdata: connection from %s refused: %s", c.RemoteAddr(), why)
+			_ = c.Close()
+			continue
+		}
 		t.inbound[c] = struct{}{}
 		t.goSafe("receiver "+c.RemoteAddr().String(), func() { t.serveInbound(c) })
 		t.mu.Unlock()
 	}
+}
+
+// overConnLimit says why c may not be served ("" if it may); t.mu held.
+func (t *Transport) overConnLimit(c net.Conn) string {
+	if len(t.inbound) >= t.opts.MaxConns {
+		return fmt.Sprintf("%d data connections already", len(t.inbound))
+	}
+	host := remoteHost(c)
+	n := 0
+	for other := range t.inbound {
+		if remoteHost(other) == host {
+			n++
+		}
+	}
+	if n >= t.opts.MaxConnsPerHost {
+		return fmt.Sprintf("%d data connections from %s already", n, host)
+	}
+	return ""
+}
+
+func remoteHost(c net.Conn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return c.RemoteAddr().String()
 }
 
 // receiver is one inbound connection's state, owned by its goroutine.

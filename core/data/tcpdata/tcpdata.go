@@ -16,6 +16,11 @@ const (
 	DefaultIOTimeout   = 10 * time.Second
 	DefaultIdleTimeout = 60 * time.Second
 	DefaultStreams     = 2
+	// DefaultMaxConns and DefaultMaxConnsPerHost bound inbound data
+	// connections: 128 peers at two streams each fit with room, and one
+	// source address cannot take them all.
+	DefaultMaxConns        = 1024
+	DefaultMaxConnsPerHost = 64
 	// completionBuffer bounds unread completions before senders wait.
 	completionBuffer = 4096
 	// minPartBytes keeps small transfers on one connection: splitting a
@@ -54,6 +59,10 @@ type Options struct {
 	IdleTimeout time.Duration
 	// Streams is the number of parallel connections per peer (default 2).
 	Streams int
+	// MaxConns and MaxConnsPerHost bound inbound connections, in all and
+	// from one source IP (defaults 1024 and 64); more are closed at once.
+	MaxConns        int
+	MaxConnsPerHost int
 	// SocketBufferBytes sets SO_SNDBUF/SO_RCVBUF on data connections
 	// (0 = leave the kernel's autotuning on, usually the fastest).
 	SocketBufferBytes int
@@ -74,7 +83,7 @@ func (o *Options) validate() error {
 	if o.Encrypt && o.AuthSecret == "" {
 		return errors.New("tcpdata: Encrypt needs AuthSecret: the secret is what authenticates TLS peers")
 	}
-	if o.IOTimeout < 0 || o.IdleTimeout < 0 || o.Streams < 0 || o.SocketBufferBytes < 0 {
+	if o.IOTimeout < 0 || o.IdleTimeout < 0 || o.Streams < 0 || o.SocketBufferBytes < 0 || o.MaxConns < 0 || o.MaxConnsPerHost < 0 {
 		return errors.New("tcpdata: negative timeout, stream count or buffer size")
 	}
 	if o.IOTimeout == 0 {
@@ -85,6 +94,12 @@ func (o *Options) validate() error {
 	}
 	if o.Streams == 0 {
 		o.Streams = DefaultStreams
+	}
+	if o.MaxConns == 0 {
+		o.MaxConns = DefaultMaxConns
+	}
+	if o.MaxConnsPerHost == 0 {
+		o.MaxConnsPerHost = DefaultMaxConnsPerHost
 	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
