@@ -69,10 +69,35 @@ type Completion struct {
 	Err    error // nil when every row was written
 }
 
-// WriteGuard tells a receiving transport whether peerID may write row.
+// WriteGuard tells a receiving transport whether peerID may write a row.
 // Transports that receive writes themselves (TCP) must consult it for every
 // row; one-sided transports (NIXL) cannot.
-type WriteGuard func(peerID string, row uint64) bool
+type WriteGuard interface {
+	// MayWrite says whether peerID may write row now (to refuse a transfer
+	// before any of its rows is read).
+	MayWrite(peerID string, row uint64) bool
+	// WriteRow copies src into dst, row's bytes in our region, if peerID
+	// may write row, atomically with the check: the owner cannot release a
+	// load's rows while one of them is being copied, so a row that arrives
+	// late never lands after the host got the rows back.
+	WriteRow(peerID string, row uint64, dst, src []byte) bool
+}
+
+// GuardFunc is a WriteGuard from a predicate, for tests and for receivers
+// whose owner never releases rows concurrently.
+type GuardFunc func(peerID string, row uint64) bool
+
+// MayWrite implements WriteGuard.
+func (f GuardFunc) MayWrite(peerID string, row uint64) bool { return f(peerID, row) }
+
+// WriteRow implements WriteGuard (check, then copy: not atomic).
+func (f GuardFunc) WriteRow(peerID string, row uint64, dst, src []byte) bool {
+	if !f(peerID, row) {
+		return false
+	}
+	copy(dst, src)
+	return true
+}
 
 // Transport is the data path of one peer.
 type Transport interface {

@@ -118,7 +118,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		stop:       make(chan struct{}),
 		loopDone:   make(chan struct{}),
 	}
-	dt, err := deps.NewData(t.mayWrite, t.logf)
+	dt, err := deps.NewData(rowGuard{t}, t.logf)
 	if err != nil {
 		return nil, err
 	}
@@ -145,12 +145,26 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 // LocalID is this peer's identity "host:port".
 func (t *Tier) LocalID() string { return t.env.LocalID }
 
-// mayWrite is the data path's write guard: a peer may write only rows of a
-// load it is serving right now.
-func (t *Tier) mayWrite(peerID string, row uint64) bool {
-	t.guardMu.RLock()
-	defer t.guardMu.RUnlock()
-	return t.expected[row] == peerID
+// rowGuard is the data path's write guard: a peer may write only rows of a
+// load it is serving right now. Copies hold the read lock, and releasing a
+// load's rows (expect off) takes the write lock, so no row lands after the
+// load ended.
+type rowGuard struct{ t *Tier }
+
+func (g rowGuard) MayWrite(peerID string, row uint64) bool {
+	g.t.guardMu.RLock()
+	defer g.t.guardMu.RUnlock()
+	return g.t.expected[row] == peerID
+}
+
+func (g rowGuard) WriteRow(peerID string, row uint64, dst, src []byte) bool {
+	g.t.guardMu.RLock()
+	defer g.t.guardMu.RUnlock()
+	if g.t.expected[row] != peerID {
+		return false
+	}
+	copy(dst, src)
+	return true
 }
 
 func (t *Tier) expect(peerID string, rows []uint64, on bool) {

@@ -241,7 +241,7 @@ func (t *Transport) copyRows(peerID string, src, dst []uint64) error {
 		if row >= to.region.NumRows() {
 			return fmt.Errorf("%w: destination row %d, %s has %d", data.ErrRowOutOfRange, row, peerID, to.region.NumRows())
 		}
-		if to.guard != nil && !to.guard(t.localID, row) {
+		if to.guard != nil && !to.guard.MayWrite(t.localID, row) {
 			return fmt.Errorf("%w: %s refused row %d", data.ErrRejected, peerID, row)
 		}
 	}
@@ -250,7 +250,11 @@ func (t *Transport) copyRows(peerID string, src, dst []uint64) error {
 	to.copyMu.Lock()
 	defer to.copyMu.Unlock()
 	for i := range src {
-		copy(to.region.Row(dst[i]), t.region.Row(src[i]))
+		if to.guard == nil {
+			copy(to.region.Row(dst[i]), t.region.Row(src[i]))
+		} else if !to.guard.WriteRow(t.localID, dst[i], to.region.Row(dst[i]), t.region.Row(src[i])) {
+			return fmt.Errorf("%w: %s refused row %d", data.ErrRejected, peerID, dst[i])
+		}
 	}
 	return nil
 }

@@ -116,7 +116,7 @@ func TestGuardRejectionWritesNothing(t *testing.T) {
 		asked = append(asked, peerID)
 		return row != 3
 	}
-	_, a, _, _, dst := pair(t, guard)
+	_, a, _, _, dst := pair(t, data.GuardFunc(guard))
 	before := bytes.Clone(dst.Mem)
 	_, err := a.Write("b", []uint64{0, 1}, []uint64{2, 3})
 	require.NoError(t, err)

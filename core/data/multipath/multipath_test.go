@@ -1,9 +1,9 @@
 package multipath
 
 import (
-	"fmt"
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 

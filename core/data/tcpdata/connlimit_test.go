@@ -58,3 +58,35 @@ func TestInboundConnectionsAreBounded(t *testing.T) {
 	defer mu.Unlock()
 	assert.Contains(t, strings.Join(logs, "\n"), "refused: %s")
 }
+
+// releasedMidway accepts a transfer's rows at its header, then finds row 3
+// released (its load ended) by the time that row's bytes arrived.
+type releasedMidway struct{}
+
+func (releasedMidway) MayWrite(string, uint64) bool { return true }
+func (releasedMidway) WriteRow(_ string, row uint64, dst, src []byte) bool {
+	if row == 3 {
+		return false
+	}
+	copy(dst, src)
+	return true
+}
+
+// A row whose load ended while it streamed in never lands, nor do the rows
+// after it; the connection stays usable.
+func TestARowArrivingAfterItsLoadEndedNeverLands(t *testing.T) {
+	src, dst := randomRegion(t, 8), sentinelRegion(8)
+	a := newTransport(t, "a", src, nil)
+	b := newTransport(t, "b", dst, func(o *Options) { o.Guard = releasedMidway{} })
+	addPeer(t, a, "b", b)
+	_, err := a.Write("b", seq(0, 6), seq(0, 6))
+	require.NoError(t, err)
+	c := nextCompletion(t, a, waitLimit)
+	require.ErrorIs(t, c.Err, data.ErrRejected)
+	assert.Contains(t, c.Err.Error(), "row 3")
+	assertRowsAt(t, src, dst, []uint64{0, 1, 2}, []uint64{0, 1, 2})
+
+	_, err = a.Write("b", []uint64{7}, []uint64{7})
+	require.NoError(t, err)
+	require.NoError(t, nextCompletion(t, a, waitLimit).Err)
+}

@@ -82,6 +82,8 @@ type receiver struct {
 	indices []byte
 	rows    []uint64
 	discard []byte
+	stage   []byte // one row, read in full before the guard lets it into the region
+	refused bool   // the guard refused the last row received
 	ackBuf  [ackLen]byte
 }
 
@@ -220,7 +222,7 @@ func (r *receiver) receivePart() error {
 	if err != nil {
 		return err
 	}
-	if !h.valid(t.region.RowLen) {
+	if !h.valid(t.region.RowLen, t.region.NumRows()) {
 		_ = r.writeAck(ack{transferID: h.transferID, status: statusBadRequest})
 		return fmt.Errorf("%w: transfer %d header %+v", ErrProtocol, h.transferID, h)
 	}
@@ -244,16 +246,27 @@ func (r *receiver) receivePart() error {
 		switch {
 		case row >= t.region.NumRows():
 			verdict.status, verdict.row = statusRowOutOfRange, row
-		case t.opts.Guard != nil && !t.opts.Guard(r.peerID, row):
+		case t.opts.Guard != nil && !t.opts.Guard.MayWrite(r.peerID, row):
 			verdict.status, verdict.row = statusRejected, row
 		}
 	}
 	rows = rows[h.first : h.first+h.partRows]
 
 	if verdict.status == statusOK {
-		for _, row := range rows {
-			if err := r.readFull(t.region.Row(row)); err != nil {
+		for i, row := range rows {
+			if err := r.receiveRow(row); err != nil {
 				return fmt.Errorf("transfer %d row %d: %w", h.transferID, row, err)
+			}
+			if r.refused {
+				// The load ended while its rows streamed in: drop the rest.
+				r.refused = false
+				verdict.status, verdict.row = statusRejected, row
+				if err := r.skip(uint64(len(rows)-i-1) * h.rowLen); err != nil {
+					return fmt.Errorf("transfer %d discarding refused rows: %w", h.transferID, err)
+				}
+				t.opts.Logf("tcpdata: transfer %d from %s: row %d arrived after its load ended; dropped it and the rest",
+					h.transferID, r.peerID, row)
+				break
 			}
 		}
 	} else {
@@ -263,6 +276,25 @@ func (r *receiver) receivePart() error {
 		}
 	}
 	return r.writeAck(verdict)
+}
+
+// receiveRow reads one row. With a guard the row is read in full into a
+// staging buffer first and the guard copies it in only if its load is still
+// running then (r.refused otherwise): a writer that trickles a row cannot
+// make it land after the host got the row back.
+func (r *receiver) receiveRow(row uint64) error {
+	dst := r.t.region.Row(row)
+	if r.t.opts.Guard == nil {
+		return r.readFull(dst)
+	}
+	if r.stage == nil {
+		r.stage = make([]byte, len(dst))
+	}
+	if err := r.readFull(r.stage); err != nil {
+		return err
+	}
+	r.refused = !r.t.opts.Guard.WriteRow(r.peerID, row, dst, r.stage)
+	return nil
 }
 
 // readFull fills b with a fresh deadline: the deadline bounds a stall.

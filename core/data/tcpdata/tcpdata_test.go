@@ -104,7 +104,7 @@ func TestRowsArriveIntact(t *testing.T) {
 	asked := map[string]map[uint64]bool{}
 	a := newTransport(t, "a", src, nil)
 	b := newTransport(t, "b", dst, func(o *Options) {
-		o.Guard = func(peerID string, row uint64) bool {
+		o.Guard = data.GuardFunc(func(peerID string, row uint64) bool {
 			guardMu.Lock()
 			defer guardMu.Unlock()
 			if asked[peerID] == nil {
@@ -112,7 +112,7 @@ func TestRowsArriveIntact(t *testing.T) {
 			}
 			asked[peerID][row] = true
 			return true
-		}
+		})
 	})
 	addPeer(t, a, "b", b)
 
@@ -163,7 +163,7 @@ func TestGuardRejectionWritesNothing(t *testing.T) {
 	src, dst := randomRegion(t, 8), sentinelRegion(8)
 	a := newTransport(t, "a", src, nil)
 	b := newTransport(t, "b", dst, func(o *Options) {
-		o.Guard = func(peerID string, row uint64) bool { return row != 5 }
+		o.Guard = data.GuardFunc(func(peerID string, row uint64) bool { return row != 5 })
 	})
 	addPeer(t, a, "b", b)
 
@@ -318,10 +318,10 @@ func TestReconnectsAfterStalledReader(t *testing.T) {
 	var stallOnce sync.Once
 	a := newTransport(t, "a", src, func(o *Options) { o.IOTimeout = 300 * time.Millisecond; o.Streams = 1 })
 	b := newTransport(t, "b", dst, func(o *Options) {
-		o.Guard = func(string, uint64) bool {
+		o.Guard = data.GuardFunc(func(string, uint64) bool {
 			stallOnce.Do(func() { <-stall }) // the first part's guard hangs
 			return true
-		}
+		})
 	})
 	addPeer(t, a, "b", b)
 
@@ -443,12 +443,12 @@ func TestPanickingGuardFailsTransferNotTransport(t *testing.T) {
 	src, dst := randomRegion(t, 4), sentinelRegion(4)
 	a := newTransport(t, "a", src, nil)
 	b := newTransport(t, "b", dst, func(o *Options) {
-		o.Guard = func(_ string, row uint64) bool {
+		o.Guard = data.GuardFunc(func(_ string, row uint64) bool {
 			if row == 0 {
 				panic("guard bug")
 			}
 			return true
-		}
+		})
 	})
 	addPeer(t, a, "b", b)
 

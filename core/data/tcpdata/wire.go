@@ -76,9 +76,11 @@ var ErrHandshake = errors.New("tcpdata: handshake refused")
 // ErrProtocol is returned for a malformed or unexpected frame.
 var ErrProtocol = errors.New("tcpdata: protocol error")
 
-// valid says whether the header is consistent with rowLen.
-func (h partHeader) valid(rowLen uint64) bool {
-	return h.rowLen == rowLen && h.partRows > 0 && h.totalRows <= maxTransferRows &&
+// valid says whether the header is consistent with a region of numRows rows
+// of rowLen bytes: a transfer names at most every row once, so no header
+// makes us allocate more than the region's row count of indices.
+func (h partHeader) valid(rowLen, numRows uint64) bool {
+	return h.rowLen == rowLen && h.partRows > 0 && h.totalRows <= maxTransferRows && uint64(h.totalRows) <= numRows &&
 		uint64(h.first)+uint64(h.partRows) <= uint64(h.totalRows)
 }
 
