@@ -1,6 +1,7 @@
 package tier_test
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -313,4 +314,50 @@ func TestStalledHandshakesGiveTheirSlotsToNewcomers(t *testing.T) {
 	require.NoError(t, dec.SubmitLoad("d", 2, ks, []int64{3}))
 	assert.True(t, dec.waitJob(2, 3*time.Second).Success, "the real peer got a slot")
 	assert.Contains(t, string(prod.TakeLogs(1<<16)), "handshake unfinished")
+}
+
+// failingCtl is a control transport whose sends fail on demand, as
+// zmqctl's do when a peer stops reading and its queue fills.
+type failingCtl struct {
+	*memctl.Transport
+	fail atomic.Bool
+}
+
+func (f *failingCtl) Send(peerID string, frame []byte) error {
+	if f.fail.Load() {
+		return errors.New("send queue full")
+	}
+	return f.Transport.Send(peerID, frame)
+}
+
+// A session that died (its sends failed) and is replaced by the host's next
+// request still reports its jobs.
+func TestADeadSessionReplacedByANewRequestReportsItsJobs(t *testing.T) {
+	c := newCluster(t)
+	prod := c.peer(1)
+	cfg := fastConfig(2)
+	region := data.Region{Mem: make([]byte, numRows*rowLen), RowLen: rowLen}
+	ctl := &failingCtl{Transport: c.ctl.Transport(cfg.LocalID())}
+	tr, err := tier.New(cfg, region, tier.Deps{
+		Control: ctl,
+		NewData: func(guard data.WriteGuard, _ tier.Logf) (data.Transport, error) {
+			return c.data.Transport(cfg.LocalID(), region, guard), nil
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Shutdown() })
+	dec := &peer{Tier: tr, t: t, id: cfg.LocalID(), region: region, seen: map[int64]tier.JobResult{}}
+
+	_, err = dec.StartRequest("r1", pdParams("kv-dead-1", prod))
+	require.NoError(t, err)
+	require.NoError(t, dec.SubmitLoad("r1", 10, keys(1), []int64{0}))
+	require.Eventually(t, func() bool { return prod.Stats().ServeKeysWanted == 1 }, 3*time.Second, time.Millisecond)
+	ctl.fail.Store(true)
+	_, err = dec.StartRequest("r2", p2pParams("kv-dead-2", prod))
+	require.NoError(t, err)
+	_ = dec.lookup("r2", keys(2))
+	require.NoError(t, dec.OnScheduleEnd()) // the lookup's send fails: the session dies
+	_, err = dec.StartRequest("r3", pdParams("kv-dead-3", prod))
+	require.NoError(t, err)
+	assert.False(t, dec.waitJob(10, time.Second).Success, "the dead session's load is reported, once")
 }

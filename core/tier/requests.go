@@ -91,8 +91,13 @@ func (t *Tier) OnScheduleEnd() error {
 	if t.closed {
 		return nil
 	}
+	dead := false
 	for _, s := range t.sessions {
 		s.FlushLookups()
+		dead = dead || s.Dead()
+	}
+	if dead { // a send failed: report its jobs now, not at the next tick
+		t.settle()
 	}
 	return nil
 }

@@ -358,6 +358,11 @@ func (t *Tier) evictStalledHandshake(now time.Time) {
 // openSession starts a session; source is the kernel-reported address of a
 // peer that dialed us ("" for one we dial).
 func (t *Tier) openSession(peerID, source string, dialed bool) *session.Session {
+	if old := t.sessions[peerID]; old != nil {
+		// Never drop a session unclosed: its jobs would go unreported.
+		old.Close("replaced by a new session")
+		t.settle()
+	}
 	s := session.New(t.env, peerID, source, dialed)
 	t.sessions[peerID] = s
 	t.stats.sessionsOpened++
@@ -367,8 +372,11 @@ func (t *Tier) openSession(peerID, source string, dialed bool) *session.Session 
 
 // sessionFor returns the live session to peerID, opening one if allowed.
 func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
-	if s := t.sessions[peerID]; s != nil && !s.Dead() {
-		return s, nil
+	if s := t.sessions[peerID]; s != nil {
+		if !s.Dead() {
+			return s, nil
+		}
+		t.settle() // close it (its jobs reported) before a new one takes its place
 	}
 	if peerID == t.env.LocalID {
 		return nil, errors.New("a peer cannot pull from itself")
