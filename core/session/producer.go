@@ -463,26 +463,31 @@ func (p *producer) expireRounds(now time.Time) {
 	}
 }
 
-// overCap says why the peer may not make us hold state for one more kv id
-// (when kvID is new) or keys more keys ("" when it may). The sums walk this
+// overCap says why the peer may not make us hold one more entry (a round,
+// a tombstone or an inbound lookup) under kvID with keys more keys ("" when
+// it may). Entries of every kv id count against max_requests_per_peer, and
+// an entry holds at least one key's worth, so neither empty lookups nor
+// tombstones of made-up rounds grow without bound. The sums walk this
 // peer's state only, itself bounded by the same caps.
 func (p *producer) overCap(kvID string, keys int) string {
 	cfg := p.s.env.Cfg
 	if _, known := p.requests[kvID]; !known && len(p.requests) >= cfg.MaxRequestsPerPeer {
 		return fmt.Sprintf("the peer already holds %d kv ids here (max_requests_per_peer)", len(p.requests))
 	}
-	if keys == 0 {
-		return ""
-	}
-	held := 0
+	entries, held := 0, 0
 	for _, req := range p.requests {
+		entries += len(req.rounds) + len(req.lookups)
 		for _, r := range req.rounds {
-			held += len(r.wanted) + len(r.available)
+			held += max(1, len(r.wanted)+len(r.available))
 		}
 		for _, l := range req.lookups {
-			held += len(l.keys)
+			held += max(1, len(l.keys))
 		}
 	}
+	if entries >= cfg.MaxRequestsPerPeer {
+		return fmt.Sprintf("the peer already holds %d rounds and lookups here (max_requests_per_peer)", entries)
+	}
+	keys = max(1, keys)
 	if held+keys > cfg.MaxKeysPerPeer {
 		return fmt.Sprintf("the peer's %d keys would exceed the %d it may hold here (max_keys_per_peer)", held+keys, cfg.MaxKeysPerPeer)
 	}

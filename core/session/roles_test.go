@@ -166,3 +166,22 @@ func TestUnfetchedLookupPinsAreReleased(t *testing.T) {
 	require.Len(t, done, 1)
 	assert.False(t, done[0].Success)
 }
+
+// Empty lookups and aborts of made-up rounds under one kv id are entries
+// too: a flood of them is answered at once and never held.
+func TestFloodsUnderOneKVIDAreBounded(t *testing.T) {
+	p := handshaked(t, func(c *config.Config) { c.MaxRequestsPerPeer = 8 })
+	for range 100 {
+		p.sb.Handle(&protocol.Lookup{KVRequestID: "kv", Keys: [][]byte{}})
+	}
+	assert.Len(t, p.b.inbound, 8, "only up to the cap reach the host")
+	assert.Len(t, lookupResps(p.b.take()), 92, "the rest are answered at once")
+	for i := range 100 {
+		p.sb.Handle(&protocol.AbortFetch{KVRequestID: "other", RoundSeq: uint64(i)})
+	}
+	rounds := 0
+	for _, req := range p.sb.producer.requests {
+		rounds += len(req.rounds)
+	}
+	assert.Zero(t, rounds, "no room left for tombstones")
+}

@@ -50,8 +50,7 @@ func (t *Tier) apply(r session.Report) {
 		t.stats.inboundLookups++
 	case session.InboundFinished:
 		l := r.Lookup
-		delete(t.lookups, l.ID)
-		t.inbound.remove(l.ID)
+		delete(t.lookups, l.ID) // its queued Evaluate item, if any, is skipped when reached
 		if l.OwesFinish() {
 			t.inbound.push(inboundItem{id: l.ID, kind: InboundFinish, reqID: l.ReqID})
 		}

@@ -24,19 +24,6 @@ func (q *inboundQueue) push(it inboundItem)     { q.now = append(q.now, it) }
 func (q *inboundQueue) postpone(it inboundItem) { q.later = append(q.later, it) }
 func (q *inboundQueue) len() int                { return len(q.now) + len(q.later) }
 
-func (q *inboundQueue) remove(id int64) {
-	keep := func(items []inboundItem) []inboundItem {
-		out := items[:0]
-		for _, it := range items {
-			if it.id != id || it.kind == InboundFinish {
-				out = append(out, it)
-			}
-		}
-		return out
-	}
-	q.now = keep(q.now)
-	q.later = keep(q.later)
-}
 
 // NextInbound returns the head of the inbound queue; see the tierapi notes.
 func (t *Tier) NextInbound(fits func(Inbound) bool) (Inbound, bool, bool) {
@@ -131,8 +118,7 @@ func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID in
 func (t *Tier) dropInbound(s *session.Session) {
 	for id, l := range t.lookups {
 		if l.Session() == s {
-			delete(t.lookups, id)
-			t.inbound.remove(id)
+			delete(t.lookups, id) // queued items for it are skipped when reached
 		}
 	}
 }
