@@ -265,7 +265,7 @@ func (f *parsed) connect() (Message, error) {
 	if c.PeerID, err = f.str(fPeerID); err != nil {
 		return nil, err
 	}
-	if c.AgentMetadata, err = f.bin(fAgentMetadata); err != nil {
+	if c.AgentMetadata, err = f.bin(fAgentMetadata, MaxAgentMetadataBytes); err != nil {
 		return nil, err
 	}
 	if c.BaseAddr, err = f.uint(fBaseAddr, 0); err != nil {
@@ -370,7 +370,7 @@ func (f *parsed) proof() (Message, error) {
 	if m.PeerID, err = f.str(fPeerID); err != nil {
 		return nil, err
 	}
-	if m.Proof, err = f.bin(fProof); err != nil {
+	if m.Proof, err = f.bin(fProof, MaxDigestBytes); err != nil {
 		return nil, err
 	}
 	return &m, nil
@@ -379,7 +379,7 @@ func (f *parsed) proof() (Message, error) {
 func (f *parsed) paths() (Message, error) {
 	var m Paths
 	var err error
-	if m.AgentMetadata, err = f.bin(fAgentMetadata); err != nil {
+	if m.AgentMetadata, err = f.bin(fAgentMetadata, MaxAgentMetadataBytes); err != nil {
 		return nil, err
 	}
 	if m.BaseAddr, err = f.uint(fBaseAddr, 0); err != nil {
@@ -397,7 +397,7 @@ func (f *parsed) paths() (Message, error) {
 	if m.SameHost, err = f.str(fSameHost); err != nil {
 		return nil, err
 	}
-	if m.MAC, err = f.bin(fMAC); err != nil {
+	if m.MAC, err = f.bin(fMAC, MaxDigestBytes); err != nil {
 		return nil, err
 	}
 	return &m, nil

@@ -357,3 +357,13 @@ func TestDecodeListLimitBeforeAllocation(t *testing.T) {
 	require.ErrorIs(t, err, ErrMalformed)
 	assert.Equal(t, "malformed message: fetch: keys: 1024 items, limit 1000", err.Error())
 }
+
+func TestDecodeBoundsBinaryFields(t *testing.T) {
+	_, err := Decode(build(t, validConnect(kv{"agent_metadata", bytes.Repeat([]byte{1}, MaxAgentMetadataBytes+1)})...), Limits{})
+	require.ErrorIs(t, err, ErrMalformed)
+	assert.Contains(t, err.Error(), "agent_metadata:")
+	_, err = Decode(build(t, validConnect(kv{"peerkv", map[string]any{"version": 2, "nonce": make([]byte, MaxDigestBytes+1)}})...), Limits{})
+	require.ErrorIs(t, err, ErrMalformed)
+	_, err = Decode(build(t, kv{"type", "peerkv_proof"}, kv{"peer_id", "a:1"}, kv{"proof", make([]byte, MaxDigestBytes+1)}), Limits{})
+	require.ErrorIs(t, err, ErrMalformed)
+}

@@ -43,14 +43,17 @@ func checkWireString(b []byte) error {
 	return nil
 }
 
-// bin returns a copy of a bin value, never nil.
-func (f *parsed) bin(id field) ([]byte, error) {
+// bin returns a copy of a bin value of at most limit bytes, never nil.
+func (f *parsed) bin(id field, limit int) ([]byte, error) {
 	t, err := f.value(id)
 	if err != nil {
 		return nil, f.fail(id, "missing")
 	}
 	if t.Kind != kindBin {
 		return nil, f.fail(id, "expected bin, got %s", t.describe())
+	}
+	if len(t.Bytes) > limit {
+		return nil, f.fail(id, "%d bytes, limit %d", len(t.Bytes), limit)
 	}
 	return append([]byte{}, t.Bytes...), nil
 }
@@ -221,6 +224,9 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 		case "nonce":
 			if v.Kind != kindBin {
 				return nil, bad("bin")
+			}
+			if len(v.Bytes) > MaxDigestBytes {
+				return nil, f.failPath(path, "%d bytes, limit %d", len(v.Bytes), MaxDigestBytes)
 			}
 			c.Nonce = append([]byte{}, v.Bytes...)
 		default:

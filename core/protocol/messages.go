@@ -171,6 +171,13 @@ type Limits struct {
 	KeyLen int
 }
 
-// MaxStringBytes bounds every string field on the wire (ids, seeds,
-// addresses); no legitimate value comes near it.
-const MaxStringBytes = 1024
+// Bounds on variable-size fields, far above any legitimate value, so an
+// unauthenticated peer cannot make a session hold megabytes.
+const (
+	// MaxStringBytes bounds every string field (ids, seeds, addresses).
+	MaxStringBytes = 1024
+	// MaxAgentMetadataBytes bounds NIXL agent metadata (a few KiB in practice).
+	MaxAgentMetadataBytes = 1 << 20
+	// MaxDigestBytes bounds nonces, proofs and MACs (16 to 32 bytes).
+	MaxDigestBytes = 64
+)

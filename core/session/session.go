@@ -257,6 +257,7 @@ func (s *Session) onConnect(c *protocol.Connect) error {
 		info.DataAddr = c.PeerKV.DataAddr
 		info.SameHost = c.PeerKV.SameHost
 	}
+	c.AgentMetadata = nil // handed to the data path; the session keeps no blobs
 	s.register(info)
 	return nil
 }
