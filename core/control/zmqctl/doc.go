@@ -65,7 +65,11 @@
 // bytes per frame in CURVE mode): libzmq reads a frame's length from its
 // header and drops the connection of a peer that announces more, before
 // allocating anything, and the frame is never delivered. Parts of a
-// message past the second are read and discarded. DEALERs have a receive
+// message past the second are read and discarded. The bound is per frame:
+// libzmq holds the parts of a message until its last arrives, with no bound
+// on their number, so a stranger can grow us with a message it never
+// finishes. CURVE (below) is the defence: without the secret no frame gets
+// past the handshake. DEALERs have a receive
 // queue of one message: peers never send on them, and one that does is
 // held back by TCP instead of filling our memory. Event.Addr is the IP of
 // the frame's TCP connection (libzmq's "Peer-Address", from the kernel),
