@@ -101,9 +101,16 @@ func New(env *Env, peerID, source string, dialed bool) *Session {
 // PeerID is the remote peer's identity.
 func (s *Session) PeerID() string { return s.peerID }
 
-// Source is the address a peer that dialed us connected from ("" when we
-// dialed it).
+// Source is the address the peer's frames come from, as the kernel reports
+// it ("" until the first frame of a session we dialed).
 func (s *Session) Source() string { return s.source }
+
+// PinSource records where the peer's frames come from, once.
+func (s *Session) PinSource(addr string) {
+	if s.source == "" {
+		s.source = addr
+	}
+}
 
 // Ready reports whether the peer acked our connect (we may send freely).
 func (s *Session) Ready() bool { return s.sendReady && s.state == acked && !s.dead }

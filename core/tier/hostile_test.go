@@ -361,3 +361,25 @@ func TestADeadSessionReplacedByANewRequestReportsItsJobs(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, dec.waitJob(10, time.Second).Success, "the dead session's load is reported, once")
 }
+
+// Once a session's frames come from one address, frames claiming the same
+// peer id from another address are dropped, not applied to the session.
+func TestFramesFromAnotherAddressUnderAPeersIDAreDropped(t *testing.T) {
+	c := newCluster(t)
+	prod := c.peer(1)
+	real := c.raw("127.0.0.1:7100")
+	real.connect(prod.id)
+	require.Eventually(t, func() bool { return prod.Stats().DataPeers == 1 }, 3*time.Second, time.Millisecond)
+	// An impostor claiming the real peer's id from another host.
+	before := prod.Stats().DroppedFrames
+	c.ctl.InjectFrom(prod.id, "127.0.0.1:7100", "127.0.0.9", mustEncode(t, &protocol.Disconnect{}))
+	require.Eventually(t, func() bool { return prod.Stats().DroppedFrames == before+1 }, 3*time.Second, time.Millisecond)
+	assert.Equal(t, 1, prod.Stats().Sessions, "the impostor's goodbye did not end the real session")
+	assert.Contains(t, string(prod.TakeLogs(1<<16)), "the session's frames come from 127.0.0.1")
+}
+
+func mustEncode(t *testing.T, m protocol.Message) []byte {
+	b, err := protocol.Encode(m)
+	require.NoError(t, err)
+	return b
+}

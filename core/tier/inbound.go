@@ -24,7 +24,6 @@ func (q *inboundQueue) push(it inboundItem)     { q.now = append(q.now, it) }
 func (q *inboundQueue) postpone(it inboundItem) { q.later = append(q.later, it) }
 func (q *inboundQueue) len() int                { return len(q.now) + len(q.later) }
 
-
 // NextInbound returns the head of the inbound queue; see the tierapi notes.
 func (t *Tier) NextInbound(fits func(Inbound) bool) (Inbound, bool, bool) {
 	t.mu.Lock()

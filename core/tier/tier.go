@@ -286,6 +286,17 @@ func (t *Tier) onEvent(ev control.Event) {
 			}
 			s = t.openSession(ev.PeerID, ev.Addr, false)
 		}
+		if ev.Addr != "" {
+			s.PinSource(ev.Addr)
+			if s.Source() != ev.Addr {
+				// Someone else connected under this peer's id: its frames are
+				// not the session's.
+				t.stats.droppedFrames++
+				t.logf("WARNING", "dropping a frame claiming to be %s from %s: the session's frames come from %s",
+					ev.PeerID, ev.Addr, s.Source())
+				return
+			}
+		}
 		if err != nil {
 			t.stats.badFrames++
 			s.HandleDecodeError(err)

@@ -13,6 +13,7 @@
 package memctl
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -92,6 +93,19 @@ func (h *Hub) route(from, to string, frame []byte) (delivered bool, err error) {
 	// Appending under h.mu keeps frames from concurrent senders in the
 	// order their Send calls were routed.
 	return dst.inbox.push(control.Event{Kind: control.EventFrame, PeerID: from, Addr: hostOf(from), Frame: frame}), nil
+}
+
+// InjectFrom delivers frame to peer to as if fromID sent it over a
+// connection from addr: what an impostor claiming fromID's identity from
+// another host looks like. It reports whether to exists.
+func (h *Hub) InjectFrom(to, fromID, addr string, frame []byte) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	dst := h.peers[to]
+	if dst == nil {
+		return false
+	}
+	return dst.inbox.push(control.Event{Kind: control.EventFrame, PeerID: fromID, Addr: addr, Frame: bytes.Clone(frame)})
 }
 
 // hostOf stands in for the source address zmqctl reads from the kernel:
