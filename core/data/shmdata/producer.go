@@ -117,6 +117,9 @@ func mapRows(fd int, r reply) (mapped, rows []byte, err error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, nil, fmt.Errorf("the granted fd is not a regular file (mode %#o)", st.Mode)
 	}
+	if err := memoryBacked(fd); err != nil {
+		return nil, nil, fmt.Errorf("the granted file: %w", err)
+	}
 	hi, length := bits.Mul64(r.numRows, r.rowLen)
 	end := r.offset + length
 	if hi != 0 || end < r.offset || end > uint64(max(st.Size, 0)) {

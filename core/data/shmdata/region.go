@@ -63,7 +63,26 @@ func findRegionFile(mem []byte) (regionFile, error) {
 	if err != nil {
 		return regionFile{}, err
 	}
+	if err := memoryBacked(fd); err != nil {
+		_ = unix.Close(fd)
+		return regionFile{}, fmt.Errorf("the region maps %s: %w", first.path, err)
+	}
 	return regionFile{fd: fd, offset: first.offset + (base - first.start)}, nil
+}
+
+// memoryBacked refuses files that are not in memory: a page fault on a disk,
+// FUSE or network file can block a copy in the kernel for as long as that
+// filesystem likes, past every deadline.
+func memoryBacked(fd int) error {
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return fmt.Errorf("fstatfs: %w", err)
+	}
+	if fs.Type != unix.TMPFS_MAGIC && fs.Type != unix.HUGETLBFS_MAGIC {
+		return fmt.Errorf("it is not in memory (filesystem type %#x): the same-host path serves tmpfs "+
+			"(such as /dev/shm, vLLM's), memfd and hugetlbfs regions", fs.Type)
+	}
+	return nil
 }
 
 // readMaps returns the contiguous mappings that cover [base, end).

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -219,10 +220,12 @@ func TestRegionsThatCannotBeGrantedFailNewClearly(t *testing.T) {
 	defer unix.Munmap(orphan)
 	require.NoError(t, unix.Close(fd)) // a memfd nobody keeps open has no name to reopen
 
+	onDisk := diskMapping(t, size)
 	for name, c := range map[string]struct {
 		mem  []byte
 		want string
 	}{
+		"file on disk":     {onDisk, "not in memory"},
 		"go heap":          {make([]byte, size), "the region is anonymous memory"},
 		"shared anonymous": {shared, "the region is anonymous memory"},
 		"private mapping":  {private, "private (copy-on-write) mapping"},
@@ -310,4 +313,25 @@ func TestGrantsExpireAndStayBounded(t *testing.T) {
 		require.NoError(t, err)
 	}
 	assert.LessOrEqual(t, len(g.byPeer), maxGrants)
+}
+
+// diskMapping maps a shared file from a directory that is not tmpfs.
+func diskMapping(t *testing.T, size int) []byte {
+	for _, dir := range []string{t.TempDir(), "."} {
+		var fs unix.Statfs_t
+		require.NoError(t, unix.Statfs(dir, &fs))
+		if fs.Type == unix.TMPFS_MAGIC {
+			continue
+		}
+		f, err := os.CreateTemp(dir, "peerkv-disk-region-*")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = os.Remove(f.Name()); _ = f.Close() })
+		require.NoError(t, f.Truncate(int64(size)))
+		mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = unix.Munmap(mem) })
+		return mem
+	}
+	t.Fatal("no directory off tmpfs to make a disk-backed region in")
+	return nil
 }
