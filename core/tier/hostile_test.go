@@ -383,3 +383,17 @@ func mustEncode(t *testing.T, m protocol.Message) []byte {
 	require.NoError(t, err)
 	return b
 }
+
+// Connects that never finish their handshake take at most a quarter of the
+// session slots at once, however many sources they come from.
+func TestHandshakingSessionsAreCapped(t *testing.T) {
+	c := newCluster(t)
+	p := c.peer(1, func(cfg *config.Config) { cfg.MaxPeers = 64 })
+	for i := range 20 {
+		c.raw(fmt.Sprintf("127.0.%d.9:7000", 10+i)).connect(p.id)
+	}
+	require.Eventually(t, func() bool { return p.Stats().SessionsRefused == 4 }, 3*time.Second, time.Millisecond,
+		"%+v", p.Stats())
+	assert.Equal(t, 16, p.Stats().Sessions)
+	assert.Contains(t, string(p.TakeLogs(1<<16)), "still handshaking")
+}

@@ -320,15 +320,25 @@ func (t *Tier) admit(peerID, addr string) string {
 	if peerID == t.env.LocalID {
 		return "it claims our own id"
 	}
-	if addr != "" {
-		n := 0
-		for _, s := range t.sessions {
-			if s.Source() == addr {
-				n++
-			}
+	// An unknown address ("") is one source too.
+	fromAddr, handshaking := 0, 0
+	for _, s := range t.sessions {
+		if s.Source() == addr {
+			fromAddr++
 		}
-		if n >= t.cfg.MaxPeersPerHost {
-			return fmt.Sprintf("%d sessions from %s already (max_peers_per_host)", n, addr)
+		if !s.Handshaked() {
+			handshaking++
+		}
+	}
+	if fromAddr >= t.cfg.MaxPeersPerHost {
+		return fmt.Sprintf("%d sessions from %q already (max_peers_per_host)", fromAddr, addr)
+	}
+	// Connects that never finish cannot take more than a share of the
+	// slots: beyond it the oldest stalled one yields, or the newcomer waits.
+	if limit := max(8, t.cfg.MaxPeers/4); handshaking >= limit {
+		t.evictStalledHandshake(t.now())
+		if n := t.countHandshaking(); n >= limit {
+			return fmt.Sprintf("%d sessions are still handshaking (at most %d at once)", n, limit)
 		}
 	}
 	if len(t.sessions) >= t.cfg.MaxPeers {
@@ -347,6 +357,16 @@ func (t *Tier) admit(peerID, addr string) string {
 // a newcomer when every slot is taken: real peers finish in milliseconds,
 // so only connects that never complete (a flood) lose their slot.
 const handshakeGrace = time.Second
+
+func (t *Tier) countHandshaking() int {
+	n := 0
+	for _, s := range t.sessions {
+		if !s.Handshaked() {
+			n++
+		}
+	}
+	return n
+}
 
 // evictStalledHandshake frees the slot of the oldest session whose
 // handshake has not finished after handshakeGrace.
