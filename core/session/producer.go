@@ -7,34 +7,6 @@ import (
 	"github.com/peerkv/peerkv/core/protocol"
 )
 
-// supply is a stored row waiting for demand: the job that pins it and the row.
-type supply struct {
-	job int64
-	row uint64
-}
-
-// round is one fetch round of one kv_request_id as the producer sees it.
-// PD supply is always filed under round 0 (the decoder's single fetch).
-type round struct {
-	fromLookup bool // supply came from pinned lookup hits: no more will come
-	demanded   bool // the fetch arrived
-	available  map[string]supply
-	wanted     map[string]uint64 // key -> consumer row, awaiting supply
-	remaining  int               // rows still to write for the fetch
-	finishing  bool              // no more supply will come
-	inflight   int
-	cancelled  bool               // aborted or failed; kept as a tombstone
-	abortOwed  bool               // an abort_ack is owed once inflight is 0
-	jobs       map[int64]struct{} // store jobs attached to this round
-
-	demandedAt  time.Time // when the fetch arrived: demand without supply expires
-	cancelledAt time.Time // when it became a tombstone, which expires too
-}
-
-func newRound() *round {
-	return &round{available: map[string]supply{}, wanted: map[string]uint64{}, jobs: map[int64]struct{}{}}
-}
-
 // transfer is one data-path write in flight.
 type transfer struct {
 	kvID  string
@@ -115,7 +87,7 @@ func (p *producer) prune(id string) {
 		return
 	}
 	for _, r := range req.rounds {
-		if !r.cancelled || r.inflight > 0 || r.abortOwed {
+		if r.live() || r.inflight > 0 || r.state == roundAborting {
 			return
 		}
 	}
@@ -127,7 +99,7 @@ func (p *producer) prune(id string) {
 func (s *Session) AddStoredBlocks(kvID string, keys [][]byte, rows []uint64, jobID int64, roundSeq uint64, fromLookup bool) {
 	p := &s.producer
 	r := p.round(kvID, roundSeq)
-	if r.cancelled || s.dead {
+	if !r.live() || s.dead {
 		s.report(Report{Kind: StoreDone, JobID: jobID})
 		return
 	}
@@ -146,7 +118,7 @@ func (s *Session) AddStoredBlocks(kvID string, keys [][]byte, rows []uint64, job
 			r.available[string(k)] = supply{job: jobID, row: rows[i]}
 		}
 	}
-	if len(local) > 0 && r.demanded {
+	if len(local) > 0 && r.state == roundFetched {
 		p.write(kvID, roundSeq, r, local, remote, map[int64]int{jobID: len(local)})
 	}
 }
@@ -154,7 +126,7 @@ func (s *Session) AddStoredBlocks(kvID string, keys [][]byte, rows []uint64, job
 func (p *producer) onFetch(m *protocol.Fetch) error {
 	r := p.requests[m.KVRequestID]
 	if r != nil {
-		if rd := r.rounds[m.RoundSeq]; rd != nil && rd.demanded {
+		if rd := r.rounds[m.RoundSeq]; rd != nil && rd.fetchSeen {
 			return fmt.Errorf("duplicate fetch for kv_request_id=%s round=%d", m.KVRequestID, m.RoundSeq)
 		}
 	}
@@ -175,13 +147,11 @@ func (p *producer) onFetch(m *protocol.Fetch) error {
 		return nil
 	}
 	rd := p.round(m.KVRequestID, m.RoundSeq)
-	rd.demanded = true
-	rd.demandedAt = p.s.env.Now()
-	rd.remaining = len(m.Keys)
+	rd.fetch(p.s.env.Now(), len(m.Keys))
 	if bad := p.badFetch(m); bad != "" {
 		p.s.env.Logf("ERROR", "peer %s: fetch kv_request_id=%s round=%d rejected: %s",
 			p.s.peerID, m.KVRequestID, m.RoundSeq, bad)
-		rd.finishing = true
+		rd.supplyClosed = true
 		p.finalize(m.KVRequestID, m.RoundSeq, true)
 		return nil
 	}
@@ -201,18 +171,18 @@ func (p *producer) onFetch(m *protocol.Fetch) error {
 	case rd.fromLookup && len(rd.wanted) > 0:
 		p.s.env.Logf("WARNING", "peer %s: fetch kv_request_id=%s round=%d asks for %d keys it was not promised; failing the round",
 			p.s.peerID, m.KVRequestID, m.RoundSeq, len(rd.wanted))
-		rd.finishing = true
+		rd.supplyClosed = true
 		if len(local) == 0 {
 			p.finalize(m.KVRequestID, m.RoundSeq, true)
 			return nil
 		}
-	case rd.cancelled:
+	case !rd.live():
 		p.finalize(m.KVRequestID, m.RoundSeq, true) // aborted earlier: tell the consumer at once
 		return nil
 	}
 	if len(local) > 0 {
 		p.write(m.KVRequestID, m.RoundSeq, rd, local, remote, jobs)
-	} else if rd.finishing && rd.inflight == 0 {
+	} else if rd.supplyClosed && rd.inflight == 0 {
 		p.finalize(m.KVRequestID, m.RoundSeq, true)
 	}
 	if !rd.fromLookup {
@@ -249,18 +219,17 @@ func (p *producer) onAbortFetch(m *protocol.AbortFetch) {
 		// so late supply is refused (unless the peer already holds its share
 		// of our state), and confirm at once.
 		if p.overCap(m.KVRequestID, 0) == "" {
-			r = p.round(m.KVRequestID, m.RoundSeq)
-			r.cancelled = true
-			r.cancelledAt = p.s.env.Now()
+			p.round(m.KVRequestID, m.RoundSeq).kill(p.s.env.Now(), false)
 		}
 		p.s.send(&protocol.AbortAck{KVRequestID: m.KVRequestID, RoundSeq: m.RoundSeq})
 		return
 	}
-	if !r.cancelled {
-		r.cancelled = true
-		r.cancelledAt = p.s.env.Now()
-		r.abortOwed = true
+	switch r.state {
+	case roundOpen, roundFetched:
+		r.kill(p.s.env.Now(), true)
 		p.releaseUncarried(r, false)
+	case roundDead:
+		r.state = roundAborting // already failed: the ack goes once its writes in flight finished
 	}
 	if r.inflight == 0 {
 		p.completeAbort(m.KVRequestID, m.RoundSeq, r)
@@ -269,8 +238,8 @@ func (p *producer) onAbortFetch(m *protocol.AbortFetch) {
 
 func (p *producer) completeAbort(kvID string, seq uint64, r *round) {
 	p.finalize(kvID, seq, false)
-	if r.abortOwed {
-		r.abortOwed = false
+	if r.state == roundAborting {
+		r.state = roundDead
 		p.s.send(&protocol.AbortAck{KVRequestID: kvID, RoundSeq: seq})
 	}
 	p.prune(kvID)
@@ -287,8 +256,8 @@ func (s *Session) FinishProducer(kvID string) {
 	}
 	for _, seq := range sortedRounds(req.rounds) {
 		r := req.rounds[seq]
-		r.finishing = true
-		if r.demanded && r.inflight == 0 && !r.cancelled {
+		r.supplyClosed = true
+		if r.state == roundFetched && r.inflight == 0 {
 			p.finalize(kvID, seq, true)
 		}
 	}
@@ -300,9 +269,7 @@ func (p *producer) write(kvID string, seq uint64, r *round, local, remote []uint
 	if err != nil {
 		p.s.env.Logf("ERROR", "peer %s: data write for kv_request_id=%s round=%d failed to start: %v",
 			p.s.peerID, kvID, seq, err)
-		r.finishing = true
-		r.cancelled = true
-		r.cancelledAt = p.s.env.Now()
+		r.kill(p.s.env.Now(), false)
 		if r.inflight == 0 {
 			p.finalize(kvID, seq, true)
 		}
@@ -338,19 +305,18 @@ func (s *Session) TransferComplete(id uint64, err error) {
 	if err != nil {
 		s.env.Logf("WARNING", "peer %s: writing %d rows for kv_request_id=%s round=%d failed: %v",
 			s.peerID, t.rows, t.kvID, t.round, err)
-		r.cancelled = true
-		r.cancelledAt = s.env.Now()
+		r.kill(s.env.Now(), false)
 		p.releaseUncarried(r, false)
-	} else if !r.cancelled {
+	} else if r.live() {
 		r.remaining -= t.rows
 	}
 	if r.inflight > 0 {
 		return
 	}
 	switch {
-	case r.abortOwed:
+	case r.state == roundAborting:
 		p.completeAbort(t.kvID, t.round, r)
-	case r.cancelled, r.remaining == 0, r.finishing:
+	case r.ready():
 		p.finalize(t.kvID, t.round, true)
 	}
 	p.prune(t.kvID)
@@ -390,18 +356,18 @@ func (p *producer) finalize(kvID string, seq uint64, sendDone bool) {
 	if r == nil || r.inflight > 0 {
 		return
 	}
-	ok := r.demanded && r.remaining == 0 && !r.cancelled
+	ok := r.succeeded()
 	for j := range r.jobs {
 		p.reportJob(j, ok)
 	}
 	clear(r.jobs)
 	clear(r.available)
 	clear(r.wanted)
-	if sendDone && r.demanded && !r.abortOwed {
+	if sendDone && r.fetchSeen && r.state != roundAborting {
 		p.s.send(&protocol.TransferDone{KVRequestID: kvID, Success: ok, RoundSeq: seq})
 	}
-	if r.cancelled {
-		r.demanded = true // keep the tombstone; a repeated fetch is a protocol error
+	if !r.live() {
+		r.fetchSeen = true // keep the tombstone; a repeated fetch is a protocol error
 		return
 	}
 	delete(req.rounds, seq)
@@ -428,10 +394,10 @@ func (p *producer) tick(now time.Time) {
 				}
 			}
 			delete(r.jobs, j)
-			r.finishing = true
+			r.supplyClosed = true
 		}
 		p.reportJob(j, false)
-		if r != nil && r.demanded && r.inflight == 0 {
+		if r != nil && r.state == roundFetched && r.inflight == 0 {
 			p.finalize(sj.kvID, sj.round, true)
 		}
 		p.prune(sj.kvID)
@@ -446,20 +412,26 @@ func (p *producer) tick(now time.Time) {
 func (p *producer) expireRounds(now time.Time) {
 	cfg := p.s.env.Cfg
 	for kvID, req := range p.requests {
-		for _, seq := range sortedRounds(req.rounds) {
-			r := req.rounds[seq]
+		ended := false
+		for seq, r := range req.rounds {
 			switch {
-			case r.inflight > 0 || r.abortOwed:
-			case r.cancelled && now.Sub(r.cancelledAt) >= cfg.ReapedIDRetention:
+			case r.inflight > 0:
+			case r.state == roundDead && now.Sub(r.since) >= cfg.ReapedIDRetention:
 				delete(req.rounds, seq)
-			case !r.cancelled && r.demanded && now.Sub(r.demandedAt) >= cfg.UnboundStoreTimeout:
+				ended = true
+			case r.state == roundFetched && now.Sub(r.since) >= cfg.UnboundStoreTimeout:
 				p.s.env.Logf("WARNING", "peer %s: fetch kv_request_id=%s round=%d still missed %d rows after %v; failing it (raise unbound_store_timeout_s if prefills outlast it)",
 					p.s.peerID, kvID, seq, r.remaining, cfg.UnboundStoreTimeout)
-				r.finishing = true
+				r.supplyClosed = true
 				p.finalize(kvID, seq, true)
+				ended = true
 			}
 		}
-		p.prune(kvID)
+		if ended && len(req.rounds) == 0 && len(req.lookups) == 0 {
+			delete(p.requests, kvID)
+		} else if ended {
+			p.prune(kvID)
+		}
 	}
 }
 

@@ -1,0 +1,91 @@
+package session
+
+import "time"
+
+// roundState is where one fetch round stands on the producer side.
+type roundState int8
+
+const (
+	// roundOpen: no fetch yet. Supply (stored or pinned rows) may wait for it.
+	roundOpen roundState = iota
+	// roundFetched: the fetch arrived. Supply meets demand as it comes; the
+	// round ends when every row is written, or once no more supply can come
+	// and the writes in flight finished.
+	roundFetched
+	// roundAborting: the consumer aborted while writes were in flight; its
+	// abort_ack is owed when they finish.
+	roundAborting
+	// roundDead: aborted or failed. A tombstone: late supply is refused and
+	// a repeated fetch is a protocol error, until it expires.
+	roundDead
+)
+
+// supply is a stored row waiting for demand: the job that pins it and the row.
+type supply struct {
+	job int64
+	row uint64
+}
+
+// round is one fetch round of one kv id as the producer sees it. PD supply
+// is always filed under round 0 (the decoder's single fetch). Its state
+// changes only through the methods below; the counters follow the writes.
+type round struct {
+	state roundState
+	since time.Time // when it entered its state: the fetch's and the tombstone's deadlines run from here
+
+	fromLookup   bool // its supply is pinned lookup hits, all there is
+	supplyClosed bool // no more supply will come
+	fetchSeen    bool // a fetch arrived (kept by a tombstone: a second is a protocol error)
+
+	available map[string]supply // supply no fetch asked for yet
+	wanted    map[string]uint64 // key -> consumer row, demand awaiting supply
+	jobs      map[int64]struct{}
+	remaining int // rows of the fetch still to write
+	inflight  int // data-path writes running
+}
+
+func newRound() *round {
+	return &round{available: map[string]supply{}, wanted: map[string]uint64{}, jobs: map[int64]struct{}{}}
+}
+
+func (r *round) live() bool { return r.state == roundOpen || r.state == roundFetched }
+
+// fetch records the fetch's demand of rows rows.
+func (r *round) fetch(now time.Time, rows int) {
+	r.fetchSeen = true
+	r.remaining = rows
+	if r.live() {
+		r.state, r.since = roundFetched, now
+	}
+}
+
+// kill makes the round a tombstone, or aborting while writes run and an
+// abort_ack is owed.
+func (r *round) kill(now time.Time, ackOwed bool) {
+	if !r.live() {
+		return
+	}
+	r.supplyClosed = true
+	r.state, r.since = roundDead, now
+	if ackOwed {
+		r.state = roundAborting
+	}
+}
+
+// succeeded is true once every demanded row was written, alive.
+func (r *round) succeeded() bool { return r.state == roundFetched && r.remaining == 0 }
+
+// ready says the round can end now: nothing is in flight and either the
+// demand is met, no more supply can meet it, or it is dead.
+func (r *round) ready() bool {
+	if r.inflight > 0 {
+		return false
+	}
+	switch r.state {
+	case roundFetched:
+		return r.remaining == 0 || r.supplyClosed
+	case roundAborting, roundDead:
+		return true
+	}
+	return false
+}
