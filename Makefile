@@ -166,6 +166,10 @@ bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upst
 	$(GO) run ./tests/bench/control
 	$(GO) test -run '^$$' -bench . -benchmem ./core/protocol ./core/control/zmqctl
 
+.PHONY: soak
+soak: ## soak run (not part of make test): 3 in-process peers, PD + P2P with random faults; SOAK_ARGS e.g. -requests 2000 -duration 2m
+	$(GO) run ./tests/soak $(SOAK_ARGS)
+
 setup: ## install build prerequisites (apt packages, Go check) when missing
 	scripts/setup.sh
 

@@ -83,6 +83,17 @@ type WriteGuard interface {
 	WriteRow(peerID string, row uint64, dst, src []byte) bool
 }
 
+// Fencer is implemented by paths that receive writes themselves (TCP, and
+// memdata in tests). Fence cuts every write into us from peerID that is
+// under way: when it returns, nothing that peer sent before can still land.
+// The owner fences a peer before it hands back the rows of a load that peer
+// never confirmed ended (no transfer_done or abort_ack), so a late write of
+// that load cannot land in rows the host gave a newer load from the same
+// peer. One-sided paths (NIXL, shm) cannot be fenced; see docs/security.md.
+type Fencer interface {
+	Fence(peerID string)
+}
+
 // GuardFunc is a WriteGuard from a predicate, for tests and for receivers
 // whose owner never releases rows concurrently.
 type GuardFunc func(peerID string, row uint64) bool

@@ -248,7 +248,7 @@ func (c *consumer) tick(now time.Time) {
 				c.s.env.Logf("WARNING", "peer %s: no abort_ack for kv_request_id=%s round=%d within %v; failing the load",
 					c.s.peerID, id, round, cfg.AbortAckTimeout)
 				delete(r.loads, round)
-				c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Rows: l.rows})
+				c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Rows: l.rows, Unconfirmed: true})
 			}
 		}
 		n := 0
@@ -275,7 +275,7 @@ func (c *consumer) close() {
 	for id, r := range c.requests {
 		for _, round := range sortedRounds(r.loads) {
 			l := r.loads[round]
-			c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Rows: l.rows})
+			c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Rows: l.rows, Unconfirmed: true})
 		}
 		failed := false
 		for _, p := range r.probes {

@@ -5,6 +5,8 @@ type ReportKind int8
 
 const (
 	// LoadDone: load job JobID ended (OK), pulling KVID into Rows.
+	// Unconfirmed: the peer never said it stopped writing (no transfer_done
+	// or abort_ack): the owner must fence it before handing the rows back.
 	LoadDone ReportKind = iota + 1
 	// StoreDone: store or lookup-pin job JobID ended; Bytes were written.
 	StoreDone
@@ -34,6 +36,8 @@ type Report struct {
 	KVID    string
 	Rows    []uint64
 	Lookup  *InboundLookup
+	// Unconfirmed: see LoadDone.
+	Unconfirmed bool
 }
 
 func (s *Session) report(r Report) {

@@ -1,6 +1,9 @@
 package tier
 
-import "github.com/peerkv/peerkv/core/session"
+import (
+	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/core/session"
+)
 
 // settle is the one step after every call into sessions: it applies their
 // reports in order (applying one may call a session again, which may report
@@ -24,6 +27,13 @@ func (t *Tier) apply(r session.Report) {
 	case session.LoadDone:
 		j := t.jobs[r.JobID]
 		if j != nil {
+			if r.Unconfirmed && j.peer != "" {
+				// The peer never said it stopped: cut its writes in flight
+				// before the host gets these rows back for a newer load.
+				if f, ok := t.dt.(data.Fencer); ok {
+					f.Fence(j.peer)
+				}
+			}
 			t.expect(j.peer, r.Rows, false)
 			if !r.OK && j.req != nil {
 				j.req.failed = true // this request recomputes; a later one reusing the kv id starts clean

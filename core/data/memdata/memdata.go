@@ -113,7 +113,8 @@ type Transport struct {
 	localID string
 	region  data.Region
 	guard   data.WriteGuard
-	copyMu  sync.Mutex // held while a peer copies into region
+	copyMu  sync.Mutex        // held while a peer copies into region
+	fences  map[string]uint64 // sender -> fence epoch (under copyMu): writes begun before a Fence are refused
 
 	mu      sync.Mutex
 	peers   map[string]data.PeerInfo
@@ -130,6 +131,7 @@ type Transport struct {
 type transfer struct {
 	peerID string
 	cancel chan struct{}
+	epoch  uint64 // the destination's fence epoch for us when the write began
 }
 
 var _ data.Transport = (*Transport)(nil)
@@ -201,6 +203,9 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 	t.nextID++
 	id := t.nextID
 	tr := &transfer{peerID: peerID, cancel: make(chan struct{})}
+	if to, err := t.hub.destination(peerID); err == nil {
+		tr.epoch = to.fenceEpoch(t.localID)
+	}
 	t.pending[id] = tr
 	t.workers.Add(1)
 	go t.run(id, tr, append([]uint64(nil), src...), append([]uint64(nil), dst...))
@@ -224,12 +229,29 @@ func (t *Transport) run(id uint64, tr *transfer, src, dst []uint64) {
 			return
 		}
 	}
-	t.finish(id, t.copyRows(tr.peerID, src, dst))
+	t.finish(id, t.copyRows(tr.peerID, src, dst, tr.epoch))
+}
+
+func (t *Transport) fenceEpoch(from string) uint64 {
+	t.copyMu.Lock()
+	defer t.copyMu.Unlock()
+	return t.fences[from]
+}
+
+// Fence implements data.Fencer: writes from peerID that began before it
+// are refused (a copy in progress finishes first: Fence waits for copyMu).
+func (t *Transport) Fence(peerID string) {
+	t.copyMu.Lock()
+	defer t.copyMu.Unlock()
+	if t.fences == nil {
+		t.fences = map[string]uint64{}
+	}
+	t.fences[peerID]++
 }
 
 // copyRows checks every destination row, then copies; a refused row means
 // nothing is written.
-func (t *Transport) copyRows(peerID string, src, dst []uint64) error {
+func (t *Transport) copyRows(peerID string, src, dst []uint64, epoch uint64) error {
 	to, err := t.hub.destination(peerID)
 	if err != nil {
 		return err
@@ -249,6 +271,9 @@ func (t *Transport) copyRows(peerID string, src, dst []uint64) error {
 	// same rows do not trip the race detector in tests.
 	to.copyMu.Lock()
 	defer to.copyMu.Unlock()
+	if to.fences[t.localID] != epoch {
+		return fmt.Errorf("%w: %s fenced our writes begun before", data.ErrRejected, peerID)
+	}
 	for i := range src {
 		if to.guard == nil {
 			copy(to.region.Row(dst[i]), t.region.Row(src[i]))

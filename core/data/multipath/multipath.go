@@ -184,6 +184,15 @@ func (t *Transport) PathTo(peerID string) string {
 	return ""
 }
 
+// Fence implements data.Fencer for every path that can be fenced.
+func (t *Transport) Fence(peerID string) {
+	for _, p := range t.paths {
+		if f, ok := p.(data.Fencer); ok {
+			f.Fence(peerID)
+		}
+	}
+}
+
 // Refused says why paths peerID offered ahead of its chosen one could not
 // serve it ("" if none did), so an operator sees why a faster path is idle.
 func (t *Transport) Refused(peerID string) string {

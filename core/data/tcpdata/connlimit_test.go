@@ -90,3 +90,33 @@ func TestARowArrivingAfterItsLoadEndedNeverLands(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, nextCompletion(t, a, waitLimit).Err)
 }
+
+// Fence cuts a writer's transfer under way: when it returns, none of that
+// transfer's rows can land any more.
+func TestFenceCutsWritesUnderWay(t *testing.T) {
+	src, dst := randomRegion(t, 8), sentinelRegion(8)
+	inGuard, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	a := newTransport(t, "a", src, nil)
+	b := newTransport(t, "b", dst, func(o *Options) {
+		o.Guard = data.GuardFunc(func(string, uint64) bool {
+			once.Do(func() { close(inGuard); <-release }) // the part's header is being checked
+			return true
+		})
+	})
+	addPeer(t, a, "b", b)
+	_, err := a.Write("b", seq(0, 4), seq(0, 4))
+	require.NoError(t, err)
+	<-inGuard
+	fenced := make(chan struct{})
+	go func() { b.Fence("a"); close(fenced) }()
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	select {
+	case <-fenced:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Fence did not return")
+	}
+	require.Error(t, nextCompletion(t, a, waitLimit).Err, "the cut transfer fails")
+	assertRowsAt(t, src, dst, nil, nil)
+}

@@ -42,7 +42,7 @@ func (t *Transport) acceptLoop() {
 			_ = c.Close()
 			continue
 		}
-		t.inbound[c] = struct{}{}
+		t.inbound[c] = &inboundConn{done: make(chan struct{})}
 		t.goSafe("receiver "+c.RemoteAddr().String(), func() { t.serveInbound(c) })
 		t.mu.Unlock()
 	}
@@ -73,6 +73,37 @@ func remoteHost(c net.Conn) string {
 	return c.RemoteAddr().String()
 }
 
+// inboundConn is what Fence needs of an accepted connection.
+type inboundConn struct {
+	peerID string        // set under t.mu once its hello named the writer
+	done   chan struct{} // closed when its goroutine can write no more
+}
+
+// Fence implements data.Fencer: it closes every connection writing into us
+// for peerID and waits (at most IOTimeout) until their goroutines can
+// write no more. A row being copied finishes first; the rest are cut.
+func (t *Transport) Fence(peerID string) {
+	t.mu.Lock()
+	var waits []chan struct{}
+	for c, in := range t.inbound {
+		if in.peerID == peerID {
+			_ = c.Close()
+			waits = append(waits, in.done)
+		}
+	}
+	t.mu.Unlock()
+	deadline := time.NewTimer(t.opts.IOTimeout)
+	defer deadline.Stop()
+	for _, done := range waits {
+		select {
+		case <-done:
+		case <-deadline.C:
+			t.opts.Logf("tcpdata: fencing %s: a connection did not stop within %v", peerID, t.opts.IOTimeout)
+			return
+		}
+	}
+}
+
 // receiver is one inbound connection's state, owned by its goroutine.
 type receiver struct {
 	t       *Transport
@@ -93,9 +124,13 @@ type receiver struct {
 func (t *Transport) serveInbound(c net.Conn) {
 	defer func() {
 		t.mu.Lock()
+		in := t.inbound[c]
 		delete(t.inbound, c)
 		t.mu.Unlock()
 		_ = c.Close()
+		if in != nil {
+			close(in.done)
+		}
 	}()
 	t.tuneConn(c)
 	conn, peerID, err := t.acceptHello(c)
@@ -103,6 +138,11 @@ func (t *Transport) serveInbound(c net.Conn) {
 		t.opts.Logf("tcpdata: writer at %s refused: %v", c.RemoteAddr(), err)
 		return
 	}
+	t.mu.Lock()
+	if in := t.inbound[c]; in != nil {
+		in.peerID = peerID
+	}
+	t.mu.Unlock()
 	r := &receiver{t: t, conn: conn, peerID: peerID}
 	for {
 		if err := r.receivePart(); err != nil {

@@ -118,7 +118,7 @@ type Transport struct {
 	mu      sync.Mutex
 	links   map[string]*peerLink
 	pending map[uint64]*transfer
-	inbound map[net.Conn]struct{}
+	inbound map[net.Conn]*inboundConn
 	nextID  uint64
 	closed  bool
 
@@ -161,7 +161,7 @@ func New(opts Options) (*Transport, error) {
 		tls:      tlsConf,
 		links:    map[string]*peerLink{},
 		pending:  map[uint64]*transfer{},
-		inbound:  map[net.Conn]struct{}{},
+		inbound:  map[net.Conn]*inboundConn{},
 		outbox:   data.NewOutbox(completionBuffer),
 		closing:  make(chan struct{}),
 	}
