@@ -42,6 +42,27 @@ func TestHandlesStartAtAnUnlikelyValueAndAreNeverReused(t *testing.T) {
 	assert.Equal(t, 2, tbl.len())
 }
 
+func TestADestroyedHandleStillShuttingDownIsFoundByASecondDestroy(t *testing.T) {
+	tbl := handleTable{next: firstHandle, peers: map[int64]*peer{}}
+	p := &peer{}
+	h := tbl.add(p)
+	got, released, err := tbl.remove(h)
+	require.NoError(t, err)
+	assert.False(t, released)
+	assert.Same(t, p, got)
+
+	again, released, err := tbl.remove(h)
+	require.NoError(t, err)
+	assert.True(t, released)
+	assert.Same(t, p, again, "the second destroy waits on the same peer's shutdown")
+
+	tbl.retired(h)
+	gone, released, err := tbl.remove(h)
+	require.NoError(t, err)
+	assert.True(t, released)
+	assert.Nil(t, gone, "once torn down there is nothing to wait for")
+}
+
 func TestStatusForMapsEveryCoreSentinel(t *testing.T) {
 	wrap := func(err error) error { return fmt.Errorf("context: %w", err) }
 	cases := []struct {

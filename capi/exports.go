@@ -396,13 +396,19 @@ func pkvgo_destroy(h C.peerkv_handle, errBuf *C.char, errLen C.size_t) (rc C.int
 	// The handle leaves the table first so no new call can reach a peer
 	// that is shutting down.
 	p, released, err := handles.remove(int64(h))
-	if released {
-		return statusOK
-	}
 	if err != nil {
 		return c.fail(err, statusUnknownHandle)
 	}
-	if err := p.tier.Shutdown(); err != nil {
+	if p == nil { // destroyed and torn down already
+		return statusOK
+	}
+	// A concurrent destroy of the same handle waits here for the one
+	// teardown too: no caller returns while rows may still land.
+	err = p.tier.Shutdown()
+	if !released {
+		handles.retired(int64(h))
+	}
+	if err != nil {
 		return c.fail(err, statusTimeout)
 	}
 	return statusOK

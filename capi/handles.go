@@ -22,6 +22,9 @@ type handleTable struct {
 	mu    sync.Mutex
 	next  int64
 	peers map[int64]*peer
+	// retiring holds peers whose handle was destroyed while their shutdown
+	// runs, so a second destroy of the handle waits for the same teardown.
+	retiring map[int64]*peer
 }
 
 var handles = handleTable{next: firstHandle, peers: map[int64]*peer{}}
@@ -44,19 +47,32 @@ func (t *handleTable) get(h int64) (*peer, error) {
 	return nil, t.unknown(h)
 }
 
-// remove deletes h from the table. released reports a handle that was valid
-// once and is already gone (destroy is idempotent for those).
+// remove deletes h from the table; its peer stays retiring until retired.
+// released reports a handle that was valid once and is already gone
+// (destroy is idempotent for those); p is then the peer still shutting
+// down, if it is.
 func (t *handleTable) remove(h int64) (p *peer, released bool, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if p, ok := t.peers[h]; ok {
 		delete(t.peers, h)
+		if t.retiring == nil {
+			t.retiring = map[int64]*peer{}
+		}
+		t.retiring[h] = p
 		return p, false, nil
 	}
 	if h >= firstHandle && h < t.next {
-		return nil, true, nil
+		return t.retiring[h], true, nil
 	}
 	return nil, false, t.unknown(h)
+}
+
+// retired forgets a destroyed handle's peer once its shutdown returned.
+func (t *handleTable) retired(h int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.retiring, h)
 }
 
 func (t *handleTable) len() int {
