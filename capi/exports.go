@@ -376,9 +376,12 @@ func pkvgo_take_logs(h C.peerkv_handle, buf *C.char, bufLen C.size_t, nOut *C.si
 func pkvgo_shutdown(h C.peerkv_handle, errBuf *C.char, errLen C.size_t) (rc C.int32_t) {
 	c := newCall("peerkv_shutdown", errBuf, errLen)
 	defer c.guard(&rc)
-	p, rc := c.peer(h)
-	if rc != statusOK {
+	if rc = c.begin(); rc != statusOK {
 		return rc
+	}
+	p, err := handles.shuttingDown(int64(h))
+	if err != nil {
+		return c.fail(err, statusUnknownHandle)
 	}
 	if err := p.tier.Shutdown(); err != nil {
 		return c.fail(err, statusTimeout)

@@ -68,6 +68,20 @@ func (t *handleTable) remove(h int64) (p *peer, released bool, err error) {
 	return nil, false, t.unknown(h)
 }
 
+// shuttingDown returns h's peer, live or still retiring after a destroy,
+// so a shutdown racing a destroy waits for the same teardown.
+func (t *handleTable) shuttingDown(h int64) (*peer, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p, ok := t.peers[h]; ok {
+		return p, nil
+	}
+	if p, ok := t.retiring[h]; ok {
+		return p, nil
+	}
+	return nil, t.unknown(h)
+}
+
 // retired forgets a destroyed handle's peer once its shutdown returned.
 func (t *handleTable) retired(h int64) {
 	t.mu.Lock()

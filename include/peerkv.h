@@ -241,11 +241,15 @@ int32_t peerkv_take_logs(peerkv_handle h, char *buf, size_t len, size_t *n_out);
 /* Shuts the peer down: drains transfers for shutdown_drain_timeout_s, fails
  * every job not yet finished (they are still returned by a final
  * peerkv_get_finished on this handle, which stays valid for that until
- * peerkv_destroy), closes sockets. Idempotent. */
+ * peerkv_destroy), closes sockets. Idempotent, and safe to call from several
+ * threads at once and alongside peerkv_destroy: every caller returns only
+ * after the one teardown finished. */
 int32_t peerkv_shutdown(peerkv_handle h, char *err, size_t errlen);
 
 /* Releases the handle (shutting down first if needed). The region may be
- * unmapped after this returns. Idempotent for a released handle. */
+ * unmapped after this returns, whichever thread's call returns. Idempotent
+ * for a released handle; a second destroy while the first still shuts down
+ * waits for that teardown. */
 int32_t peerkv_destroy(peerkv_handle h, char *err, size_t errlen);
 
 #ifdef __cplusplus

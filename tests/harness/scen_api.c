@@ -1,5 +1,6 @@
 /* scen_api.c — single-process scenarios: the API's contract at its edges. */
 #include <errno.h>
+#include <pthread.h>
 #include <libgen.h>
 #include <limits.h>
 #include <poll.h>
@@ -7,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -351,10 +353,51 @@ static void panic_recovery(void) {
   CHECK(strstr(out, "goroutine ") != NULL, "no goroutine stack on stderr:\n%s", out);
 }
 
+/* concurrent_teardown: shutdown and destroy from several threads at once.
+ * Every call returns PEERKV_OK, and only after the one teardown finished. */
+typedef struct {
+  peerkv_handle h;
+  int destroy;
+  int32_t rc;
+  char err[ERRLEN];
+} teardown_arg;
+
+static void *teardown_thread(void *arg) {
+  teardown_arg *a = arg;
+  a->rc = a->destroy ? peerkv_destroy(a->h, a->err, ERRLEN) : peerkv_shutdown(a->h, a->err, ERRLEN);
+  return NULL;
+}
+
+static void concurrent_teardown(void) {
+  step("open a peer");
+  peer_open(&peer, 8, 4096, "");
+  step("six threads shut it down and destroy it at once");
+  pthread_t th[6];
+  teardown_arg args[6];
+  for (int i = 0; i < 6; i++) {
+    args[i] = (teardown_arg){.h = peer.h, .destroy = i % 2};
+    CHECK(pthread_create(&th[i], NULL, teardown_thread, &args[i]) == 0, "pthread_create");
+  }
+  for (int i = 0; i < 6; i++) CHECK(pthread_join(th[i], NULL) == 0, "pthread_join");
+  for (int i = 0; i < 6; i++)
+    CHECK(args[i].rc == PEERKV_OK, "%s in thread %d returned %d: %s", args[i].destroy ? "destroy" : "shutdown", i,
+          args[i].rc, args[i].err);
+  step("the handle is gone");
+  char e[ERRLEN];
+  EXPECT(peerkv_on_schedule_end(peer.h, e, ERRLEN), PEERKV_ERR_UNKNOWN_HANDLE, e);
+  EXPECT(peerkv_destroy(peer.h, e, ERRLEN), PEERKV_OK, e);
+  peer_register(&peer, 0);
+  munmap(peer.region, peer.num_rows * peer.row_len);
+  peer.region = NULL;
+  close(peer.region_fd);
+  peer.region_fd = -1;
+}
+
 const scenario_t api_scenarios[] = {
     {"forbidden_params", forbidden_params, NULL, 30},
     {"fork_safety", fork_safety, NULL, 30},
     {"bad_input", bad_input, NULL, 60},
     {"panic_recovery", panic_recovery, NULL, 30},
+    {"concurrent_teardown", concurrent_teardown, NULL, 30},
 };
 const size_t n_api_scenarios = sizeof api_scenarios / sizeof api_scenarios[0];
