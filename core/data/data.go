@@ -40,26 +40,32 @@ type PeerInfo struct {
 	NumRows       uint64
 	RowLen        uint64
 	DataAddr      string // TCP data listener, from peerkv capabilities
-	// SameHost is the peer's same-host offer (see Offerer), opaque here:
-	// what the peer's same-host path needs to ask that peer for a grant.
-	SameHost string
+	// Grants are what the peer granted us, for us alone (see Granter).
+	Grants
 }
 
-// Offerer is implemented by paths that reach peers on this host through a
-// grant the kernel checks (a Unix socket, SO_PEERCRED, the region's fd over
-// SCM_RIGHTS), never through an address read from the wire.
-//
-// The consumer side offers: Offer mints a fresh, unguessable grant for
-// peerID alone, sent to that peer in our connect; the peer's path presents
-// it back over the local socket together with its own id, and only then is
-// our region's fd handed over. Withdraw revokes a grant when its session
-// ends.
-type Offerer interface {
-	// Offer returns a new grant for peerID, replacing an older one ("" when
-	// this path cannot serve same-host peers).
-	Offer(peerID string) string
-	// Withdraw revokes offer if it is still peerID's current grant.
-	Withdraw(peerID, offer string)
+// Grants are what one side hands one peer, for that peer alone and for one
+// session, so the peer's paths may reach it and write into it. Each path
+// fills its own field; empty fields are paths that grant nothing.
+type Grants struct {
+	// SameHost is the same-host path's offer: the local socket to claim
+	// our region's fd from, and the token that claim must present. The
+	// grant the kernel then checks (SO_PEERCRED, the region's fd over
+	// SCM_RIGHTS) is what allows writes, never an address from the wire.
+	SameHost string
+	// DataToken keys the MAC the peer's TCP data connections must prove:
+	// only the session's own peer can write into us over TCP, and its
+	// connections end with the session.
+	DataToken string
+}
+
+// Granter is implemented by paths that grant peers access one session at a
+// time: Grant fills this path's field of g for peerID (replacing what it
+// granted that peer before), Revoke withdraws it when the session ends (if
+// it is still the current grant).
+type Granter interface {
+	Grant(peerID string, g *Grants)
+	Revoke(peerID string, g Grants)
 }
 
 // Completion is the outcome of one transfer.

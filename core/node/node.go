@@ -141,6 +141,9 @@ func newTCP(cfg config.Config, region data.Region, guard data.WriteGuard, logf t
 		ListenPort: cfg.DataPort,
 		AuthSecret: cfg.AuthSecret,
 		Encrypt:    cfg.Encrypt,
+		// Only the session a peer holds with us may write into us, and
+		// only while it lasts (its data token, sent in our connect).
+		RequireGrant: true,
 		// A stalled socket must fail well before the load deadline.
 		IOTimeout: min(tcpdata.DefaultIOTimeout, cfg.LoadTimeout),
 		Logf:      func(format string, args ...any) { logf("WARNING", format, args...) },

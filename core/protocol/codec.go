@@ -95,6 +95,7 @@ type (
 		DataTransport string `codec:"data_transport"`
 		DataAddr      string `codec:"data_addr"`
 		SameHost      string `codec:"same_host"`
+		DataToken     string `codec:"data_token"`
 		MAC           []byte `codec:"mac"`
 	}
 	wireRound struct {
@@ -143,7 +144,7 @@ func toWire(m Message) (wire any, size int, err error) {
 			c := *v.PeerKV
 			c.Nonce = nonNilBytes(c.Nonce)
 			w.PeerKV = &c
-			size += 2*header + len(c.DataTransport) + len(c.DataAddr) + len(c.Nonce) + len(c.SameHost)
+			size += 2*header + len(c.DataTransport) + len(c.DataAddr) + len(c.Nonce) + len(c.SameHost) + len(c.DataToken)
 		}
 		return w, size, nil
 	case *ConnectAck:
@@ -209,8 +210,8 @@ func toWire(m Message) (wire any, size int, err error) {
 			return nil, 0, errors.New("encode peerkv_paths: num_blocks must be positive")
 		}
 		return &wirePaths{TypePaths, nonNilBytes(v.AgentMetadata), v.BaseAddr, v.NumBlocks, v.DataTransport, v.DataAddr,
-				v.SameHost, nonNilBytes(v.MAC)},
-			2*header + len(v.AgentMetadata) + len(v.DataTransport) + len(v.DataAddr) + len(v.SameHost) + len(v.MAC), nil
+				v.SameHost, v.DataToken, nonNilBytes(v.MAC)},
+			2*header + len(v.AgentMetadata) + len(v.DataTransport) + len(v.DataAddr) + len(v.SameHost) + len(v.DataToken) + len(v.MAC), nil
 	default:
 		return nil, 0, fmt.Errorf("encode: unsupported message %T", m)
 	}

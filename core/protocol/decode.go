@@ -29,6 +29,7 @@ const (
 	fDataTransport
 	fDataAddr
 	fSameHost
+	fDataToken
 	fMAC
 	numFields
 )
@@ -38,7 +39,7 @@ var fieldNames = [numFields]string{
 	fNumBlocks: "num_blocks", fBlockLen: "block_len", fConfigFingerprint: "config_fingerprint",
 	fHashSeed: "hash_seed", fPeerKV: CapabilitiesKey, fKVRequestID: "kv_request_id", fKeys: "keys",
 	fHits: "hits", fBlockIndexes: "block_indexes", fRoundSeq: "round_seq", fSuccess: "success",
-	fProof: "proof", fDataTransport: "data_transport", fDataAddr: "data_addr", fSameHost: "same_host", fMAC: "mac",
+	fProof: "proof", fDataTransport: "data_transport", fDataAddr: "data_addr", fSameHost: "same_host", fDataToken: "data_token", fMAC: "mac",
 }
 
 func (f field) String() string { return fieldNames[f] }
@@ -85,6 +86,8 @@ func lookupField(b []byte) (field, bool) {
 		return fDataAddr, true
 	case "same_host":
 		return fSameHost, true
+	case "data_token":
+		return fDataToken, true
 	case "mac":
 		return fMAC, true
 	}
@@ -396,6 +399,11 @@ func (f *parsed) paths() (Message, error) {
 	}
 	if m.SameHost, err = f.str(fSameHost); err != nil {
 		return nil, err
+	}
+	if f.at[fDataToken] != 0 { // absent: the peer's TCP path grants nothing
+		if m.DataToken, err = f.str(fDataToken); err != nil {
+			return nil, err
+		}
 	}
 	if m.MAC, err = f.bin(fMAC, MaxDigestBytes); err != nil {
 		return nil, err

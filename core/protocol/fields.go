@@ -194,7 +194,7 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 			return f.failPath(path, "expected %s, got %s", want, v.describe())
 		}
 		switch name {
-		case "version", "data_transport", "data_addr", "nonce", "same_host":
+		case "version", "data_transport", "data_addr", "nonce", "same_host", "data_token":
 			if seen[name] {
 				return nil, f.failPath(path, "duplicate key")
 			}
@@ -206,7 +206,7 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 				return nil, bad("non-negative int")
 			}
 			c.Version = v.Uint
-		case "data_transport", "data_addr", "same_host":
+		case "data_transport", "data_addr", "same_host", "data_token":
 			if v.Kind != kindStr {
 				return nil, bad("str")
 			}
@@ -218,8 +218,10 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 				c.DataTransport = string(v.Bytes)
 			case "data_addr":
 				c.DataAddr = string(v.Bytes)
-			default:
+			case "same_host":
 				c.SameHost = string(v.Bytes)
+			default:
+				c.DataToken = string(v.Bytes)
 			}
 		case "nonce":
 			if v.Kind != kindBin {

@@ -58,8 +58,11 @@ type Capabilities struct {
 	// peerkv_proof must cover it, so no proof works in another session.
 	Nonce []byte `codec:"nonce"`
 	// SameHost is the same-host path's grant for the receiving peer alone
-	// (see data.Offerer); absent without that path.
+	// (see data.Grants); absent without that path.
 	SameHost string `codec:"same_host,omitempty"`
+	// DataToken keys the MAC of the receiving peer's TCP data connections
+	// to us (see data.Grants); absent without the TCP path.
+	DataToken string `codec:"data_token,omitempty"`
 }
 
 // Connect is the first message on a connection, sent by both sides.
@@ -157,6 +160,7 @@ type Paths struct {
 	DataTransport string
 	DataAddr      string
 	SameHost      string
+	DataToken     string
 	// MAC is HMAC-SHA256 over every field above, both ids and both nonces.
 	MAC []byte
 }

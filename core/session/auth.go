@@ -61,7 +61,7 @@ func proof(secret, sender, receiver string, receiverNonce, senderNonce []byte) [
 func pathsMAC(secret, sender, receiver string, receiverNonce, senderNonce []byte, p *protocol.Paths) []byte {
 	return mac(secret, []byte(pathsLabel), []byte(sender), []byte(receiver), receiverNonce, senderNonce,
 		p.AgentMetadata, number(p.BaseAddr), number(p.NumBlocks), []byte(p.DataTransport), []byte(p.DataAddr),
-		[]byte(p.SameHost))
+		[]byte(p.SameHost), []byte(p.DataToken))
 }
 
 // peerNonce returns the challenge in the peer's connect.

@@ -180,18 +180,18 @@ func TestHalfOpenHandshakeIsDroppedAtItsDeadline(t *testing.T) {
 	assert.Contains(t, s.DeathReason(), "never proved the auth secret")
 }
 
-// offeringData is a data path with a same-host grant, recording withdrawals.
+// offeringData is a data path that grants, recording revocations.
 type offeringData struct {
 	data.Transport
 	offers, withdrawn []string
 }
 
-func (o *offeringData) Offer(peerID string) string {
-	g := fmt.Sprintf("v1 grant-%d-for-%s", len(o.offers), peerID)
-	o.offers = append(o.offers, g)
-	return g
+func (o *offeringData) Grant(peerID string, g *data.Grants) {
+	g.SameHost = fmt.Sprintf("v1 grant-%d-for-%s", len(o.offers), peerID)
+	g.DataToken = fmt.Sprintf("token-%d", len(o.offers))
+	o.offers = append(o.offers, g.SameHost)
 }
-func (o *offeringData) Withdraw(peerID, offer string) { o.withdrawn = append(o.withdrawn, offer) }
+func (o *offeringData) Revoke(peerID string, g data.Grants) { o.withdrawn = append(o.withdrawn, g.SameHost) }
 
 func TestASessionWithdrawsItsSameHostGrantWhenItCloses(t *testing.T) {
 	a := newOwner(t, "127.0.0.1:1001")
@@ -201,6 +201,7 @@ func TestASessionWithdrawsItsSameHostGrantWhenItCloses(t *testing.T) {
 	c := a.take()[0].(*protocol.Connect)
 	require.Len(t, od.offers, 1)
 	assert.Equal(t, od.offers[0], c.PeerKV.SameHost, "the grant goes to this peer only, in our connect")
+	assert.Equal(t, "token-0", c.PeerKV.DataToken, "and the data token")
 	s.Close("done")
 	assert.Equal(t, od.offers, od.withdrawn, "no grant outlives its session")
 }

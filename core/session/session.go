@@ -72,7 +72,7 @@ type Session struct {
 
 	nonce     []byte // our challenge to the peer (secret set)
 	peerNonce []byte // the peer's challenge to us
-	offer     string // our same-host grant for this peer, withdrawn at Close
+	grants    data.Grants // what our data paths granted this peer, revoked at Close
 
 	dead        bool
 	deathReason string
@@ -263,6 +263,7 @@ func (s *Session) onConnect(c *protocol.Connect) error {
 	if c.PeerKV != nil {
 		info.DataAddr = c.PeerKV.DataAddr
 		info.SameHost = c.PeerKV.SameHost
+		info.DataToken = c.PeerKV.DataToken
 	}
 	c.AgentMetadata = nil // handed to the data path; the session keeps no blobs
 	s.register(info)
@@ -286,8 +287,9 @@ func (s *Session) onProof(m *protocol.Proof) error {
 		NumBlocks:     s.env.Region.NumRows(),
 		DataTransport: s.env.Data.Name(),
 		DataAddr:      s.env.Data.DataAddr(),
-		SameHost:      s.offerSameHost(),
 	}
+	g := s.grant()
+	p.SameHost, p.DataToken = g.SameHost, g.DataToken
 	if p.AgentMetadata == nil {
 		p.AgentMetadata = []byte{}
 	}
@@ -310,7 +312,7 @@ func (s *Session) onPaths(m *protocol.Paths) error {
 		NumRows:       m.NumBlocks,
 		RowLen:        s.peer.BlockLen,
 		DataAddr:      m.DataAddr,
-		SameHost:      m.SameHost,
+		Grants:        data.Grants{SameHost: m.SameHost, DataToken: m.DataToken},
 	})
 	return nil
 }
@@ -381,23 +383,25 @@ func (s *Session) sendConnect() {
 		c.NumBlocks = s.env.Region.NumRows()
 		caps.DataTransport = s.env.Data.Name()
 		caps.DataAddr = s.env.Data.DataAddr()
-		caps.SameHost = s.offerSameHost()
+		g := s.grant()
+		caps.SameHost, caps.DataToken = g.SameHost, g.DataToken
 	}
 	c.PeerKV = caps
 	s.sendNow(c)
 }
 
-// offerSameHost mints this session's same-host grant, if that path exists.
-func (s *Session) offerSameHost() string {
-	o, ok := s.env.Data.(data.Offerer)
+// grant mints what our data paths grant this session's peer alone.
+func (s *Session) grant() data.Grants {
+	gr, ok := s.env.Data.(data.Granter)
 	if !ok {
-		return ""
+		return data.Grants{}
 	}
-	if s.offer != "" {
-		o.Withdraw(s.peerID, s.offer)
+	if s.grants != (data.Grants{}) {
+		gr.Revoke(s.peerID, s.grants)
+		s.grants = data.Grants{}
 	}
-	s.offer = o.Offer(s.peerID)
-	return s.offer
+	gr.Grant(s.peerID, &s.grants)
+	return s.grants
 }
 
 // send queues m until the peer acked our connect, then sends in order.
@@ -475,9 +479,9 @@ func (s *Session) Close(reason string) {
 		s.markDead(reason)
 	}
 	s.queued = nil
-	if o, ok := s.env.Data.(data.Offerer); ok && s.offer != "" {
-		o.Withdraw(s.peerID, s.offer)
-		s.offer = ""
+	if gr, ok := s.env.Data.(data.Granter); ok && s.grants != (data.Grants{}) {
+		gr.Revoke(s.peerID, s.grants)
+		s.grants = data.Grants{}
 	}
 	s.consumer.close()
 	s.producer.close()

@@ -8,8 +8,8 @@
 // metadata for NIXL, a data address for TCP) and that accepts the peer
 // wins; a path that fails to register the peer (another host, a refused
 // grant, NIXL error) falls through to the next. Every advertised field of
-// every path goes into our connect, so the peer can choose too; Offer and
-// Withdraw reach the path that grants same-host peers (data.Offerer).
+// every path goes into our connect, so the peer can choose too; Grant and
+// Revoke reach every path that grants peers access (data.Granter).
 package multipath
 
 import (
@@ -106,26 +106,22 @@ func (t *Transport) DataAddr() string {
 	return ""
 }
 
-var _ data.Offerer = (*Transport)(nil)
+var _ data.Granter = (*Transport)(nil)
 
-// Offer is the same-host path's grant for peerID ("" without such a path).
-func (t *Transport) Offer(peerID string) string {
+// Grant collects what every granting path gives peerID.
+func (t *Transport) Grant(peerID string, g *data.Grants) {
 	for _, p := range t.paths {
-		if o, ok := p.(data.Offerer); ok {
-			if offer := o.Offer(peerID); offer != "" {
-				return offer
-			}
+		if gr, ok := p.(data.Granter); ok {
+			gr.Grant(peerID, g)
 		}
 	}
-	return ""
 }
 
-// Withdraw revokes offer on every path that grants; each ignores offers it
-// did not make.
-func (t *Transport) Withdraw(peerID, offer string) {
+// Revoke withdraws g on every granting path; each revokes its own field.
+func (t *Transport) Revoke(peerID string, g data.Grants) {
 	for _, p := range t.paths {
-		if o, ok := p.(data.Offerer); ok {
-			o.Withdraw(peerID, offer)
+		if gr, ok := p.(data.Granter); ok {
+			gr.Revoke(peerID, g)
 		}
 	}
 }

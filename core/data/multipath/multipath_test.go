@@ -34,15 +34,18 @@ func (f *fakeNixl) AddPeer(id string, info data.PeerInfo) error {
 }
 
 // fakeShm stands in for the same-host path: an in-memory path that grants
-// offers (data.Offerer) and takes only peers that made one.
+// offers (data.Granter) and takes only peers that made one.
 type fakeShm struct {
 	*memdata.Transport
 	withdrawn []string
 }
 
-func (f *fakeShm) Name() string                  { return "shm" }
-func (f *fakeShm) Offer(peerID string) string    { return "v1 grant-for " + peerID }
-func (f *fakeShm) Withdraw(peerID, offer string) { f.withdrawn = append(f.withdrawn, peerID+" "+offer) }
+func (f *fakeShm) Name() string                        { return "shm" }
+func (f *fakeShm) Offer(peerID string) string          { return "v1 grant-for " + peerID }
+func (f *fakeShm) Grant(peerID string, g *data.Grants) { g.SameHost = f.Offer(peerID) }
+func (f *fakeShm) Revoke(peerID string, g data.Grants) {
+	f.withdrawn = append(f.withdrawn, peerID+" "+g.SameHost)
+}
 
 // end is one peer: its region, its fake same-host and NIXL paths and its
 // TCP path.
@@ -135,9 +138,11 @@ func TestSameHostOfferPicksShmAndGrantsAreForwarded(t *testing.T) {
 	tr := newMultipath(t, "", a.shm, a.nixl, a.tcp)
 	assert.Equal(t, "shm+nixl+tcp", tr.Name())
 
-	offer := tr.Offer(b.id)
-	assert.Equal(t, "v1 grant-for b:1", offer, "the same-host path's grant goes into our connect")
-	tr.Withdraw(b.id, offer)
+	var g data.Grants
+	tr.Grant(b.id, &g)
+	assert.Equal(t, "v1 grant-for b:1", g.SameHost, "the same-host path's grant goes into our connect")
+	assert.Len(t, g.DataToken, 32, "and the TCP path's data token")
+	tr.Revoke(b.id, g)
 	assert.Equal(t, []string{"b:1 v1 grant-for b:1"}, a.shm.withdrawn)
 
 	withOffer := b.info(true, true)
@@ -155,8 +160,10 @@ func TestWithoutAGrantingPathThereIsNoOffer(t *testing.T) {
 	hub := memdata.NewHub()
 	a, b := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1")
 	tr := newMultipath(t, "", a.nixl, a.tcp)
-	assert.Empty(t, tr.Offer(b.id))
-	tr.Withdraw(b.id, "v1 anything") // nothing to forward to: a no-op
+	var g data.Grants
+	tr.Grant(b.id, &g)
+	assert.Empty(t, g.SameHost, "no same-host path, no same-host grant")
+	tr.Revoke(b.id, data.Grants{SameHost: "v1 anything"}) // nothing to forward to: a no-op
 }
 
 func TestPeerOfferingOnlyTCPGetsTCP(t *testing.T) {

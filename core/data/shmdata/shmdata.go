@@ -82,7 +82,7 @@ type Transport struct {
 
 var (
 	_ data.Transport = (*Transport)(nil)
-	_ data.Offerer   = (*Transport)(nil)
+	_ data.Granter   = (*Transport)(nil)
 )
 
 // New finds the file behind opts.Region and starts the grant listener. It
@@ -144,7 +144,13 @@ func (t *Transport) AgentMetadata() []byte { return nil }
 // DataAddr implements data.Transport: none.
 func (t *Transport) DataAddr() string { return "" }
 
-// Offer implements data.Offerer: a fresh grant of our region to peerID.
+// Grant implements data.Granter: g.SameHost is a fresh offer to peerID.
+func (t *Transport) Grant(peerID string, g *data.Grants) { g.SameHost = t.Offer(peerID) }
+
+// Revoke implements data.Granter.
+func (t *Transport) Revoke(peerID string, g data.Grants) { t.Withdraw(peerID, g.SameHost) }
+
+// Offer is a fresh grant of our region to peerID ("" when none can be made).
 func (t *Transport) Offer(peerID string) string {
 	t.mu.Lock()
 	closed := t.closed
@@ -160,7 +166,7 @@ func (t *Transport) Offer(peerID string) string {
 	return offer{socket: t.ln.Addr().String(), token: tok}.String()
 }
 
-// Withdraw implements data.Offerer.
+// Withdraw revokes an offer made to peerID if it is still its current one.
 func (t *Transport) Withdraw(peerID, offerString string) {
 	o, err := parseOffer(offerString)
 	if err != nil || o.socket != t.ln.Addr().String() {

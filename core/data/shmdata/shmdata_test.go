@@ -57,7 +57,7 @@ func completion(t *testing.T, tr *Transport, id uint64) error {
 	}
 }
 
-func offered(offer string) data.PeerInfo { return data.PeerInfo{SameHost: offer} }
+func offered(offer string) data.PeerInfo { return data.PeerInfo{Grants: data.Grants{SameHost: offer}} }
 
 func TestRowsLandByteForByteAndNothingElse(t *testing.T) {
 	const rows, rowLen, skip = 300, 4096, 96 // the region starts mid-page in its file

@@ -120,3 +120,38 @@ func TestFenceCutsWritesUnderWay(t *testing.T) {
 	require.Error(t, nextCompletion(t, a, waitLimit).Err, "the cut transfer fails")
 	assertRowsAt(t, src, dst, nil, nil)
 }
+
+// With RequireGrant only the session the receiver granted may write, and
+// only while it lasts: no token, another peer's token or a revoked one are
+// refused, and revoking cuts the connections it opened.
+func TestOnlyTheGrantedSessionMayWrite(t *testing.T) {
+	src, dst := randomRegion(t, 8), sentinelRegion(8)
+	b := newTransport(t, "b", dst, func(o *Options) { o.RequireGrant = true })
+	write := func(from *Transport) error {
+		_, err := from.Write("b", []uint64{1}, []uint64{2})
+		require.NoError(t, err)
+		return nextCompletion(t, from, waitLimit).Err
+	}
+	join := func(id, token string) *Transport {
+		a := newTransport(t, id, src, nil)
+		require.NoError(t, a.AddPeer("b", data.PeerInfo{RowLen: src.RowLen, DataAddr: b.DataAddr(),
+			Grants: data.Grants{DataToken: token}}))
+		return a
+	}
+
+	require.ErrorIs(t, write(join("a", "")), ErrAuthFailed, "no token")
+	var ga, gc data.Grants
+	b.Grant("a", &ga)
+	b.Grant("c", &gc)
+	require.ErrorIs(t, write(join("a", gc.DataToken)), ErrAuthFailed, "another peer's token")
+	require.ErrorIs(t, write(join("x", ga.DataToken)), ErrAuthFailed, "a's token named by x")
+	a := join("a", ga.DataToken)
+	require.NoError(t, write(a), "the granted session writes")
+	assertRowsAt(t, src, dst, []uint64{1}, []uint64{2})
+
+	b.Revoke("a", ga) // a's session ended
+	require.Error(t, write(a), "its connection was cut and its token no longer opens one")
+	var ga2 data.Grants
+	b.Grant("a", &ga2)
+	require.NoError(t, write(join("a", ga2.DataToken)), "a's next session writes with its own token")
+}

@@ -76,6 +76,7 @@ func remoteHost(c net.Conn) string {
 // inboundConn is what Fence needs of an accepted connection.
 type inboundConn struct {
 	peerID string        // set under t.mu once its hello named the writer
+	token  string        // the data token its hello proved ("" without grants)
 	done   chan struct{} // closed when its goroutine can write no more
 }
 
@@ -133,16 +134,21 @@ func (t *Transport) serveInbound(c net.Conn) {
 		}
 	}()
 	t.tuneConn(c)
-	conn, peerID, err := t.acceptHello(c)
+	conn, peerID, token, err := t.acceptHello(c)
 	if err != nil {
 		t.opts.Logf("tcpdata: writer at %s refused: %v", c.RemoteAddr(), err)
 		return
 	}
 	t.mu.Lock()
-	if in := t.inbound[c]; in != nil {
-		in.peerID = peerID
+	in := t.inbound[c]
+	if in != nil {
+		in.peerID, in.token = peerID, token
 	}
+	revoked := token != "" && t.tokens[peerID] != token // its session ended during the hello
 	t.mu.Unlock()
+	if revoked {
+		return
+	}
 	r := &receiver{t: t, conn: conn, peerID: peerID}
 	for {
 		if err := r.receivePart(); err != nil {
@@ -157,45 +163,47 @@ func (t *Transport) serveInbound(c net.Conn) {
 // acceptHello (TLS first in encrypted mode) challenges the writer and
 // returns the connection parts flow on and the writer's peer id. The TLS
 // handshake and the hello share one IOTimeout deadline.
-func (t *Transport) acceptHello(c net.Conn) (net.Conn, string, error) {
+func (t *Transport) acceptHello(c net.Conn) (net.Conn, string, string, error) {
 	_ = c.SetDeadline(time.Now().Add(t.opts.IOTimeout))
 	h := helloConn{Conn: c}
 	if t.tls != nil {
 		var err error
 		if h, err = t.startServerTLS(c); err != nil {
-			return nil, "", err
+			return nil, "", "", err
 		}
 	}
-	peerID, err := t.helloAsReceiver(h)
+	peerID, token, err := t.helloAsReceiver(h)
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	_ = c.SetDeadline(time.Time{})
-	return h.Conn, peerID, nil
+	return h.Conn, peerID, token, nil
 }
 
-func (t *Transport) helloAsReceiver(h helloConn) (string, error) {
+// helloAsReceiver runs the hello and returns the writer's peer id and the
+// data token it proved ("" when none was granted).
+func (t *Transport) helloAsReceiver(h helloConn) (string, string, error) {
 	var server [serverHelloLen]byte
 	binary.LittleEndian.PutUint32(server[0:], helloMagic)
 	server[4] = h.version()
-	if t.opts.AuthSecret != "" {
+	if t.opts.AuthSecret != "" || t.opts.RequireGrant {
 		server[5] = 1
 	}
 	nonce := server[8 : 8+nonceLen]
 	if _, err := rand.Read(nonce); err != nil {
-		return "", fmt.Errorf("nonce: %w", err)
+		return "", "", fmt.Errorf("nonce: %w", err)
 	}
 	if _, err := h.Write(server[:]); err != nil {
-		return "", fmt.Errorf("send hello: %w", err)
+		return "", "", fmt.Errorf("send hello: %w", err)
 	}
 
 	client := make([]byte, h.clientFixedLen())
 	if _, err := io.ReadFull(h, client); err != nil {
-		return "", fmt.Errorf("read hello: %w", err)
+		return "", "", fmt.Errorf("read hello: %w", err)
 	}
-	refuse := func(st status, reason string) (string, error) {
+	refuse := func(st status, reason string) (string, string, error) {
 		_ = h.writeStatus(st, nil, reason)
-		return "", fmt.Errorf("%v: %s", st, reason)
+		return "", "", fmt.Errorf("%v: %s", st, reason)
 	}
 	if magic := binary.LittleEndian.Uint32(client[0:]); magic != helloMagic {
 		return refuse(statusBadRequest, fmt.Sprintf("hello magic %#x", magic))
@@ -212,22 +220,33 @@ func (t *Transport) helloAsReceiver(h helloConn) (string, error) {
 	}
 	id := make([]byte, idLen)
 	if _, err := io.ReadFull(h, id); err != nil {
-		return "", fmt.Errorf("read hello peer id: %w", err)
+		return "", "", fmt.Errorf("read hello peer id: %w", err)
 	}
 	peerID := string(id)
 	rowLen := binary.LittleEndian.Uint64(client[8:])
 	gotMAC := client[16 : 16+macLen]
+	t.mu.Lock()
+	token := t.tokens[peerID]
+	t.mu.Unlock()
+	if t.opts.RequireGrant && token == "" {
+		return refuse(statusAuthFailed, fmt.Sprintf("no session with %s grants it writes here", peerID))
+	}
+	key := writerKey(t.opts.AuthSecret, token)
 	var clientNonce []byte
-	if t.opts.AuthSecret != "" {
+	if key != "" {
 		var want []byte
 		if h.encrypted() {
 			clientNonce = client[clientHelloLen : clientHelloLen+nonceLen]
-			want = clientMAC(t.opts.AuthSecret, nonce, clientNonce, rowLen, h.exporter, peerID)
+			want = clientMAC(key, nonce, clientNonce, rowLen, h.exporter, peerID)
 		} else {
-			want = helloMAC(t.opts.AuthSecret, nonce, rowLen, peerID)
+			want = helloMAC(key, nonce, rowLen, peerID)
 		}
 		if !hmac.Equal(want, gotMAC) {
-			return refuse(statusAuthFailed, fmt.Sprintf("%s did not prove the shared secret", peerID))
+			what := "the shared secret"
+			if token != "" {
+				what = "its session's data token"
+			}
+			return refuse(statusAuthFailed, fmt.Sprintf("%s did not prove %s", peerID, what))
 		}
 	}
 	if rowLen != t.region.RowLen {
@@ -235,12 +254,12 @@ func (t *Transport) helloAsReceiver(h helloConn) (string, error) {
 	}
 	var proof []byte // our proof, only once the writer proved itself
 	if h.encrypted() {
-		proof = serverMAC(t.opts.AuthSecret, clientNonce, nonce, h.exporter, peerID)
+		proof = serverMAC(key, clientNonce, nonce, h.exporter, peerID)
 	}
 	if err := h.writeStatus(statusOK, proof, ""); err != nil {
-		return "", fmt.Errorf("answer hello of %s: %w", peerID, err)
+		return "", "", fmt.Errorf("answer hello of %s: %w", peerID, err)
 	}
-	return peerID, nil
+	return peerID, token, nil
 }
 
 // idleDeadline is how long a receiver waits for the next part: longer than

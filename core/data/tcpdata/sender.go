@@ -31,6 +31,7 @@ type peerLink struct {
 	t      *Transport
 	peerID string
 	addr   string
+	token  string          // the receiver's grant for this session (data.Grants.DataToken)
 	ctx    context.Context // cancelled by shutdown; aborts dials
 	cancel context.CancelFunc
 
@@ -257,6 +258,7 @@ func (s *sender) hello(c net.Conn) (net.Conn, error) {
 	nonce := server[8 : 8+nonceLen]
 
 	id, rowLen := opts.LocalID, l.t.region.RowLen
+	key := writerKey(opts.AuthSecret, l.token)
 	fixed := h.clientFixedLen()
 	msg := make([]byte, fixed+len(id))
 	binary.LittleEndian.PutUint32(msg[0:], helloMagic)
@@ -270,9 +272,9 @@ func (s *sender) hello(c net.Conn) (net.Conn, error) {
 		if _, err := rand.Read(clientNonce); err != nil {
 			return nil, fmt.Errorf("tcpdata: nonce: %w", err)
 		}
-		copy(msg[16:], clientMAC(opts.AuthSecret, nonce, clientNonce, rowLen, h.exporter, id))
-	case opts.AuthSecret != "":
-		copy(msg[16:], helloMAC(opts.AuthSecret, nonce, rowLen, id))
+		copy(msg[16:], clientMAC(key, nonce, clientNonce, rowLen, h.exporter, id))
+	case key != "":
+		copy(msg[16:], helloMAC(key, nonce, rowLen, id))
 	}
 	copy(msg[fixed:], id)
 	if _, err := h.Write(msg); err != nil {
@@ -286,7 +288,7 @@ func (s *sender) hello(c net.Conn) (net.Conn, error) {
 		return nil, helloError(l.peerID, st, reason)
 	}
 	// No row goes to a receiver that has not proven the secret too.
-	if h.encrypted() && !hmac.Equal(proof, serverMAC(opts.AuthSecret, clientNonce, nonce, h.exporter, id)) {
+	if h.encrypted() && !hmac.Equal(proof, serverMAC(key, clientNonce, nonce, h.exporter, id)) {
 		return nil, fmt.Errorf("%w: receiver %s at %s did not prove the shared secret", ErrAuthFailed, l.peerID, l.addr)
 	}
 	_ = c.SetDeadline(time.Time{})

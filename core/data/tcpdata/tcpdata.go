@@ -59,6 +59,9 @@ type Options struct {
 	IdleTimeout time.Duration
 	// Streams is the number of parallel connections per peer (default 2).
 	Streams int
+	// RequireGrant refuses writers that do not prove the data token we
+	// granted their peer id's current session (see Grant).
+	RequireGrant bool
 	// MaxConns and MaxConnsPerHost bound inbound connections, in all and
 	// from one source IP (defaults 1024 and 64); more are closed at once.
 	MaxConns        int
@@ -119,6 +122,7 @@ type Transport struct {
 	links   map[string]*peerLink
 	pending map[uint64]*transfer
 	inbound map[net.Conn]*inboundConn
+	tokens  map[string]string // peer id -> its session's data token (Grant)
 	nextID  uint64
 	closed  bool
 
@@ -162,6 +166,7 @@ func New(opts Options) (*Transport, error) {
 		links:    map[string]*peerLink{},
 		pending:  map[uint64]*transfer{},
 		inbound:  map[net.Conn]*inboundConn{},
+		tokens:   map[string]string{},
 		outbox:   data.NewOutbox(completionBuffer),
 		closing:  make(chan struct{}),
 	}
@@ -207,18 +212,19 @@ func (t *Transport) AddPeer(peerID string, info data.PeerInfo) error {
 		return data.ErrClosed
 	}
 	old := t.links[peerID]
-	if old != nil && old.addr == info.DataAddr {
+	if old != nil && old.addr == info.DataAddr && old.token == info.DataToken {
 		t.mu.Unlock()
 		return nil
 	}
 	link := newPeerLink(t, peerID, info.DataAddr)
+	link.token = info.DataToken
 	t.links[peerID] = link
 	for range t.opts.Streams {
 		t.goSafe("sender "+peerID, link.runStream)
 	}
 	t.mu.Unlock()
 	if old != nil {
-		t.dropLink(old, fmt.Errorf("%w: %s re-added with a new data address", data.ErrUnknownPeer, peerID))
+		t.dropLink(old, fmt.Errorf("%w: %s re-added with a new data address or session", data.ErrUnknownPeer, peerID))
 	}
 	return nil
 }
