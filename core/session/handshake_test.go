@@ -191,7 +191,9 @@ func (o *offeringData) Grant(peerID string, g *data.Grants) {
 	g.DataToken = fmt.Sprintf("token-%d", len(o.offers))
 	o.offers = append(o.offers, g.SameHost)
 }
-func (o *offeringData) Revoke(peerID string, g data.Grants) { o.withdrawn = append(o.withdrawn, g.SameHost) }
+func (o *offeringData) Revoke(peerID string, g data.Grants) {
+	o.withdrawn = append(o.withdrawn, g.SameHost)
+}
 
 func TestASessionWithdrawsItsSameHostGrantWhenItCloses(t *testing.T) {
 	a := newOwner(t, "127.0.0.1:1001")

@@ -70,8 +70,8 @@ type Session struct {
 	peer         *protocol.Connect
 	peerRows     uint64 // rows the peer says its region has (connect, or peerkv_paths with a secret)
 
-	nonce     []byte // our challenge to the peer (secret set)
-	peerNonce []byte // the peer's challenge to us
+	nonce     []byte      // our challenge to the peer (secret set)
+	peerNonce []byte      // the peer's challenge to us
 	grants    data.Grants // what our data paths granted this peer, revoked at Close
 
 	dead        bool
