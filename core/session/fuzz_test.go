@@ -150,13 +150,14 @@ func answerInbound(s *Session, o *fakeOwner, next *int64, submitted map[int64]bo
 	}
 }
 
-// drainCompletions applies the data path's finished transfers.
+// drainCompletions applies the data path's finished transfers, waiting
+// (briefly) only while some are still running.
 func drainCompletions(s *Session, o *fakeOwner) {
-	for {
+	for len(s.producer.transfers) > 0 {
 		select {
 		case c := <-o.env.Data.Completions():
 			s.TransferComplete(c.ID, c.Err)
-		case <-time.After(2 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond):
 			return
 		}
 	}
