@@ -1,6 +1,7 @@
 package session
 
 import (
+	"fmt"
 	"sort"
 	"time"
 
@@ -245,10 +246,14 @@ func (c *consumer) tick(now time.Time) {
 				l.abortedAt = now
 				c.s.send(&protocol.AbortFetch{KVRequestID: id, RoundSeq: round})
 			case !l.abortedAt.IsZero() && now.Sub(l.abortedAt) >= cfg.AbortAckTimeout:
-				c.s.env.Logf("WARNING", "peer %s: no abort_ack for kv_request_id=%s round=%d within %v; failing the load",
+				c.s.env.Logf("WARNING", "peer %s: no abort_ack for kv_request_id=%s round=%d within %v; failing the load "+
+					"and ending the session, so none of the peer's writes still under way can land later",
 					c.s.peerID, id, round, cfg.AbortAckTimeout)
 				delete(r.loads, round)
 				c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Rows: l.rows, Unconfirmed: true})
+				// Its grants (the TCP data token) die with the session: a write
+				// the peer still has queued cannot open a new connection.
+				c.s.disconnect(fmt.Sprintf("no abort_ack for kv_request_id=%s round=%d within %v", id, round, cfg.AbortAckTimeout))
 			}
 		}
 		n := 0

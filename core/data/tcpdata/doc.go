@@ -26,9 +26,13 @@
 //	hello status   status u8 | pad u8 | msg_len u16 | msg [msg_len]
 //
 // id is the producer's peer id, the name the receiver's WriteGuard is asked
-// about. When the receiver has an AuthSecret, mac must equal
-// HMAC-SHA256(secret, "peerkv/tcpdata/v1" | nonce | row_len u64 | id);
-// otherwise mac is ignored (the producer sends zeros without a secret).
+// about. mac must equal HMAC-SHA256(key, "peerkv/tcpdata/v1" | nonce |
+// row_len u64 | id), where key is the data token the receiver granted id's
+// current session (Grant; with an AuthSecret, secret | 0x00 |
+// "peerkv-data-token" | 0x00 | token), or the AuthSecret alone when the
+// receiver granted id nothing. With Options.RequireGrant a writer without a
+// current grant is refused; without a key mac is ignored (the producer
+// sends zeros). Revoking a grant cuts the connections it opened.
 // row_len must equal the receiver's row length. A non-zero status comes
 // with a reason and the receiver closes the connection.
 //
