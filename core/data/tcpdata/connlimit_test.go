@@ -155,3 +155,48 @@ func TestOnlyTheGrantedSessionMayWrite(t *testing.T) {
 	b.Grant("a", &ga2)
 	require.NoError(t, write(join("a", ga2.DataToken)), "a's next session writes with its own token")
 }
+
+// splitGuard refuses row 0 (in the first part) and holds row 4 (in the
+// second) until released.
+type splitGuard struct {
+	holding chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (g *splitGuard) MayWrite(string, uint64) bool { return true }
+func (g *splitGuard) WriteRow(_ string, row uint64, dst, src []byte) bool {
+	switch row {
+	case 0:
+		return false
+	case 4:
+		g.once.Do(func() { close(g.holding) })
+		<-g.release
+	}
+	copy(dst, src)
+	return true
+}
+
+// A transfer whose first part failed is reported only once its other part
+// stopped writing: the consumer hands the rows back when told it failed.
+func TestAFailedTransferIsReportedOnlyOnceNoPartWrites(t *testing.T) {
+	src, dst := randomRegion(t, 8), sentinelRegion(8)
+	g := &splitGuard{holding: make(chan struct{}), release: make(chan struct{})}
+	a := newTransport(t, "a", src, nil)
+	b := newTransport(t, "b", dst, func(o *Options) { o.Guard = g })
+	addPeer(t, a, "b", b)
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(g.release) }) }
+	defer release() // never leave the receiver blocked, even when failing
+	_, err := a.Write("b", seq(0, 8), seq(0, 8))
+	require.NoError(t, err)
+	<-g.holding
+	select {
+	case c := <-a.Completions():
+		release()
+		t.Fatalf("reported (%v) while the second part still writes", c.Err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	release()
+	require.Error(t, nextCompletion(t, a, waitLimit).Err)
+}

@@ -163,23 +163,23 @@ func (l *peerLink) runStream() {
 // instead of leaving its transfer pending forever.
 func (s *sender) process(p *part) {
 	t := s.link.t
-	if t.transferDone(p.tr) {
+	if !t.startPart(p.tr) {
 		return // another part failed it, or it was cancelled
 	}
 	defer func() {
 		if r := recover(); r != nil {
 			t.opts.Logf("tcpdata: panic sending to %s: %v", s.link.peerID, r)
 			s.dropConn()
-			t.finishPart(p.tr, fmt.Errorf("%w: panic while sending transfer %d", ErrProtocol, p.tr.id))
+			t.finishPart(p.tr, fmt.Errorf("%w: panic while sending transfer %d", ErrProtocol, p.tr.id), true)
 		}
 	}()
 	if s.conn == nil {
 		if err := s.connect(); err != nil {
 			// The peer is unreachable: fail what is queued now rather than
 			// let each part wait out its own dial.
-			t.finishPart(p.tr, err)
+			t.finishPart(p.tr, err, true)
 			for _, q := range s.link.takeQueue() {
-				t.finishPart(q.tr, err)
+				t.finishPart(q.tr, err, false)
 			}
 			return
 		}
@@ -188,7 +188,7 @@ func (s *sender) process(p *part) {
 	if !keepConn {
 		s.dropConn()
 	}
-	t.finishPart(p.tr, err)
+	t.finishPart(p.tr, err, true)
 }
 
 func (s *sender) dropConn() {

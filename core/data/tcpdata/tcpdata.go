@@ -135,8 +135,10 @@ type Transport struct {
 type transfer struct {
 	id        uint64
 	link      *peerLink
-	remaining int // parts not yet acked
-	done      bool
+	remaining int   // parts not yet acked
+	onWire    int   // parts being sent right now
+	err       error // the first part's failure: the rest are skipped
+	done      bool  // reported
 }
 
 var _ data.Transport = (*Transport)(nil)
@@ -253,10 +255,10 @@ func (t *Transport) dropLink(link *peerLink, reason error) {
 		}
 	}
 	t.mu.Unlock()
+	link.shutdown() // cuts the parts on the wire: they finish (failed) promptly
 	for _, tr := range failed {
-		t.finishPart(tr, reason)
+		t.finishPart(tr, reason, false)
 	}
-	link.shutdown()
 }
 
 // Write queues local rows src[i] for the peer's rows dst[i] and returns at
@@ -321,33 +323,46 @@ func (t *Transport) split(tr *transfer, src, dst []uint64) []*part {
 	return parts
 }
 
-// finishPart records one part's outcome and reports the transfer once: on
-// its first error, or when its last part succeeded.
-func (t *Transport) finishPart(tr *transfer, err error) {
+// startPart puts a part of tr on the wire, unless tr already failed (its
+// queued parts are then skipped).
+func (t *Transport) startPart(tr *transfer) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if tr.done || tr.err != nil {
+		return false
+	}
+	tr.onWire++
+	return true
+}
+
+// finishPart records one part's outcome (onWire: it was being sent) and
+// reports the transfer once: when its last part succeeded, or after a
+// failure once no part of it is on the wire any more. A failure is never
+// reported while another part still writes rows: the consumer, told the
+// transfer failed, hands those rows back to its host.
+func (t *Transport) finishPart(tr *transfer, err error, onWire bool) {
 	t.mu.Lock()
 	if tr.done {
 		t.mu.Unlock()
 		return
 	}
+	if onWire {
+		tr.onWire--
+	}
 	if err == nil {
 		tr.remaining--
-		if tr.remaining > 0 {
-			t.mu.Unlock()
-			return
-		}
+	} else if tr.err == nil {
+		tr.err = err
+	}
+	if tr.onWire > 0 || (tr.err == nil && tr.remaining > 0) {
+		t.mu.Unlock()
+		return
 	}
 	tr.done = true
 	delete(t.pending, tr.id)
+	err = tr.err
 	t.mu.Unlock()
 	t.report(data.Completion{PeerID: tr.link.peerID, ID: tr.id, Err: err})
-}
-
-// transferDone says whether tr was already reported (its queued parts can
-// be skipped).
-func (t *Transport) transferDone(tr *transfer) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return tr.done
 }
 
 // report delivers a completion, logging one dropped at shutdown.
