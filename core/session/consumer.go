@@ -230,7 +230,9 @@ func (c *consumer) finishLoad(id string, round uint64, ok bool, via string) {
 		c.s.env.Logf("WARNING", "peer %s could not supply kv_request_id=%s round=%d; the request recomputes locally",
 			c.s.peerID, id, round)
 	}
-	c.s.report(Report{Kind: LoadDone, JobID: l.jobID, OK: ok, KVID: id, Rows: l.rows}) // a failed load fails its own request only
+	// A failed load fails its own request only. A failed transfer may have
+	// been cut mid-part with rows still in flight to us: fence those too.
+	c.s.report(Report{Kind: LoadDone, JobID: l.jobID, OK: ok, KVID: id, Rows: l.rows, Fence: !ok && via == "transfer_done"})
 	c.prune(id)
 }
 
@@ -250,7 +252,7 @@ func (c *consumer) tick(now time.Time) {
 					"and ending the session, so none of the peer's writes still under way can land later",
 					c.s.peerID, id, round, cfg.AbortAckTimeout)
 				delete(r.loads, round)
-				c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Rows: l.rows, Unconfirmed: true})
+				c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Rows: l.rows, Fence: true})
 				// Its grants (the TCP data token) die with the session: a write
 				// the peer still has queued cannot open a new connection.
 				c.s.disconnect(fmt.Sprintf("no abort_ack for kv_request_id=%s round=%d within %v", id, round, cfg.AbortAckTimeout))
@@ -280,7 +282,7 @@ func (c *consumer) close() {
 	for id, r := range c.requests {
 		for _, round := range sortedRounds(r.loads) {
 			l := r.loads[round]
-			c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Rows: l.rows, Unconfirmed: true})
+			c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Rows: l.rows, Fence: true})
 		}
 		failed := false
 		for _, p := range r.probes {

@@ -165,6 +165,7 @@ func (p *producer) respond(l *InboundLookup) {
 	if req := p.requests[l.KVRequestID]; req != nil {
 		delete(req.lookups, l.ID)
 	}
+	p.prune(l.KVRequestID)
 }
 
 // dropLookups ends every lookup of kvID without answering (the consumer

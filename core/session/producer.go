@@ -79,19 +79,12 @@ func (p *producer) round(id string, seq uint64) *round {
 	return r
 }
 
-// prune drops a request once nothing live remains (tombstones included,
-// since nothing can reach them any more).
+// prune drops a request once it holds no round and no lookup; tombstones
+// keep it until expireRounds forgets them.
 func (p *producer) prune(id string) {
-	req := p.requests[id]
-	if req == nil || len(req.lookups) > 0 {
-		return
+	if req := p.requests[id]; req != nil && len(req.lookups) == 0 && len(req.rounds) == 0 {
+		delete(p.requests, id)
 	}
-	for _, r := range req.rounds {
-		if r.live() || r.inflight > 0 || r.state == roundAborting {
-			return
-		}
-	}
-	delete(p.requests, id)
 }
 
 // AddStoredBlocks adds rows the host stored (PD, round 0) or pinned for a
@@ -397,8 +390,13 @@ func (p *producer) tick(now time.Time) {
 			r.supplyClosed = true
 		}
 		p.reportJob(j, false)
-		if r != nil && r.state == roundFetched && r.inflight == 0 {
+		switch {
+		case r != nil && r.state == roundFetched && r.inflight == 0:
 			p.finalize(sj.kvID, sj.round, true)
+		case r != nil && r.state == roundOpen && len(r.jobs) == 0:
+			// Nothing left to serve: a tombstone, so a late fetch fails at
+			// once and the round expires instead of staying open forever.
+			r.kill(now, false)
 		}
 		p.prune(sj.kvID)
 	}

@@ -5,8 +5,9 @@ type ReportKind int8
 
 const (
 	// LoadDone: load job JobID ended (OK), pulling KVID into Rows.
-	// Unconfirmed: the peer never said it stopped writing (no transfer_done
-	// or abort_ack): the owner must fence it before handing the rows back.
+	// Fence: writes of that peer for this load may still be under way or
+	// buffered (no word from it, or it reported a failed transfer): the
+	// owner must fence the peer before handing the rows back.
 	LoadDone ReportKind = iota + 1
 	// StoreDone: store or lookup-pin job JobID ended; Bytes were written.
 	StoreDone
@@ -36,8 +37,8 @@ type Report struct {
 	KVID    string
 	Rows    []uint64
 	Lookup  *InboundLookup
-	// Unconfirmed: see LoadDone.
-	Unconfirmed bool
+	// Fence: see LoadDone.
+	Fence bool
 }
 
 func (s *Session) report(r Report) {

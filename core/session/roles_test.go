@@ -185,3 +185,24 @@ func TestFloodsUnderOneKVIDAreBounded(t *testing.T) {
 	}
 	assert.Zero(t, rounds, "no room left for tombstones")
 }
+
+// Nothing a cancelled or unfetched round leaves behind outlives its
+// deadlines: stores after an abort are refused at once, pins nobody
+// fetched turn into a tombstone at store_timeout_s, and tombstones are
+// forgotten after reaped_id_retention_s.
+func TestRoundsLeaveNothingBehind(t *testing.T) {
+	p := handshaked(t, func(c *config.Config) { c.StoreTimeout = time.Second; c.ReapedIDRetention = 2 * time.Second })
+	p.sb.Handle(&protocol.AbortFetch{KVRequestID: "pd", RoundSeq: 0})
+	p.sb.AddStoredBlocks("pd", [][]byte{key(1)}, []uint64{0}, 1, 0, false)
+	assert.Equal(t, map[int64]bool{1: false}, p.b.stores, "a store for an aborted round is released at once")
+
+	p.sb.AddStoredBlocks("open", [][]byte{key(2)}, []uint64{1}, 2, 0, false)
+	p.b.tick(1500 * time.Millisecond)
+	assert.False(t, p.b.stores[2], "released at store_timeout_s")
+	_, has := p.b.stores[2]
+	assert.True(t, has)
+	p.b.tick(2500 * time.Millisecond)
+	kv, wanted := p.sb.Holds()
+	assert.Zero(t, kv, "every tombstone forgotten")
+	assert.Zero(t, wanted)
+}

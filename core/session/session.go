@@ -118,6 +118,9 @@ func (s *Session) Ready() bool { return s.sendReady && s.state == acked && !s.de
 // LastActivity is when the peer last sent us something or we sent it work.
 func (s *Session) LastActivity() time.Time { return s.lastActivity }
 
+// Dialed reports whether we opened the session (a peer we pull from).
+func (s *Session) Dialed() bool { return s.dialed }
+
 // OpenedAt is when the session started.
 func (s *Session) OpenedAt() time.Time { return s.openedAt }
 

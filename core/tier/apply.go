@@ -27,9 +27,9 @@ func (t *Tier) apply(r session.Report) {
 	case session.LoadDone:
 		j := t.jobs[r.JobID]
 		if j != nil {
-			if r.Unconfirmed && j.peer != "" {
-				// The peer never said it stopped: cut its writes in flight
-				// before the host gets these rows back for a newer load.
+			if r.Fence && j.peer != "" {
+				// Cut the peer's writes in flight before the host gets these
+				// rows back for a newer load.
 				if f, ok := t.dt.(data.Fencer); ok {
 					f.Fence(j.peer)
 				}

@@ -326,7 +326,7 @@ func (t *Tier) admit(peerID, addr string) string {
 		if s.Source() == addr {
 			fromAddr++
 		}
-		if !s.Handshaked() {
+		if !s.Handshaked() && !s.Dialed() {
 			handshaking++
 		}
 	}
@@ -361,7 +361,7 @@ const handshakeGrace = time.Second
 func (t *Tier) countHandshaking() int {
 	n := 0
 	for _, s := range t.sessions {
-		if !s.Handshaked() {
+		if !s.Handshaked() && !s.Dialed() {
 			n++
 		}
 	}
@@ -373,7 +373,8 @@ func (t *Tier) countHandshaking() int {
 func (t *Tier) evictStalledHandshake(now time.Time) {
 	var oldest *session.Session
 	for _, s := range t.sessions {
-		if s.Dead() || s.Handshaked() || now.Sub(s.OpenedAt()) < handshakeGrace {
+		// Sessions we dialed carry our own loads: never ours to give up.
+		if s.Dead() || s.Handshaked() || s.Dialed() || now.Sub(s.OpenedAt()) < handshakeGrace {
 			continue
 		}
 		if oldest == nil || s.OpenedAt().Before(oldest.OpenedAt()) {
