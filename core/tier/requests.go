@@ -273,6 +273,7 @@ func (t *Tier) shutdown() error {
 		}
 		delete(t.serving, kv)
 	}
+	t.parkedBatches = 0
 	for id := range t.jobs {
 		t.report(id, false, 0)
 	}

@@ -72,6 +72,7 @@ func (t *Tier) store(kv string, jobID int64, keys [][]byte, rows []uint64) {
 		}
 		sk.state, sk.s = serveParked, nil
 		sk.parked = append(sk.parked, parked{jobID: jobID, keys: keys, rows: rows})
+		t.parkedBatches++
 	}
 }
 
@@ -98,6 +99,7 @@ func (t *Tier) fetchArrived(s *session.Session, kv string) {
 	sk.state, sk.s = serveBound, s
 	batches := sk.parked
 	sk.parked = nil
+	t.parkedBatches -= len(batches)
 	sk.deadline = t.now().Add(t.cfg.UnboundStoreTimeout)
 	for _, b := range batches {
 		s.AddStoredBlocks(kv, b.keys, b.rows, b.jobID, 0, false)
@@ -154,6 +156,7 @@ func (t *Tier) tickServing(now time.Time) {
 			t.stats.unboundExpired += int64(len(sk.parked))
 			t.logf("WARNING", "no decoder fetched kv_request_id=%s within %v; released %d stored batch(es) (raise unbound_store_timeout_s if prefills outlast it)",
 				kv, t.cfg.UnboundStoreTimeout, len(sk.parked))
+			t.parkedBatches -= len(sk.parked)
 			sk.parked = nil
 			sk.state = serveExpired
 			sk.deadline = now.Add(t.cfg.ReapedIDRetention)
@@ -167,11 +170,6 @@ func (t *Tier) tickServing(now time.Time) {
 	}
 }
 
-// parkedStores counts store batches waiting for a decoder.
-func (t *Tier) parkedStores() int {
-	n := 0
-	for _, sk := range t.serving {
-		n += len(sk.parked)
-	}
-	return n
-}
+// parkedStores counts store batches waiting for a decoder (kept as a
+// count: the host asks on every step).
+func (t *Tier) parkedStores() int { return t.parkedBatches }

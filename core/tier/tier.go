@@ -60,19 +60,20 @@ type Tier struct {
 	logs   *logRing
 	reg    *registry
 
-	mu         sync.Mutex
-	closed     bool
-	poisoned   error // set once a goroutine of ours panicked
-	requests   map[string]*request
-	sessions   map[string]*session.Session
-	jobs       map[int64]*job
-	finished   []JobResult
-	serving    map[string]*serveKV // PD kv ids this peer serves as a prefiller
-	inbound    inboundQueue        // work for the host's serve pass
-	lookups    map[int64]*session.InboundLookup
-	nextLookup int64
-	pending    []session.Report // sessions' reports not yet applied (see settle)
-	stats      counters
+	mu            sync.Mutex
+	closed        bool
+	poisoned      error // set once a goroutine of ours panicked
+	requests      map[string]*request
+	sessions      map[string]*session.Session
+	jobs          map[int64]*job
+	finished      []JobResult
+	serving       map[string]*serveKV // PD kv ids this peer serves as a prefiller
+	parkedBatches int                 // store batches parked in serving, summed
+	inbound       inboundQueue        // work for the host's serve pass
+	lookups       map[int64]*session.InboundLookup
+	nextLookup    int64
+	pending       []session.Report // sessions' reports not yet applied (see settle)
+	stats         counters
 
 	guardMu  sync.RWMutex
 	expected map[uint64]string // consumer row -> peer allowed to write it
@@ -553,6 +554,7 @@ func (t *Tier) poison(cause error) {
 	clear(t.sessions)
 	t.pending = nil
 	clear(t.serving)
+	t.parkedBatches = 0
 	clear(t.lookups)
 	t.inbound = inboundQueue{}
 }
