@@ -116,14 +116,15 @@ func TestPanicInAGoroutinePoisonsThePeerAndFailsItsJobs(t *testing.T) {
 		t.Run(where, func(t *testing.T) {
 			c := newCluster(t)
 			prod, dec := c.peer(1), c.peer(2)
-			// Outstanding work on both sides: a parked store, a load.
-			_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-panic"}}`))
+			// Outstanding work on both sides that nothing completes: a store
+			// no decoder asks for, a load of a kv id nobody stores.
+			_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-panic-stored"}}`))
 			require.NoError(t, err)
 			require.NoError(t, prod.SubmitStore("p", 2, keys(1), []int64{0}))
 			if where == "registration" {
 				tier.PanicNext(where) // whichever side registers the other first
 			}
-			_, err = dec.StartRequest("d", pdParams("kv-panic", prod))
+			_, err = dec.StartRequest("d", pdParams("kv-panic-pulled", prod))
 			require.NoError(t, err)
 			require.NoError(t, dec.SubmitLoad("d", 1, keys(1), []int64{0}))
 			if where == "loop" {
