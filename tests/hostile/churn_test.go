@@ -28,7 +28,9 @@ func TestConnectChurnLeavesNothingBehind(t *testing.T) {
 		}
 		a.Pump(0)
 	}
-	within(t, 6*time.Second, func() bool { a.Pump(0); return T.Stats().Sessions == 0 },
+	// Half-open sessions end at the 2 s handshake deadline; the slack is for
+	// a loaded machine, not for the node.
+	within(t, 12*time.Second, func() bool { a.Pump(0); return T.Stats().Sessions == 0 },
 		"the node still holds %d sessions after the churn", T.Stats().Sessions)
 	T.RequireGauge("data_peers", 3*time.Second, func(v int64) bool { return v == 0 }, "no data-path registration outlives its session")
 	within(t, 3*time.Second, func() bool { return !T.HasPendingWork() }, "the node has pending work after the churn")
