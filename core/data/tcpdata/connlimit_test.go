@@ -156,8 +156,9 @@ func TestOnlyTheGrantedSessionMayWrite(t *testing.T) {
 	require.NoError(t, write(join("a", ga2.DataToken)), "a's next session writes with its own token")
 }
 
-// splitGuard refuses row 0 (in the first part) and holds row 4 (in the
-// second) until released.
+// splitGuard holds row 4 (in the second part) until released, and refuses
+// row 0 (in the first) once row 4 is held, so the first part fails while
+// the second is on the wire.
 type splitGuard struct {
 	holding chan struct{}
 	release chan struct{}
@@ -168,6 +169,10 @@ func (g *splitGuard) MayWrite(string, uint64) bool { return true }
 func (g *splitGuard) WriteRow(_ string, row uint64, dst, src []byte) bool {
 	switch row {
 	case 0:
+		select {
+		case <-g.holding:
+		case <-time.After(5 * time.Second):
+		}
 		return false
 	case 4:
 		g.once.Do(func() { close(g.holding) })
@@ -190,7 +195,11 @@ func TestAFailedTransferIsReportedOnlyOnceNoPartWrites(t *testing.T) {
 	defer release() // never leave the receiver blocked, even when failing
 	_, err := a.Write("b", seq(0, 8), seq(0, 8))
 	require.NoError(t, err)
-	<-g.holding
+	select {
+	case <-g.holding:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second part never reached the receiver")
+	}
 	select {
 	case c := <-a.Completions():
 		release()
