@@ -107,7 +107,12 @@ func TestFenceCutsWritesUnderWay(t *testing.T) {
 	addPeer(t, a, "b", b)
 	_, err := a.Write("b", seq(0, 4), seq(0, 4))
 	require.NoError(t, err)
-	<-inGuard
+	select {
+	case <-inGuard:
+	case <-time.After(5 * time.Second):
+		close(release)
+		t.Fatal("the transfer never reached the receiver's guard")
+	}
 	fenced := make(chan struct{})
 	go func() { b.Fence("a"); close(fenced) }()
 	time.Sleep(50 * time.Millisecond)
