@@ -1,10 +1,7 @@
 package zmqctl
 
 import (
-	"bytes"
 	"errors"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -59,81 +56,13 @@ func TestCurveOptionsAreValidated(t *testing.T) {
 	assert.ErrorIs(t, err, ErrCurveUnsupported)
 }
 
-// tapProxy forwards TCP to target and keeps a copy of every byte, as a
-// network observer would see them.
-type tapProxy struct {
-	addr string
-	mu   sync.Mutex
-	seen []byte
-}
-
-func newTapProxy(t *testing.T, target string) *tapProxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &tapProxy{addr: l.Addr().String()}
-	var wg sync.WaitGroup
-	var conns []net.Conn
-	var connsMu sync.Mutex
-	wg.Go(func() {
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = in.Close()
-				continue
-			}
-			connsMu.Lock()
-			conns = append(conns, in, out)
-			connsMu.Unlock()
-			wg.Go(func() { p.pipe(out, in) })
-			wg.Go(func() { p.pipe(in, out) })
-		}
-	})
-	t.Cleanup(func() {
-		_ = l.Close()
-		connsMu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		connsMu.Unlock()
-		wg.Wait()
-	})
-	return p
-}
-
-func (p *tapProxy) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		p.seen = append(p.seen, buf[:n]...)
-		p.mu.Unlock()
-		if _, err := dst.Write(buf[:n]); err != nil {
-			return
-		}
-	}
-}
-
-func (p *tapProxy) saw(b []byte) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return bytes.Contains(p.seen, b)
-}
-
 func TestCurveTransportsExchangeFramesUnreadableOnTheWire(t *testing.T) {
 	secret := "cluster secret"
 	for name, curve := range map[string]*CurveKeys{"plaintext": nil, "curve": curveKeys(t, secret)} {
 		t.Run(name, func(t *testing.T) {
 			a := newTestTransport(t, Options{Curve: curve})
 			b := newTestTransport(t, Options{Curve: curve})
-			tap := newTapProxy(t, b.LocalID())
+			tap := newTestProxy(t, b.LocalID())
 			secretFrame := []byte("kv ids and block indexes, for the peers only")
 
 			require.NoError(t, a.Send(tap.addr, secretFrame))

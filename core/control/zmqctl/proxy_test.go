@@ -1,6 +1,7 @@
 package zmqctl
 
 import (
+	"bytes"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -9,27 +10,25 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// blackholeProxy forwards TCP to target until blackhole() is called; from
-// then on it swallows bytes both ways while keeping the connections open,
-// like a peer whose process hangs. Only ZMTP heartbeats can notice that.
-type blackholeProxy struct {
+// testProxy forwards TCP to target. It keeps a copy of every byte, as a
+// network observer would see them (saw), and after blackhole() swallows
+// bytes both ways while keeping the connections open, like a peer whose
+// process hangs: only ZMTP heartbeats can notice that.
+type testProxy struct {
 	addr    string
 	dropped atomic.Bool
+	mu      sync.Mutex
+	seen    []byte
 }
 
-func newBlackholeProxy(t testing.TB, target string) *blackholeProxy {
+func newTestProxy(t testing.TB, target string) *testProxy {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	p := &blackholeProxy{addr: l.Addr().String()}
+	p := &testProxy{addr: l.Addr().String()}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
-	track := func(c net.Conn) {
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-	}
 	wg.Go(func() {
 		for {
 			in, err := l.Accept()
@@ -41,8 +40,9 @@ func newBlackholeProxy(t testing.TB, target string) *blackholeProxy {
 				_ = in.Close()
 				continue
 			}
-			track(in)
-			track(out)
+			mu.Lock()
+			conns = append(conns, in, out)
+			mu.Unlock()
 			wg.Go(func() { p.pipe(out, in) })
 			wg.Go(func() { p.pipe(in, out) })
 		}
@@ -59,9 +59,16 @@ func newBlackholeProxy(t testing.TB, target string) *blackholeProxy {
 	return p
 }
 
-func (p *blackholeProxy) blackhole() { p.dropped.Store(true) }
+func (p *testProxy) blackhole() { p.dropped.Store(true) }
 
-func (p *blackholeProxy) pipe(dst, src net.Conn) {
+// saw reports whether b crossed the proxy.
+func (p *testProxy) saw(b []byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return bytes.Contains(p.seen, b)
+}
+
+func (p *testProxy) pipe(dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
@@ -71,6 +78,9 @@ func (p *blackholeProxy) pipe(dst, src net.Conn) {
 		if p.dropped.Load() {
 			continue
 		}
+		p.mu.Lock()
+		p.seen = append(p.seen, buf[:n]...)
+		p.mu.Unlock()
 		if _, err := dst.Write(buf[:n]); err != nil {
 			return
 		}

@@ -136,7 +136,7 @@ func TestHeartbeatDetectsHungPeer(t *testing.T) {
 	opts := Options{HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: 500 * time.Millisecond, HeartbeatTTL: 500 * time.Millisecond}
 	a := newTestTransport(t, opts)
 	b := newTestTransport(t, opts)
-	proxy := newBlackholeProxy(t, b.LocalID())
+	proxy := newTestProxy(t, b.LocalID())
 	require.NoError(t, a.Send(proxy.addr, []byte("through the proxy")))
 	ev := nextEvent(t, b, 5*time.Second)
 	require.Equal(t, []byte("through the proxy"), ev.Frame)
