@@ -242,17 +242,7 @@ func TestWriteArgumentErrors(t *testing.T) {
 // connection to behave.
 func fakeReceiver(t *testing.T, behave func(net.Conn)) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	done := make(chan struct{})
-	t.Cleanup(func() { _ = ln.Close(); <-done })
-	go func() {
-		defer close(done)
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
+	return acceptOne(t, func(c net.Conn) {
 		var hello [serverHelloLen]byte
 		binary.LittleEndian.PutUint32(hello[0:], helloMagic)
 		hello[4] = protocolVersion
@@ -271,6 +261,25 @@ func fakeReceiver(t *testing.T, behave func(net.Conn)) string {
 			return
 		}
 		behave(c)
+	})
+}
+
+// acceptOne listens on loopback, hands the first connection to serve (and
+// closes it after), and returns the address; the test waits for serve.
+func acceptOne(t *testing.T, serve func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	t.Cleanup(func() { _ = ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		serve(c)
 	}()
 	return ln.Addr().String()
 }

@@ -242,17 +242,7 @@ func impostorReceiver(t *testing.T, impostorSecret string, received chan<- int) 
 	t.Helper()
 	conf, err := newTLSConfigs()
 	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	done := make(chan struct{})
-	t.Cleanup(func() { _ = ln.Close(); <-done })
-	go func() {
-		defer close(done)
-		raw, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer raw.Close()
+	return acceptOne(t, func(raw net.Conn) {
 		_ = raw.SetDeadline(time.Now().Add(waitLimit))
 		fake := &Transport{tls: conf}
 		h, err := fake.startServerTLS(raw)
@@ -281,8 +271,7 @@ func impostorReceiver(t *testing.T, impostorSecret string, received chan<- int) 
 		}
 		n, _ := io.Copy(io.Discard, h)
 		received <- int(n)
-	}()
-	return ln.Addr().String()
+	})
 }
 
 func TestEncryptRelayFailsAuthentication(t *testing.T) {
