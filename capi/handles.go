@@ -69,7 +69,13 @@ func (t *handleTable) remove(h int64) (p *peer, released bool, err error) {
 }
 
 // shuttingDown returns h's peer, live or still retiring after a destroy,
-// so a shutdown racing a destroy waits for the same teardown.
+// so a shutdown racing a destroy waits for the same teardown. A handle
+// destroyed and torn down already returns a nil peer and no error: its one
+// teardown is done, so shutdown, idempotent like destroy, has nothing left
+// to do. A shutdown that loses the race to a whole destroy (it enters after
+// the destroy returned) cannot be told from a later one, and handles are
+// never reused, so both get that answer; only a handle never created is
+// unknown.
 func (t *handleTable) shuttingDown(h int64) (*peer, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -78,6 +84,9 @@ func (t *handleTable) shuttingDown(h int64) (*peer, error) {
 	}
 	if p, ok := t.retiring[h]; ok {
 		return p, nil
+	}
+	if h >= firstHandle && h < t.next {
+		return nil, nil
 	}
 	return nil, t.unknown(h)
 }

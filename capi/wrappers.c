@@ -103,6 +103,11 @@ int32_t peerkv_has_pending_work(peerkv_handle h) {
   return pkvgo_has_pending_work(h);
 }
 
+int32_t peerkv_notify_fd(peerkv_handle h, char *err, size_t errlen) {
+  REFUSE_FORKED(err, errlen);
+  return pkvgo_notify_fd(h, err, errlen);
+}
+
 int32_t peerkv_drain(peerkv_handle h, char *err, size_t errlen) {
   REFUSE_FORKED(err, errlen);
   return pkvgo_drain(h, err, errlen);

@@ -220,6 +220,28 @@ int32_t peerkv_request_finish(peerkv_handle h, const char *req_id, char *err,
  * Negative on error. */
 int32_t peerkv_has_pending_work(peerkv_handle h);
 
+/* Returns (>= 0) a file descriptor the host may poll()/select()/epoll on to
+ * learn when to call in, or a negative PEERKV_ERR_* with the message in err.
+ * It is an eventfd (EFD_NONBLOCK | EFD_CLOEXEC) owned by the library, created
+ * on the first call (later calls return the same fd): the host must not close
+ * or write it. It stays open after peerkv_shutdown and is closed by
+ * peerkv_destroy, so stop every thread waiting on it before destroying.
+ * The library makes it readable (adds 1; signals coalesce) whenever
+ * something appears that the host must collect with a call:
+ *   - an inbound item for peerkv_next_inbound (EVALUATE or FINISH, including
+ *     the re-offer of keys answered HIT_PENDING/RETRY, which follows at once:
+ *     a host that keeps answering those is woken for each pass),
+ *   - a job result for peerkv_get_finished,
+ *   - and once when the peer shuts down or is stopped by an internal error.
+ * Items queued before the first call make it readable at once. It is never
+ * signalled for nothing new, and a signal never blocks the library.
+ * Order, so nothing is missed: when it is readable, first read(2) its 8 bytes
+ * (resets it; EAGAIN means another reader got there), then call
+ * peerkv_get_finished until it returns fewer than cap and
+ * peerkv_next_inbound until it returns 1, then wait again. Anything queued
+ * after the read makes it readable again. */
+int32_t peerkv_notify_fd(peerkv_handle h, char *err, size_t errlen);
+
 /* Blocks until every submitted job has finished or drain_timeout_s passed.
  * Never aborts a transfer midway. Returns PEERKV_ERR_TIMEOUT if jobs remain
  * after the deadline (they are still reported later). */
@@ -243,13 +265,19 @@ int32_t peerkv_take_logs(peerkv_handle h, char *buf, size_t len, size_t *n_out);
  * peerkv_get_finished on this handle, which stays valid for that until
  * peerkv_destroy), closes sockets. Idempotent, and safe to call from several
  * threads at once and alongside peerkv_destroy: every caller returns only
- * after the one teardown finished. */
+ * after the one teardown finished, and those that overlap it get its result
+ * (PEERKV_OK unless closing it failed). A shutdown of a handle whose destroy
+ * already finished, even one that raced that destroy and entered only after
+ * it returned, has nothing left to tear down and returns PEERKV_OK, like a
+ * second peerkv_destroy; handles are never reused, so it cannot reach another
+ * peer. PEERKV_ERR_UNKNOWN_HANDLE only for a handle never created. */
 int32_t peerkv_shutdown(peerkv_handle h, char *err, size_t errlen);
 
 /* Releases the handle (shutting down first if needed). The region may be
  * unmapped after this returns, whichever thread's call returns. Idempotent
  * for a released handle; a second destroy while the first still shuts down
- * waits for that teardown. */
+ * waits for that teardown. Every call but peerkv_shutdown and peerkv_destroy
+ * on a destroyed handle returns PEERKV_ERR_UNKNOWN_HANDLE. */
 int32_t peerkv_destroy(peerkv_handle h, char *err, size_t errlen);
 
 #ifdef __cplusplus

@@ -21,7 +21,10 @@
 // served PD kv id in a serveKV (serve.go); the data path's peers in the
 // registry; a round, a load or an inbound lookup in its session. Sessions
 // report what happened as values (session.Report); settle applies them and
-// reaps ended sessions, in one step after every call into sessions.
+// reaps ended sessions, in one step after every call into sessions. The
+// host's notification fd is owned by a notifier (notify.go), signalled only
+// where inbound items (queueInbound) and job results (report) are queued,
+// and once when the peer shuts down or is poisoned.
 package tier
 
 import (

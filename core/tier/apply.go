@@ -56,13 +56,13 @@ func (t *Tier) apply(r session.Report) {
 		t.fetchArrived(r.Session, r.KVID)
 	case session.InboundReady:
 		t.lookups[r.Lookup.ID] = r.Lookup
-		t.inbound.push(inboundItem{id: r.Lookup.ID, kind: InboundEvaluate})
+		t.queueInbound(inboundItem{id: r.Lookup.ID, kind: InboundEvaluate}, false)
 		t.stats.inboundLookups++
 	case session.InboundFinished:
 		l := r.Lookup
 		delete(t.lookups, l.ID) // its queued Evaluate item, if any, is skipped when reached
 		if l.OwesFinish() {
-			t.inbound.push(inboundItem{id: l.ID, kind: InboundFinish, reqID: l.ReqID})
+			t.queueInbound(inboundItem{id: l.ID, kind: InboundFinish, reqID: l.ReqID}, false)
 		}
 	}
 }

@@ -107,7 +107,7 @@ func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID in
 	if finished {
 		delete(t.lookups, lookupID)
 	} else {
-		t.inbound.postpone(inboundItem{id: lookupID, kind: InboundEvaluate})
+		t.queueInbound(inboundItem{id: lookupID, kind: InboundEvaluate}, true)
 	}
 	t.settle()
 	return finished, nil

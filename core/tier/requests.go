@@ -279,6 +279,7 @@ func (t *Tier) shutdown() error {
 	}
 	clear(t.lookups)
 	t.inbound = inboundQueue{}
+	t.notify.signal() // once: the host collects the failed jobs and stops waiting
 	t.mu.Unlock()
 	close(t.stop)
 	<-t.loopDone

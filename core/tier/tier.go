@@ -59,6 +59,7 @@ type Tier struct {
 	env    *session.Env
 	logs   *logRing
 	reg    *registry
+	notify notifier // the host's notification fd; see notify.go
 
 	mu            sync.Mutex
 	closed        bool
@@ -506,9 +507,11 @@ func (t *Tier) report(jobID int64, ok bool, bytes int64) {
 			t.stats.storesFailed++
 		}
 	}
+	// The one place results are queued for GetFinished.
 	t.finished = append(t.finished, JobResult{
 		JobID: jobID, Success: ok, IsLoad: j.isLoad, Bytes: bytes, Duration: t.now().Sub(j.at),
 	})
+	t.notify.signal()
 }
 
 // usable is nil while host calls may change state, else why not.
@@ -539,7 +542,8 @@ func (t *Tier) recoverLoop(where string) {
 func (t *Tier) poison(cause error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.poisoned == nil {
+	first := t.poisoned == nil
+	if first {
 		t.poisoned = cause
 		t.logf("ERROR", "%v", cause)
 	}
@@ -557,4 +561,7 @@ func (t *Tier) poison(cause error) {
 	t.parkedBatches = 0
 	clear(t.lookups)
 	t.inbound = inboundQueue{}
+	if first { // wake the host once: collect the failed jobs; new work fails
+		t.notify.signal()
+	}
 }

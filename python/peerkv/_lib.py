@@ -116,6 +116,7 @@ SIGNATURES: dict[str, tuple[type | None, tuple]] = {
     ),
     "peerkv_request_finish": (c_int32, (c_int64, c_char_p, *_ERR)),
     "peerkv_has_pending_work": (c_int32, (c_int64,)),
+    "peerkv_notify_fd": (c_int32, (c_int64, *_ERR)),
     "peerkv_drain": (c_int32, (c_int64, *_ERR)),
     "peerkv_stats": (c_int32, (c_int64, c_void_p, c_size_t, _p_size, *_ERR)),
     "peerkv_take_logs": (c_int32, (c_int64, c_void_p, c_size_t, _p_size)),

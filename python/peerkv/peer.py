@@ -340,6 +340,21 @@ class Peer:
             raise error_for(rc, "peerkv_has_pending_work failed")
         return rc == 1
 
+    def notify_fd(self) -> int:
+        """The library's notification eventfd (see peerkv_notify_fd).
+
+        Readable when there is something to collect; read its 8 bytes first
+        (``os.read(fd, 8)``), then call get_finished and next_inbound until
+        empty. Owned by the library: do not close it; it stays open across
+        shutdown (which signals it) and is closed by destroy, so stop waiting
+        on it before destroying.
+        """
+        with self._lock:
+            rc = self._lib.peerkv_notify_fd(self._h(), self._err, _ERR_CAP)
+            if rc < 0:
+                raise self._error(rc)
+            return rc
+
     def stats(self) -> dict[str, Any]:
         with self._lock:
             while True:

@@ -24,6 +24,9 @@ try:
     from vllm.logger import init_logger
 except ImportError as exc:  # pragma: no cover - bare environments
     raise ImportError("peerkv.vllm needs vLLM: pip install 'peerkv[vllm]'") from exc
+from peerkv import _compat
+
+_compat.check_vllm_version()  # an unsupported vLLM: a clear ImportError, not a missing name
 from vllm.v1.kv_offload.base import (
     LookupResult,
     OffloadingCounterMetadata,
@@ -44,6 +47,7 @@ from vllm.v1.kv_offload.tiering.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from peerkv import _vllm_config
+from peerkv._engine_wake import EngineWaker, find_engine_wakeup
 from peerkv.errors import BadParamsError, PeerKVError, PeerKVTimeoutError
 
 if TYPE_CHECKING:
@@ -171,11 +175,13 @@ class PeerKVTier(SecondaryTierManager):
         self._logged_once: set[str] = set()
         self._seed_checked = False
         self._peer: Peer | None = None
+        self._waker: EngineWaker | None = None
 
         from peerkv.peer import Peer  # loads libpeerkv.so: scheduler process only
 
         rows, row_len = _region_shape(primary_kv_view)
         self._peer = Peer(primary_kv_view, rows, row_len, create_options)
+        self._waker = self._start_engine_waker(offloading_spec)
         logger.info(
             "PeerKVTier %s: %d rows x %d bytes, key_len %d, data paths %s",
             self._local_id,
@@ -267,6 +273,10 @@ class PeerKVTier(SecondaryTierManager):
         self._outstanding[job.job_id] = is_load
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
+        if self._waker is not None:
+            # Each step calls this before serve_external_requests: everything
+            # signalled so far is collected in this step.
+            self._waker.collecting()
         results, self._local_results = self._local_results, []
         if self._peer is not None:
             try:
@@ -309,7 +319,13 @@ class PeerKVTier(SecondaryTierManager):
         self._forward_logs()
 
     def has_pending_work(self) -> bool:
-        if self._local_results or self._inbound_ctx:
+        if self._local_results:
+            return True
+        if self._waker is not None:
+            # The waker steps the engine when the library has news; jobs in
+            # flight and lookups waiting for a re-offer need no step until then.
+            return self._waker.pending
+        if self._inbound_ctx:
             return True
         if self._peer is None:
             return False
@@ -384,6 +400,9 @@ class PeerKVTier(SecondaryTierManager):
     # ------------------------------------------------------------------
 
     def shutdown(self) -> None:
+        waker, self._waker = self._waker, None
+        if waker is not None:
+            waker.stop()  # before destroy closes the fd it polls
         peer, self._peer = self._peer, None
         if peer is None:
             return
@@ -443,6 +462,22 @@ class PeerKVTier(SecondaryTierManager):
         for line in lines:
             level, _, message = line.partition(" ")
             logger.log(_LOG_LEVELS.get(level, logging.INFO), "peerkv %s: %s", self._local_id, message)
+
+    def _start_engine_waker(self, offloading_spec: Any) -> EngineWaker | None:
+        """On vLLMs without a tier-poll thread (0.32, or 0.33 with
+        tier_poll_interval_s <= 0), wake the idle engine when a peer needs it."""
+        polled = getattr(SecondaryTierManager, "tolerates_off_thread_polling", None) is not None
+        if polled and getattr(offloading_spec, "tier_poll_interval_s", 0) > 0:
+            return None
+        wake = find_engine_wakeup()
+        if wake is None or self._peer is None:
+            logger.warning(
+                "PeerKVTier %s: no EngineCore input queue found to wake; this "
+                "engine answers peers only while it steps for its own requests.",
+                self._local_id,
+            )
+            return None
+        return EngineWaker(self._peer.notify_fd(), wake, name="peerkv-engine-wake")
 
     def _log_once(self, key: str, fmt: str, *args: Any) -> None:
         if key in self._logged_once:

@@ -131,6 +131,9 @@ static void fork_safety(void) {
     char v[64];
     if (!code && peerkv_version(v, sizeof v) != PEERKV_ERR_FORKED) code = 14;
     if (!code && peerkv_destroy(peer.h, e, sizeof e) != PEERKV_ERR_FORKED) code = 15;
+    e[0] = '\0';
+    if (!code && peerkv_notify_fd(peer.h, e, sizeof e) != PEERKV_ERR_FORKED) code = 18;
+    else if (!code && strstr(e, want) == NULL) code = 19;
     if (!code && peerkv_abi_version() != ((uint32_t)PEERKV_ABI_VERSION_MAJOR << 16 | PEERKV_ABI_VERSION_MINOR))
       code = 16;
     if (!code && now_s() - t0 > 1.0) code = 17;
@@ -192,6 +195,7 @@ static void bad_input(void) {
   for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
     EXPECT(peerkv_lookup(unknown[i], "r", keys, KEY_LEN, 1, results, e, ERRLEN), PEERKV_ERR_UNKNOWN_HANDLE, e);
     EXPECT(peerkv_destroy(unknown[i], e, ERRLEN), PEERKV_ERR_UNKNOWN_HANDLE, e);
+    EXPECT(peerkv_shutdown(unknown[i], e, ERRLEN), PEERKV_ERR_UNKNOWN_HANDLE, e);
     CHECK(peerkv_has_pending_work(unknown[i]) == PEERKV_ERR_UNKNOWN_HANDLE, "has_pending_work(%lld)",
           (long long)unknown[i]);
   }
@@ -354,43 +358,62 @@ static void panic_recovery(void) {
 }
 
 /* concurrent_teardown: shutdown and destroy from several threads at once.
- * Every call returns PEERKV_OK, and only after the one teardown finished. */
+ * Every call returns PEERKV_OK, and only after the one teardown finished:
+ * right after its call returns, each thread finds new work refused (CLOSED
+ * while the handle lives, UNKNOWN_HANDLE once destroyed). A shutdown that
+ * enters only after a destroy returned is OK too (nothing is left to tear
+ * down); other calls on the destroyed handle are UNKNOWN_HANDLE. */
 typedef struct {
   peerkv_handle h;
   int destroy;
-  int32_t rc;
+  int32_t rc, late_rc;
   char err[ERRLEN];
 } teardown_arg;
 
 static void *teardown_thread(void *arg) {
   teardown_arg *a = arg;
   a->rc = a->destroy ? peerkv_destroy(a->h, a->err, ERRLEN) : peerkv_shutdown(a->h, a->err, ERRLEN);
+  char e[ERRLEN];
+  int32_t policy;
+  a->late_rc = peerkv_request_start(a->h, "after-teardown", NULL, &policy, e, ERRLEN);
   return NULL;
 }
 
 static void concurrent_teardown(void) {
-  step("open a peer");
-  peer_open(&peer, 8, 4096, "");
-  step("six threads shut it down and destroy it at once");
-  pthread_t th[6];
-  teardown_arg args[6];
-  for (int i = 0; i < 6; i++) {
-    args[i] = (teardown_arg){.h = peer.h, .destroy = i % 2};
-    CHECK(pthread_create(&th[i], NULL, teardown_thread, &args[i]) == 0, "pthread_create");
+  /* Three rounds, alternating which kind of call the first thread makes. */
+  for (int round = 0; round < 3; round++) {
+    step("open a peer");
+    peer_open(&peer, 8, 4096, "");
+    step("six threads shut it down and destroy it at once");
+    pthread_t th[6];
+    teardown_arg args[6];
+    for (int i = 0; i < 6; i++) {
+      args[i] = (teardown_arg){.h = peer.h, .destroy = (i + round) % 2};
+      CHECK(pthread_create(&th[i], NULL, teardown_thread, &args[i]) == 0, "pthread_create");
+    }
+    for (int i = 0; i < 6; i++) CHECK(pthread_join(th[i], NULL) == 0, "pthread_join");
+    for (int i = 0; i < 6; i++) {
+      const char *what = args[i].destroy ? "destroy" : "shutdown";
+      CHECK(args[i].rc == PEERKV_OK, "round %d: %s in thread %d returned %d: %s", round, what, i, args[i].rc,
+            args[i].err);
+      CHECK(args[i].late_rc == PEERKV_ERR_CLOSED || args[i].late_rc == PEERKV_ERR_UNKNOWN_HANDLE,
+            "round %d: request_start after %s returned in thread %d got %d, want CLOSED or UNKNOWN_HANDLE", round,
+            what, i, args[i].late_rc);
+    }
+    step("the handle is gone; shutdown and destroy of it stay OK");
+    char e[ERRLEN];
+    EXPECT(peerkv_on_schedule_end(peer.h, e, ERRLEN), PEERKV_ERR_UNKNOWN_HANDLE, e);
+    CHECK_MSG(e, "destroyed");
+    EXPECT(peerkv_shutdown(peer.h, e, ERRLEN), PEERKV_OK, e);
+    EXPECT(peerkv_destroy(peer.h, e, ERRLEN), PEERKV_OK, e);
+    EXPECT(peerkv_shutdown(peer.h, e, ERRLEN), PEERKV_OK, e);
+    EXPECT(peerkv_on_schedule_end(peer.h, e, ERRLEN), PEERKV_ERR_UNKNOWN_HANDLE, e);
+    peer_register(&peer, 0);
+    munmap(peer.region, peer.num_rows * peer.row_len);
+    peer.region = NULL;
+    close(peer.region_fd);
+    peer.region_fd = -1;
   }
-  for (int i = 0; i < 6; i++) CHECK(pthread_join(th[i], NULL) == 0, "pthread_join");
-  for (int i = 0; i < 6; i++)
-    CHECK(args[i].rc == PEERKV_OK, "%s in thread %d returned %d: %s", args[i].destroy ? "destroy" : "shutdown", i,
-          args[i].rc, args[i].err);
-  step("the handle is gone");
-  char e[ERRLEN];
-  EXPECT(peerkv_on_schedule_end(peer.h, e, ERRLEN), PEERKV_ERR_UNKNOWN_HANDLE, e);
-  EXPECT(peerkv_destroy(peer.h, e, ERRLEN), PEERKV_OK, e);
-  peer_register(&peer, 0);
-  munmap(peer.region, peer.num_rows * peer.row_len);
-  peer.region = NULL;
-  close(peer.region_fd);
-  peer.region_fd = -1;
 }
 
 const scenario_t api_scenarios[] = {

@@ -1,4 +1,6 @@
 /* scen_transfer.c — scenarios that move rows between two processes. */
+#include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +97,37 @@ static void b_expect(hpeer *p, const char *want, char *line, size_t cap) {
   int r = p ? peer_wait_line(p, 0, line, cap, 20) : read_line(0, line, cap, 20000);
   CHECK(r == 1, "side a went away before saying %s", want);
   CHECK(strncmp(line, want, strlen(want)) == 0, "side a said '%s', want '%s'", line, want);
+}
+
+/* b: serves like an idle engine woken by the library: it calls in only when
+ * the notification fd (peerkv_notify_fd) is readable, reading it first and
+ * then collecting until empty (the header's order), until side a says want.
+ * *wakes counts the wake-ups. Every wait is bounded. */
+static void b_serve_on_notify(hpeer *p, int nfd, const char *want, char *line, size_t cap, int *wakes) {
+  double deadline = now_s() + 20;
+  for (;;) {
+    int left = (int)((deadline - now_s()) * 1000);
+    CHECK(left > 0, "neither the notification fd nor side a ('%s') woke the producer within 20 s", want);
+    struct pollfd pfd[2] = {{.fd = nfd, .events = POLLIN}, {.fd = 0, .events = POLLIN}};
+    int r = poll(pfd, 2, left);
+    if (r < 0 && errno == EINTR) continue;
+    CHECK(r >= 0, "poll: %s", strerror(errno));
+    if (r == 0) continue;
+    CHECK(!(pfd[0].revents & (POLLERR | POLLNVAL)), "notification fd revents %#x", pfd[0].revents);
+    if (pfd[0].revents & POLLIN) {
+      uint64_t count = 0;
+      ssize_t n = read(nfd, &count, sizeof count);
+      CHECK(n == (ssize_t)sizeof count && count > 0, "read of the notification fd: %zd (%s), count %llu", n,
+            n < 0 ? strerror(errno) : "short", (unsigned long long)count);
+      (*wakes)++;
+      peer_pump(p); /* get_finished until empty, then next_inbound until 1 */
+    }
+    if (pfd[1].revents & (POLLIN | POLLHUP)) {
+      CHECK(read_line(0, line, cap, 1000) == 1, "side a went away before saying %s", want);
+      CHECK(strncmp(line, want, strlen(want)) == 0, "side a said '%s', want '%s'", line, want);
+      return;
+    }
+  }
 }
 
 /* ---- PD, prefiller first ---- */
@@ -245,10 +278,22 @@ static void p2p_partial_b(void) {
     peer_hold(&peer, key, (int64_t)i, i == P2P_PENDING_KEY);
   }
   peer.probe_small_buffers = 1;
+  step("open the notification fd");
+  int nfd = peerkv_notify_fd(peer.h, peer.err, ERRLEN);
+  CHECK(nfd >= 0, "peerkv_notify_fd: %d (%s)", nfd, peer.err);
+  CHECK(peer.err[0] == '\0', "err not cleared on success: %s", peer.err);
+  int again = peerkv_notify_fd(peer.h, peer.err, ERRLEN);
+  CHECK(again == nfd, "peerkv_notify_fd returned %d, then %d", nfd, again);
+  struct pollfd quiet = {.fd = nfd, .events = POLLIN};
+  CHECK(poll(&quiet, 1, 0) == 0, "the notification fd is readable before anything happened");
   send_line(1, "ready %d", peer.port);
   char line[128];
-  step("serve lookups and fetches");
-  b_expect(&peer, "done", line, sizeof line);
+  step("serve lookups and fetches when the notification fd says so");
+  int wakes = 0;
+  b_serve_on_notify(&peer, nfd, "done", line, sizeof line, &wakes);
+  /* The lookup, the re-offer of the HIT_PENDING key and the pin job's result
+   * each woke us: without them a key would have ended MISS and side a failed. */
+  CHECK(wakes >= 2, "the notification fd woke the producer %d time(s)", wakes);
   step("leak check");
   peer_check_clean(&peer, 5);
   CHECK(peer.lookups_started >= 1 && peer.lookups_started == peer.lookups_ended,

@@ -1,5 +1,6 @@
-"""Mixed-cluster interop tests: peerkv's PeerKVTier next to stock vLLM 0.33.0's
-built-in "p2p" tier, each engine a spawned process, NIXL moving the bytes.
+"""Mixed-cluster interop tests: peerkv's PeerKVTier next to the installed stock
+vLLM's (0.33.x or 0.32.x) built-in "p2p" tier, each engine a spawned process,
+NIXL moving the bytes.
 
 Reuses tests/python's node process (peerkv_node) and its library lookup.
 """

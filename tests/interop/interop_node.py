@@ -14,26 +14,15 @@ from typing import Any
 
 import peerkv_node
 from peerkv_node import NodeProcess
+from vllm_compat import p2p_deadlines
 
 HASH_SEED = "1234"
 OTHER_HASH_SEED = "5678"
 
 # vLLM's P2P deadlines, shortened to the peerkv ones the tests use
-# (peerkv_node.FAST_TIMEOUTS) so failure paths end within seconds.
-VLLM_P2P_DEADLINES = {
-    "vllm.v1.kv_offload.tiering.p2p.session.client": {
-        "_LOAD_TIMEOUT_S": 3.0,
-        "_LOOKUP_TIMEOUT_S": 3.0,
-        "_ABORT_ACK_TIMEOUT_S": 1.0,
-    },
-    "vllm.v1.kv_offload.tiering.p2p.session.server": {
-        "_STORE_TIMEOUT_S": 5.0,
-        "_LOOKUP_PENDING_TIMEOUT_S": 2.0,
-        "_CANCEL_DRAIN_TIMEOUT_S": 2.0,
-    },
-    "vllm.v1.kv_offload.tiering.p2p.session.session": {"_PEER_FAULT_DRAIN_S": 2.0},
-    "vllm.v1.kv_offload.tiering.p2p.manager": {"_SHUTDOWN_DRAIN_TIMEOUT_S": 1.0},
-}
+# (peerkv_node.FAST_TIMEOUTS) so failure paths end within seconds; only those
+# the installed vLLM release has (see vllm_compat).
+VLLM_P2P_DEADLINES = p2p_deadlines()
 VLLM_HANDSHAKE_TIMEOUT_S = 2  # envs.VLLM_P2P_HANDSHAKE_TIMEOUT_S is an int
 
 

@@ -1,4 +1,5 @@
-"""peerkv's PeerKVTier and stock vLLM 0.33.0's "p2p" tier in one cluster.
+"""peerkv's PeerKVTier and stock vLLM's "p2p" tier (the installed release,
+0.33.x or 0.32.x: run it under each venv) in one cluster.
 
 Every engine is a spawned process hosting real TieringOffloadingManagers with
 the same model config (block length, fingerprint, hash seed), driven step by

@@ -3,6 +3,8 @@ PeerKVTier each, hosted in a spawned process and driven step by step the way
 vLLM's OffloadingConnector scheduler drives them (manager lock held, lookup
 per chunk key, on_schedule_end(ScheduleEndContext) each step, prepare_store /
 complete_store to put rows into the primary tier, prepare_load to read them).
+What differs between vLLM releases (the lock, who serves an idle engine) is
+in vllm_compat.
 
 The parent talks to a node through `NodeProcess` (a pipe with bounded waits);
 the child runs `serve()`.
@@ -20,6 +22,8 @@ import traceback
 import uuid
 from pathlib import Path
 from typing import Any
+
+from vllm_compat import engine_loop_needed, manager_lock
 
 ROW_BYTES = 4096  # worker_kv_bytes_per_block * blocks_per_chunk, page aligned
 PRIMARY_BYTES = 256 * ROW_BYTES
@@ -118,6 +122,13 @@ class _LogCapture(logging.Handler):
         self.lines.append(f"{record.levelname} {record.getMessage()}")
 
 
+def region_prefix(pid: int) -> str:
+    """Engine ids of a node start with this: its offload region files in
+    /dev/shm are /dev/shm/vllm_offload_<prefix>*, removed by the parent when
+    the node ends (a killed node cannot remove its own)."""
+    return f"peerkv-test-{pid}-"
+
+
 def _build_manager(config_json: dict[str, Any]):
     """vLLM's real spec factory -> TieringOffloadingSpec -> get_manager()."""
     from vllm.config import KVTransferConfig
@@ -142,7 +153,7 @@ def _build_manager(config_json: dict[str, Any]):
         worker_kv_bytes_per_block=ROW_BYTES,
         enable_kv_cache_events=False,
         extra_config=transfer.kv_connector_extra_config,
-        engine_id=f"peerkv-test-{uuid.uuid4().hex}",
+        engine_id=f"{region_prefix(os.getpid())}{uuid.uuid4().hex}",
         model=OffloadingModelConfig(name="peerkv-test/tiny", dtype="float16"),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
@@ -172,8 +183,38 @@ class _Node:
     def add(self, name: str, config_json: dict[str, Any]) -> dict[str, Any]:
         manager = _build_manager(config_json)
         self.managers[name] = manager
+        if engine_loop_needed():
+            self._start_engine_loop(name, manager)
         tier = manager.secondary_tiers[0]
         return {"tier_class": type(tier).__name__, "tier_type": tier.tier_type}
+
+    def _start_engine_loop(self, name: str, manager: Any, interval_s: float = 0.002) -> None:
+        """EngineCore's loop on a vLLM without the tier-poll thread (0.32): step
+        while the connector has_pending_work(). Checking it while idle stands
+        for the engine being woken when the tier has work (a real 0.32 engine
+        blocked on its input queue needs the tier to wake it)."""
+        import threading
+
+        from vllm.v1.kv_offload.base import ScheduleEndContext
+
+        stop = threading.Event()
+        self.__dict__.setdefault("_engine_loops", {})[name] = stop
+
+        def run() -> None:
+            while not stop.wait(interval_s):
+                with manager_lock(manager):
+                    if stop.is_set():
+                        return
+                    if manager.has_pending_work():
+                        manager.on_schedule_end(ScheduleEndContext(new_req_ids=[], preempted_req_ids=[]))
+
+        threading.Thread(target=run, daemon=True, name=f"engine-{name}").start()
+
+    def _stop_engine_loop(self, name: str) -> None:
+        stop = self.__dict__.get("_engine_loops", {}).pop(name, None)
+        if stop is not None:
+            with manager_lock(self.managers[name]):  # lets a step in progress end
+                stop.set()
 
     def _ctx(self, name: str, req_id: str, params: dict | None):
         from vllm.v1.kv_offload.base import ReqContext
@@ -182,7 +223,7 @@ class _Node:
         if key not in self.contexts:
             ctx = ReqContext(req_id=req_id, kv_transfer_params=params)
             manager = self.managers[name]
-            with manager.lock:
+            with manager_lock(manager):
                 policy = manager.on_new_request(ctx)
             self.contexts[key] = ctx
             ctx._peerkv_test_policy = policy.policy.value
@@ -192,7 +233,7 @@ class _Node:
         from vllm.v1.kv_offload.base import ScheduleEndContext
 
         manager = self.managers[name]
-        with manager.lock:
+        with manager_lock(manager):
             manager.on_schedule_end(ScheduleEndContext(new_req_ids=list(new_req_ids), preempted_req_ids=[]))
 
     def start(self, name: str, req_id: str, params: dict | None) -> str:
@@ -202,7 +243,7 @@ class _Node:
         """The GPU->CPU store path: rows land in the primary tier, then cascade."""
         manager = self.managers[name]
         ctx = self._ctx(name, req_id, params)
-        with manager.lock:
+        with manager_lock(manager):
             out = manager.prepare_store(keys, ctx)
             assert out is not None, "primary tier full"
             payload = dict(zip(keys, rows))
@@ -218,7 +259,7 @@ class _Node:
     def finish(self, name: str, req_id: str) -> None:
         manager = self.managers[name]
         ctx = self.contexts.pop((name, req_id))
-        with manager.lock:
+        with manager_lock(manager):
             manager.on_request_finished(ctx)
         self._step(name)
 
@@ -235,7 +276,7 @@ class _Node:
         start = time.monotonic()
         deadline = start + timeout
         while len(final) < len(keys) and time.monotonic() < deadline:
-            with manager.lock:
+            with manager_lock(manager):
                 for key in keys:
                     if key in final:
                         continue
@@ -250,7 +291,7 @@ class _Node:
         hits = [k for k in keys if final.get(k) == "HIT"]
         rows: dict[bytes, bytes] = {}
         if hits:
-            with manager.lock:
+            with manager_lock(manager):
                 spec = manager.prepare_load(hits, ctx)
                 with manager.primary_tier.get_kv_memoryview().cast("B") as flat:
                     for key, chunk in zip(hits, spec.chunk_ids.tolist()):
@@ -269,7 +310,7 @@ class _Node:
 
     def pending(self, name: str) -> bool:
         manager = self.managers[name]
-        with manager.lock:
+        with manager_lock(manager):
             return manager.has_pending_work()
 
     def stats(self, name: str) -> dict[str, Any]:
@@ -278,7 +319,7 @@ class _Node:
 
     def metrics(self, name: str) -> dict[str, float]:
         manager = self.managers[name]
-        with manager.lock:
+        with manager_lock(manager):
             stats = manager.get_stats()
         return {} if stats is None else stats.reduce()
 
@@ -303,13 +344,14 @@ class _Node:
 
         def run() -> None:
             while not stop.is_set():
-                with manager.lock:
+                with manager_lock(manager):
                     time.sleep(hold_ms / 1000)
                 time.sleep(gap_ms / 1000)
 
         threading.Thread(target=run, daemon=True, name=f"busy-{name}").start()
 
     def shutdown(self, name: str) -> None:
+        self._stop_engine_loop(name)
         self.managers.pop(name).shutdown()
 
 
@@ -383,6 +425,13 @@ class NodeProcess:
         if self.process.is_alive():
             self.process.kill()
         self.process.join(10)
+        self._remove_regions()
+
+    def _remove_regions(self) -> None:
+        if self.process.pid is None:
+            return
+        for path in Path("/dev/shm").glob(f"vllm_offload_{region_prefix(self.process.pid)}*"):
+            path.unlink(missing_ok=True)
 
     def close(self) -> None:
         if self.process.is_alive():

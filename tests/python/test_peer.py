@@ -2,8 +2,10 @@
 
 import json
 import os
+import select
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -109,3 +111,40 @@ def test_options_reach_the_library_as_json(library, region):
     )
     with peerkv.Peer(region, ROWS, ROW_LEN, _options(**{n: 1.5 for n in names})):
         pass
+
+
+def _readable(fd, timeout):
+    ready, _, _ = select.select([fd], [], [], timeout)
+    return bool(ready)
+
+
+def test_notify_fd_wakes_the_producer_when_a_lookup_arrives(library):
+    prod_region, cons_region = bytearray(ROWS * ROW_LEN), bytearray(ROWS * ROW_LEN)
+    prod_options = _options(data_transport="tcp")
+    with peerkv.Peer(prod_region, ROWS, ROW_LEN, prod_options) as prod, \
+            peerkv.Peer(cons_region, ROWS, ROW_LEN, _options(data_transport="tcp")) as cons:
+        fd = prod.notify_fd()
+        assert fd >= 0 and prod.notify_fd() == fd
+        assert not _readable(fd, 0.05), "nothing to collect on a fresh peer"
+
+        keys = [bytes([i]) * KEY_LEN for i in (1, 2)]
+        source = {"kv_request_id": "kv-notify", "remote_host": "127.0.0.1", "remote_port": prod_options["port"]}
+        cons.request_start("c", {"remote_kv_source": source})
+        deadline = time.monotonic() + 10
+        while True:  # the first step after the handshake sends the lookup
+            assert cons.lookup("c", keys) == [peerkv.LOOKUP_RETRY] * 2
+            cons.on_schedule_end()
+            if _readable(fd, 0.01):
+                break
+            assert time.monotonic() < deadline, "the producer's notify_fd never became readable"
+        assert int.from_bytes(os.read(fd, 8), sys.byteorder) >= 1
+        assert not _readable(fd, 0), "reading resets it"
+        item = prod.next_inbound()
+        assert item is not None and item.kind == peerkv.INBOUND_EVALUATE and item.keys == keys
+        assert prod.answer_inbound(item.lookup_id, [peerkv.LOOKUP_MISS] * 2)
+        assert prod.next_inbound() is None
+        cons.request_finish("c")
+        prod.shutdown()
+        assert _readable(fd, 1), "shutdown wakes the host"
+    with pytest.raises(peerkv.UnknownHandleError):
+        prod.notify_fd()

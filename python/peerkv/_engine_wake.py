@@ -1,0 +1,130 @@
+"""Wakes an idle vLLM engine when a peer needs an answer from it.
+
+vLLM 0.32 services secondary tiers only from engine steps, and an idle
+EngineCore sleeps on its input queue until a client request arrives. A
+producer with nothing of its own to compute would then never answer a remote
+consumer's lookup (vLLM's own p2p tier avoids that by always reporting work,
+which keeps a core busy forever). 0.33 added a tier-poll thread that makes
+this unnecessary there.
+
+EngineWaker waits on the library's notify fd on its own thread (no GIL held,
+no CPU while nothing happens). When the library queues something for the host
+— an inbound lookup, a finished job — it marks work pending and puts vLLM's
+own WAKEUP request on the engine's input queue, so the engine runs one step,
+in which the tier collects and answers on the scheduler thread as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import select
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+logger = logging.getLogger("vllm.peerkv")
+
+# Upper bound of one wait, so a lost stop request still ends the thread.
+_WAIT_MS = 1000
+# How far up the stack the tier's constructor may be from EngineCoreProc's.
+_MAX_FRAMES = 64
+
+
+def find_engine_wakeup(start: FrameType | None = None) -> Callable[[], None] | None:
+    """A function that wakes the EngineCore whose construction is on the stack.
+
+    The tier is built inside EngineCoreProc.__init__ (scheduler → connector →
+    offloading manager → tier), after the engine's input queue exists. Returns
+    None when there is no such engine (in-process LLM, other frontends), in
+    which case the engine steps only while the host reports pending work.
+    """
+    try:
+        from vllm.v1.engine import EngineCoreRequestType
+    except ImportError:
+        return None
+    wakeup_request = (EngineCoreRequestType.WAKEUP, None)
+    frame = start if start is not None else sys._getframe(1)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if owner is not None and any(c.__name__ == "EngineCoreProc" for c in type(owner).__mro__):
+            inputs = getattr(owner, "input_queue", None)
+            if isinstance(inputs, queue.Queue):
+                return _waker_for(inputs, wakeup_request)
+        frame = frame.f_back
+    return None
+
+
+def _waker_for(inputs: queue.Queue, request: tuple[Any, None]) -> Callable[[], None]:
+    def wake() -> None:
+        # A queued client request wakes the engine anyway.
+        if inputs.empty():
+            inputs.put_nowait(request)
+
+    return wake
+
+
+class EngineWaker:
+    """One thread per tier: notify fd readable → pending = True → wake()."""
+
+    def __init__(self, notify_fd: int, wake: Callable[[], None], name: str) -> None:
+        self._fd = notify_fd
+        self._wake = wake
+        self._pending = threading.Event()
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> bool:
+        """True from a library signal until the scheduler next collects."""
+        return self._pending.is_set()
+
+    def collecting(self) -> None:
+        """Called by the scheduler thread before it collects; a signal that
+        arrives afterwards sets pending again."""
+        self._pending.clear()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        try:
+            os.write(self._stop_w, b"x")
+        except OSError:
+            pass
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning("peerkv engine-wake thread did not stop within %.0fs", timeout)
+            return  # it still polls the pipe: leave it open
+        os.close(self._stop_r)
+        os.close(self._stop_w)
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        poller.register(self._stop_r, select.POLLIN)
+        while True:
+            try:
+                events = poller.poll(_WAIT_MS)
+            except InterruptedError:
+                continue
+            ready = {fd for fd, _ in events}
+            if self._stop_r in ready:
+                return
+            if self._fd not in ready:
+                continue
+            try:
+                os.read(self._fd, 8)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                logger.error("peerkv engine-wake thread stops: reading the notify fd: %s", exc)
+                return
+            self._pending.set()
+            try:
+                self._wake()
+            except Exception:  # never let the thread die silently
+                logger.exception("peerkv: waking the engine failed")

@@ -1,0 +1,31 @@
+"""A mixed cluster: peerkv's tier and stock vLLM's "p2p" tier in real
+engines, rows over NIXL, both directions, P2P and PD."""
+
+from __future__ import annotations
+
+import engines
+from test_p2p import pull_and_check
+from test_pd import check_decoder_reused_the_prompt
+from engines import proxy_engine_arg as engine_arg
+
+
+def test_peerkv_pulls_from_stock_vllm(cluster):
+    pull_and_check(cluster, cluster.s, cluster.b, engines.unique_prompt("s2b", 700), "mix-s2b")
+
+
+def test_stock_vllm_pulls_from_peerkv(cluster):
+    pull_and_check(cluster, cluster.a, cluster.s, engines.unique_prompt("a2s", 700), "mix-a2s")
+
+
+def test_pd_stock_prefiller_peerkv_decoder(cluster, proxy_factory):
+    proxy = proxy_factory("--prefiller", engine_arg(cluster.s), "--engine", engine_arg(cluster.b))
+    prompt = engines.unique_prompt("pdsb", 700)
+    reference = cluster.c.complete(prompt)
+    check_decoder_reused_the_prompt(engines.complete(proxy.url, prompt), reference)
+
+
+def test_pd_peerkv_prefiller_stock_decoder(cluster, proxy_factory):
+    proxy = proxy_factory("--prefiller", engine_arg(cluster.a), "--engine", engine_arg(cluster.s))
+    prompt = engines.unique_prompt("pdas", 700)
+    reference = cluster.c.complete(prompt)
+    check_decoder_reused_the_prompt(engines.complete(proxy.url, prompt), reference)

