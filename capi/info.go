@@ -7,8 +7,10 @@ import "C"
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 
+	"github.com/peerkv/peerkv/core/contract"
 	"github.com/peerkv/peerkv/core/gpuinfo"
 	"github.com/peerkv/peerkv/core/node"
 )
@@ -20,6 +22,16 @@ type hostDescription struct {
 	GPUs    []gpuinfo.GPU `json:"gpus"`
 	NVML    string        `json:"nvml"`
 	NIXL    string        `json:"nixl"`
+	// DataPaths: per path, "ok ..." or why this host cannot serve it.
+	DataPaths map[string]string `json:"data_paths"`
+	// GoMaxProcs is the Go runtime's size now; GoMaxProcsDefault what a
+	// peer without go_max_procs sets (core/node/procs.go).
+	GoMaxProcs        int `json:"go_max_procs"`
+	GoMaxProcsDefault int `json:"go_max_procs_default"`
+	// OptionsSchema is the digest of the options schema and metric shapes
+	// this library was built with (core/contract), to compare with the
+	// Python package's copy.
+	OptionsSchema string `json:"options_schema"`
 }
 
 // GPUs do not change while the process runs and probing them (NVML init)
@@ -30,10 +42,14 @@ var gpus = sync.OnceValue(gpuinfo.Discover)
 func hostInfo() hostDescription {
 	g := gpus()
 	return hostDescription{
-		Version: versionString(),
-		ABI:     fmt.Sprintf("%d.%d", C.PEERKV_ABI_VERSION_MAJOR, C.PEERKV_ABI_VERSION_MINOR),
-		GPUs:    g.GPUs,
-		NVML:    g.Status,
-		NIXL:    node.NixlStatus(),
+		Version:           versionString(),
+		ABI:               fmt.Sprintf("%d.%d", C.PEERKV_ABI_VERSION_MAJOR, C.PEERKV_ABI_VERSION_MINOR),
+		GPUs:              g.GPUs,
+		NVML:              g.Status,
+		NIXL:              node.NixlStatus(),
+		DataPaths:         node.DataPathStatus(),
+		GoMaxProcs:        runtime.GOMAXPROCS(0),
+		GoMaxProcsDefault: node.DefaultGoMaxProcs(),
+		OptionsSchema:     contract.Digest(),
 	}
 }

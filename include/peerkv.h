@@ -96,7 +96,9 @@ int32_t peerkv_version(char *buf, size_t len);
 
 /* Writes a JSON object describing this host into buf:
  *   {"version":"...","abi":"1.0","gpus":[{"index":0,"name":"...","uuid":"GPU-...",
- *    "numa_node":0}],"nvml":"ok"|"<why not>","nixl":"ok"|"<why not>"}
+ *    "numa_node":0}],"nvml":"ok"|"<why not>","nixl":"ok"|"<why not>",
+ *    "data_paths":{"shm":"ok (...)"|"<why not>","nixl":...,"tcp":...},
+ *    "go_max_procs":4,"go_max_procs_default":4,"options_schema":"<sha256>"}
  * Works without an NVIDIA driver ("gpus":[] and the reason under "nvml").
  * *needed receives the size including NUL; PEERKV_ERR_BUFFER_TOO_SMALL if
  * len < *needed. */
@@ -106,7 +108,9 @@ int32_t peerkv_info(char *buf, size_t len, size_t *needed, char *err, size_t err
  *   abi_major   PEERKV_ABI_VERSION_MAJOR the caller was built against.
  *   region      primary CPU region base; num_rows * row_len bytes, host-owned.
  *   options     JSON object (may be NULL or "{}"):
- *     "host" (str, default "localhost"), "port" (int, final port, default 5710),
+ *     "host" (str, default "localhost"; a wildcard such as "0.0.0.0" needs
+ *       "advertise_host"), "advertise_host" (str, the host peers dial, default
+ *       host), "port" (int, final port, default 5710),
  *     "config_fingerprint" (str, "" = accept any), "hash_seed" (str),
  *     "key_len" (int, 0 = unchecked),
  *     "data_transport" ("auto" (default): same-host copy, NIXL when it
@@ -115,13 +119,18 @@ int32_t peerkv_info(char *buf, size_t len, size_t *needed, char *err, size_t err
  *       peerkv peers on this host),
  *     "data_host" (str), "data_port" (int, 0 = ephemeral),
  *     "auth_secret" (str, peers must prove it; refuses stock vLLM peers),
- *     "max_peers" (int), "nixl_library" (str path to libnixl_capi.so),
+ *     "max_peers" (int), "max_sources_per_request" (int, 1..16, default 4:
+ *       the most sources one remote_kv_source may list),
+ *     "nixl_library" (str path to libnixl_capi.so),
  *     "python_prefix" (str, a Python environment searched for the nixl wheels),
  *     "nixl_backends" ([str]), "nixl_num_threads" (int), and deadlines in
  *     seconds: "handshake_timeout_s", "lookup_timeout_s", "load_timeout_s",
  *     "abort_ack_timeout_s", "store_timeout_s", "unbound_store_timeout_s",
- *     "inbound_lookup_timeout_s", "shutdown_drain_timeout_s", "drain_timeout_s".
- *     Unknown keys are rejected.
+ *     "inbound_lookup_timeout_s", "shutdown_drain_timeout_s", "drain_timeout_s",
+ *     "go_max_procs" (int, the Go runtime's size; GOMAXPROCS in the
+ *       environment wins). The full schema is core/config/schema.go.
+ *     Unknown keys are rejected naming the closest known one; every bad
+ *     value names its key.
  * On success *out is a handle (never 0). Binding happens here: an address in
  * use fails with PEERKV_ERR_TRANSPORT. */
 int32_t peerkv_create(uint32_t abi_major, void *region, uint64_t num_rows,
@@ -133,16 +142,22 @@ int32_t peerkv_create(uint32_t abi_major, void *region, uint64_t num_rows,
  * PEERKV_POLICY_*. Malformed fields and forbidden combinations fail with
  * PEERKV_ERR_BAD_PARAMS and a message naming the problem; the request is then
  * not known to the library (lookups for it answer MISS). A consumer request
- * starts connecting to its source in the background. Starting an id twice
- * returns PEERKV_ERR_DUPLICATE. */
+ * starts connecting to its sources in the background (remote_kv_source may
+ * list several; a source without kv_request_id gets one minted, logged and
+ * counted in "kv_ids_minted"). The accepted forms are in
+ * docs/kv_transfer_params.schema.json. Starting an id twice returns
+ * PEERKV_ERR_DUPLICATE. */
 int32_t peerkv_request_start(peerkv_handle h, const char *req_id,
                              const char *kv_transfer_params_json, int32_t *policy,
                              char *err, size_t errlen);
 
 /* Looks up n keys for a request; results[i] gets PEERKV_LOOKUP_HIT, _MISS or
  * _RETRY (ask again next step). Answers from local state only: a P2P consumer
- * (remote_kv_source) registers unknown keys and answers RETRY until the
- * source replied or the lookup deadline passed (then MISS); a PD decoder
+ * (remote_kv_source) registers unknown keys with every source and answers
+ * RETRY until a source replied HIT or all replied or passed the lookup
+ * deadline (then MISS). Keys form a prefix in the order the request first
+ * asked about them: a key is HIT only once every earlier key is HIT (RETRY
+ * while one is RETRY, MISS after one is MISS, without asking). A PD decoder
  * (remote_prefiller) answers HIT for every key; a request that does not pull,
  * or whose pulls already failed, answers MISS. Unknown req_id: every result
  * MISS and PEERKV_OK. */
@@ -154,7 +169,10 @@ int32_t peerkv_lookup(peerkv_handle h, const char *req_id, const uint8_t *keys,
  * per peer per request. */
 int32_t peerkv_on_schedule_end(peerkv_handle h, char *err, size_t errlen);
 
-/* Submits a load: pull n keys from the request's source into rows slots[i].
+/* Submits a load: pull n keys from the request's sources into rows slots[i],
+ * each from one source that reported it (a long load is spread over the
+ * sources holding it; a source that fails mid-load is replaced by another
+ * within the load's deadline).
  * The job is always reported exactly once by peerkv_get_finished, success or
  * failure, within load_timeout_s + abort_ack_timeout_s. Bad arguments (slot
  * out of range, wrong key length, duplicate job id) fail the call and submit

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/peerkv/peerkv/core/params"
 )
 
 // Defaults. Where vLLM's p2p tier has the same wait, the value is its value.
@@ -37,6 +39,7 @@ const (
 	DefaultMaxPeersPerHost      = 32
 	DefaultMaxRequestsPerPeer   = 4096
 	DefaultMaxKeysPerPeer       = 1 << 18
+	DefaultMaxSourcesPerRequest = 4
 	defaultDataTransport        = DataAuto
 )
 
@@ -53,6 +56,14 @@ type Config struct {
 	// name. Port is the final port (base + data-parallel index).
 	Host string
 	Port int
+	// AdvertiseHost, when set, replaces Host in the identity peers dial
+	// (and in the TCP data address when the data listener binds a
+	// wildcard). A wildcard Host (0.0.0.0, ::) requires it: no peer can
+	// dial "0.0.0.0".
+	AdvertiseHost string
+	// GoMaxProcs sizes the Go runtime of this process (go_max_procs; 0 =
+	// the default, see core/node). GOMAXPROCS in the environment wins.
+	GoMaxProcs int
 	// ConfigFingerprint is vLLM's 16-hex-char config fingerprint ("" = any).
 	ConfigFingerprint string
 	// HashSeed is the resolved prefix-cache hash seed string.
@@ -118,6 +129,9 @@ type Config struct {
 	// MaxKeysPerPeer bounds the keys one peer may make us hold: fetched
 	// keys awaiting supply plus keys of its lookups.
 	MaxKeysPerPeer int
+	// MaxSourcesPerRequest bounds the sources one remote_kv_source may list
+	// (1..params.MaxSources); a longer list refuses the request.
+	MaxSourcesPerRequest int
 	// AuthSecretFile names a file whose contents (trailing newline removed)
 	// are the auth secret; PEERKV_AUTH_SECRET in the environment also sets it.
 	AuthSecretFile string
@@ -126,8 +140,19 @@ type Config struct {
 	Encrypt bool
 }
 
-// LocalID is the identity peers dial: "host:port".
-func (c Config) LocalID() string { return net.JoinHostPort(c.Host, strconv.Itoa(c.Port)) }
+// LocalID is the identity peers dial: "host:port", with AdvertiseHost in
+// place of Host when set.
+func (c Config) LocalID() string {
+	return net.JoinHostPort(c.IdentityHost(), strconv.Itoa(c.Port))
+}
+
+// IdentityHost is the host part of LocalID.
+func (c Config) IdentityHost() string {
+	if c.AdvertiseHost != "" {
+		return c.AdvertiseHost
+	}
+	return c.Host
+}
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -172,6 +197,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxKeysPerPeer == 0 {
 		c.MaxKeysPerPeer = DefaultMaxKeysPerPeer
 	}
+	if c.MaxSourcesPerRequest == 0 {
+		c.MaxSourcesPerRequest = DefaultMaxSourcesPerRequest
+	}
 	setDur(&c.IdleTimeout, DefaultIdleTimeout)
 	setDur(&c.HandshakeTimeout, DefaultHandshakeTimeout)
 	setDur(&c.LookupTimeout, DefaultLookupTimeout)
@@ -203,8 +231,21 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("data_transport must be \"auto\", \"nixl\" or \"tcp\", got %q", c.DataTransport)
 	}
+	if c.MaxSourcesPerRequest < 1 || c.MaxSourcesPerRequest > params.MaxSources {
+		return fmt.Errorf("max_sources_per_request must be in 1..%d, got %d", params.MaxSources, c.MaxSourcesPerRequest)
+	}
 	if c.Encrypt && c.AuthSecret == "" {
 		return fmt.Errorf("encrypt needs a cluster secret: set auth_secret_file or PEERKV_AUTH_SECRET")
+	}
+	if IsWildcard(c.AdvertiseHost) {
+		return fmt.Errorf("advertise_host %q is a wildcard: set the address peers dial to reach this node", c.AdvertiseHost)
+	}
+	if IsWildcard(c.Host) && c.AdvertiseHost == "" {
+		return fmt.Errorf("host %q binds every interface, so it cannot be the identity peers dial: "+
+			"set advertise_host to this node's routable address (e.g. \"10.0.0.1\"), or set host to it", c.Host)
+	}
+	if c.GoMaxProcs < 0 || c.GoMaxProcs > 1024 {
+		return fmt.Errorf("go_max_procs must be in 1..1024, got %d", c.GoMaxProcs)
 	}
 	// A slice, not a map, so that the first invalid field is always the same.
 	for _, n := range []struct {
@@ -241,6 +282,8 @@ func (c Config) Validate() error {
 // jsonConfig is the host-facing JSON form (seconds as floats).
 type jsonConfig struct {
 	Host                  *string  `json:"host"`
+	AdvertiseHost         *string  `json:"advertise_host"`
+	GoMaxProcs            *int     `json:"go_max_procs"`
 	Port                  *int     `json:"port"`
 	ConfigFingerprint     *string  `json:"config_fingerprint"`
 	HashSeed              *string  `json:"hash_seed"`
@@ -272,6 +315,7 @@ type jsonConfig struct {
 	MaxPeersPerHost       *int     `json:"max_peers_per_host"`
 	MaxRequestsPerPeer    *int     `json:"max_requests_per_peer"`
 	MaxKeysPerPeer        *int     `json:"max_keys_per_peer"`
+	MaxSourcesPerRequest  *int     `json:"max_sources_per_request"`
 	AuthSecretFile        *string  `json:"auth_secret_file"`
 	Encrypt               *bool    `json:"encrypt"`
 }
@@ -279,6 +323,11 @@ type jsonConfig struct {
 // FromJSON parses the host's JSON options, rejects unknown keys and bad
 // values with a message naming the key, and applies defaults.
 func FromJSON(b []byte) (Config, error) {
+	// Keys, types and bounds first, against the schema (schema.go): every
+	// message names its key, and the decode below cannot fail on a type.
+	if err := checkOptions(b); err != nil {
+		return Config{}, fmt.Errorf("options: %w", err)
+	}
 	var j jsonConfig
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -299,7 +348,7 @@ func FromJSON(b []byte) (Config, error) {
 		{"port", j.Port}, {"max_peers", j.MaxPeers}, {"nixl_num_threads", j.NixlNumThreads},
 		{"max_frame_bytes", j.MaxFrameBytes}, {"max_list_items", j.MaxListItems},
 		{"max_peers_per_host", j.MaxPeersPerHost}, {"max_requests_per_peer", j.MaxRequestsPerPeer},
-		{"max_keys_per_peer", j.MaxKeysPerPeer},
+		{"max_keys_per_peer", j.MaxKeysPerPeer}, {"max_sources_per_request", j.MaxSourcesPerRequest},
 	} {
 		if n.v != nil && *n.v == 0 {
 			return Config{}, fmt.Errorf("options: %s must not be 0 (omit it for the default)", n.name)
@@ -317,6 +366,8 @@ func FromJSON(b []byte) (Config, error) {
 		}
 	}
 	str(&c.Host, j.Host)
+	str(&c.AdvertiseHost, j.AdvertiseHost)
+	num(&c.GoMaxProcs, j.GoMaxProcs)
 	num(&c.Port, j.Port)
 	str(&c.ConfigFingerprint, j.ConfigFingerprint)
 	str(&c.HashSeed, j.HashSeed)
@@ -338,6 +389,7 @@ func FromJSON(b []byte) (Config, error) {
 	num(&c.MaxPeersPerHost, j.MaxPeersPerHost)
 	num(&c.MaxRequestsPerPeer, j.MaxRequestsPerPeer)
 	num(&c.MaxKeysPerPeer, j.MaxKeysPerPeer)
+	num(&c.MaxSourcesPerRequest, j.MaxSourcesPerRequest)
 	str(&c.AuthSecretFile, j.AuthSecretFile)
 	if j.Encrypt != nil {
 		c.Encrypt = *j.Encrypt

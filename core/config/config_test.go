@@ -49,7 +49,7 @@ func TestFromJSONSetsEveryField(t *testing.T) {
 		"reaped_id_retention_s": 8, "shutdown_drain_timeout_s": 9, "drain_timeout_s": 10, "tick_s": 0.005,
 		"max_frame_bytes": 1024, "max_list_items": 16, "same_host_copy": false, "python_prefix": "/srv/venv",
 		"idle_timeout_s": 11, "max_peers_per_host": 2, "max_requests_per_peer": 12, "max_keys_per_peer": 13,
-		"encrypt": true}`))
+		"max_sources_per_request": 3, "encrypt": true}`))
 	require.NoError(t, err)
 	assert.Equal(t, Config{Host: "127.0.0.1", Port: 6000, ConfigFingerprint: "0123456789abcdef", HashSeed: "42",
 		KeyLen: 36, DataTransport: "nixl", DataHost: "::1", DataPort: 6001, AuthSecret: "s3cret", MaxPeers: 3,
@@ -59,7 +59,7 @@ func TestFromJSONSetsEveryField(t *testing.T) {
 		InboundLookupTimeout: 7 * time.Second, ReapedIDRetention: 8 * time.Second, ShutdownDrainTimeout: 9 * time.Second,
 		DrainTimeout: 10 * time.Second, Tick: 5 * time.Millisecond, MaxFrameBytes: 1024, MaxListItems: 16,
 		NoSameHostCopy: true, PythonPrefix: "/srv/venv", IdleTimeout: 11 * time.Second, MaxPeersPerHost: 2,
-		MaxRequestsPerPeer: 12, MaxKeysPerPeer: 13, Encrypt: true}, c)
+		MaxRequestsPerPeer: 12, MaxKeysPerPeer: 13, MaxSourcesPerRequest: 3, Encrypt: true}, c)
 	assert.Equal(t, "127.0.0.1:6000", c.LocalID())
 }
 
@@ -68,31 +68,33 @@ func TestFromJSONRejects(t *testing.T) {
 		raw  string
 		want string
 	}{
-		"unknown key":           {`{"prot": 5710}`, `unknown field "prot"`},
-		"not an object":         {`[1]`, "options: json"},
+		"unknown key":           {`{"prot": 5710}`, `unknown option "prot" (did you mean "port"?)`},
+		"not an object":         {`[1]`, "options: the options must be a JSON object"},
 		"trailing data":         {`{} {"port": 1}`, "unexpected data after the JSON object"},
 		"trailing garbage":      {`{"port": 5710}x`, "unexpected data after the JSON object"},
 		"NaN":                   {`{"load_timeout_s": NaN}`, "options: invalid character 'N'"},
 		"huge number":           {`{"load_timeout_s": 1e400}`, "load_timeout_s"},
-		"timeout string":        {`{"load_timeout_s": "30"}`, "load_timeout_s"},
+		"timeout string":        {`{"load_timeout_s": "30"}`, `load_timeout_s must be a positive number of seconds up to 86400, got "30"`},
 		"zero timeout":          {`{"load_timeout_s": 0}`, "load_timeout_s must be a positive number of seconds up to 86400, got 0"},
 		"negative timeout":      {`{"tick_s": -0.5}`, "tick_s must be a positive number of seconds up to 86400, got -0.5"},
 		"timeout over a day":    {`{"drain_timeout_s": 86401}`, "drain_timeout_s must be a positive number of seconds up to 86400"},
 		"timeout below 1ns":     {`{"abort_ack_timeout_s": 1e-12}`, "abort_ack_timeout_s must be at least 1e-9 seconds"},
-		"port zero":             {`{"port": 0}`, "port must not be 0"},
-		"port negative":         {`{"port": -1}`, "port must be in 1..65535, got -1"},
-		"port too big":          {`{"port": 65536}`, "port must be in 1..65535, got 65536"},
-		"port float":            {`{"port": 5710.5}`, "port"},
-		"port string":           {`{"port": "5710"}`, "port"},
-		"data_port negative":    {`{"data_port": -1}`, "data_port must be in 0..65535, got -1"},
-		"data_port too big":     {`{"data_port": 70000}`, "data_port must be in 0..65535, got 70000"},
-		"key_len negative":      {`{"key_len": -36}`, "key_len must be in 0..4096, got -36"},
-		"bad transport":         {`{"data_transport": "rdma"}`, `data_transport must be "auto", "nixl" or "tcp", got "rdma"`},
-		"max_peers negative":    {`{"max_peers": -2}`, "max_peers must be >= 1, got -2"},
-		"max_peers zero":        {`{"max_peers": 0}`, "max_peers must not be 0"},
-		"max_frame negative":    {`{"max_frame_bytes": -1}`, "max_frame_bytes must be >= 1, got -1"},
-		"max_list_items zero":   {`{"max_list_items": 0}`, "max_list_items must not be 0"},
-		"nixl threads negative": {`{"nixl_num_threads": -4}`, "nixl_num_threads must be >= 1, got -4"},
+		"port zero":             {`{"port": 0}`, "port must be an integer in 1..65535, got 0"},
+		"port negative":         {`{"port": -1}`, "port must be an integer in 1..65535, got -1"},
+		"port too big":          {`{"port": 65536}`, "port must be an integer in 1..65535, got 65536"},
+		"port float":            {`{"port": 5710.5}`, "port must be an integer in 1..65535, got 5710.5"},
+		"port string":           {`{"port": "5710"}`, `port must be an integer in 1..65535, got "5710"`},
+		"data_port negative":    {`{"data_port": -1}`, "data_port must be an integer in 0..65535, got -1"},
+		"data_port too big":     {`{"data_port": 70000}`, "data_port must be an integer in 0..65535, got 70000"},
+		"key_len negative":      {`{"key_len": -36}`, "key_len must be an integer in 0..4096, got -36"},
+		"bad transport":         {`{"data_transport": "rdma"}`, `data_transport must be one of "auto", "nixl", "tcp", got "rdma"`},
+		"max_peers negative":    {`{"max_peers": -2}`, "max_peers must be an integer in 1..1048576, got -2"},
+		"max_peers zero":        {`{"max_peers": 0}`, "max_peers must be an integer in 1..1048576, got 0"},
+		"max_frame negative":    {`{"max_frame_bytes": -1}`, "max_frame_bytes must be an integer in 1..1099511627776, got -1"},
+		"max_list_items zero":   {`{"max_list_items": 0}`, "max_list_items must be an integer in 1..1099511627776, got 0"},
+		"nixl threads negative": {`{"nixl_num_threads": -4}`, "nixl_num_threads must be an integer in 1..1024, got -4"},
+		"max sources zero":      {`{"max_sources_per_request": 0}`, "max_sources_per_request must be an integer in 1..16, got 0"},
+		"max sources too many":  {`{"max_sources_per_request": 17}`, "max_sources_per_request must be an integer in 1..16, got 17"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -34,6 +34,7 @@ func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", tier.ErrInvalidArgument, err)
 	}
+	procs := sizeGoRuntime(cfg.GoMaxProcs) // before the paths size their workers from it
 	logs := &transportLog{}
 	var curve *zmqctl.CurveKeys
 	if cfg.Encrypt {
@@ -56,6 +57,7 @@ func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
 		Control: ctl,
 		NewData: func(guard data.WriteGuard, logf tier.Logf) (data.Transport, error) {
 			logs.attach(logf)
+			logf("INFO", "%s", procs)
 			return newData(cfg, region, guard, logf)
 		},
 	})
@@ -87,7 +89,7 @@ func newData(cfg config.Config, region data.Region, guard data.WriteGuard, logf 
 				Logf:            func(format string, args ...any) { logf("WARNING", format, args...) },
 			})
 			if err != nil {
-				logf("WARNING", "%s: no same-host copy path: %v", cfg.LocalID(), err)
+				logf("WARNING", "no same-host copy path: %v", err)
 			} else {
 				paths = append(paths, shm)
 			}
@@ -101,8 +103,8 @@ func newData(cfg config.Config, region data.Region, guard data.WriteGuard, logf 
 			paths = append(paths, nx)
 		}
 		if missing != "" {
-			logf("WARNING", "%s: no NIXL data path, so stock vLLM peers cannot be served (peerkv peers still can): %s",
-				cfg.LocalID(), missing)
+			logf("WARNING", "no NIXL data path, so stock vLLM peers cannot be served (peerkv peers still can): %s",
+				missing)
 		}
 	case "nixl":
 		nx, err := newNixl(cfg, region)
@@ -132,6 +134,15 @@ func newData(cfg config.Config, region data.Region, guard data.WriteGuard, logf 
 	return mp, nil
 }
 
+// dataAdvertiseHost is the host peers dial for our TCP data listener when
+// it binds a wildcard ("" otherwise: the bound address is dialable).
+func dataAdvertiseHost(cfg config.Config) string {
+	if config.IsWildcard(cfg.DataHost) {
+		return cfg.IdentityHost()
+	}
+	return ""
+}
+
 func newTCP(cfg config.Config, region data.Region, guard data.WriteGuard, logf tier.Logf) (data.Transport, error) {
 	t, err := tcpdata.New(tcpdata.Options{
 		LocalID:    cfg.LocalID(),
@@ -139,8 +150,10 @@ func newTCP(cfg config.Config, region data.Region, guard data.WriteGuard, logf t
 		Guard:      guard,
 		ListenHost: cfg.DataHost,
 		ListenPort: cfg.DataPort,
-		AuthSecret: cfg.AuthSecret,
-		Encrypt:    cfg.Encrypt,
+		// A wildcard listener is dialed at the node's identity host.
+		AdvertiseHost: dataAdvertiseHost(cfg),
+		AuthSecret:    cfg.AuthSecret,
+		Encrypt:       cfg.Encrypt,
 		// Only the session a peer holds with us may write into us, and
 		// only while it lasts (its data token, sent in our connect).
 		RequireGrant: true,
@@ -180,6 +193,22 @@ func NixlStatus() string {
 		return why
 	}
 	return "ok"
+}
+
+// DataPathStatus says, for each data path, "ok" when this host can serve
+// it, else why not (what data_transport "auto" would log at start).
+func DataPathStatus() map[string]string {
+	shm := "ok (peerkv peers on this host; the region must be a shared file mapping, as vLLM's /dev/shm region is)"
+	if err := shmdata.Probe(); err != nil {
+		shm = err.Error()
+	}
+	nx := "ok (stock vLLM peers, RDMA where UCX has it)"
+	if ok, why := nixl.Available(); ok {
+		nx = "ok (" + why + ")"
+	} else {
+		nx = "unavailable, so stock vLLM peers cannot be served: " + strings.TrimPrefix(why, "NIXL unavailable: ")
+	}
+	return map[string]string{"shm": shm, "nixl": nx, "tcp": "ok (peerkv peers)"}
 }
 
 // transportLog carries the control transport's warnings and errors into the

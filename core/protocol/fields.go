@@ -25,6 +25,11 @@ func (f *parsed) str(id field) (string, error) {
 	return string(t.Bytes), nil
 }
 
+// CheckString says why s cannot travel as a string field (an id, a seed,
+// an address), or nil: the rule Decode applies to every string it reads,
+// for callers that put a host's value on the wire (a kv_request_id).
+func CheckString(s string) error { return checkWireString([]byte(s)) }
+
 // checkWireString refuses what no legitimate id, seed or address holds:
 // control characters (a NUL would let two distinct ids collide where the
 // host's C strings end), invalid UTF-8 (vLLM's str), and huge values.

@@ -19,9 +19,8 @@ import (
 // validators in one Python subprocess (testdata/oracle.py).
 
 // defaultOraclePythons are tried in order when PEERKV_PYTHON is unset: the
-// repository's own venv (tests run in the package directory), then the
-// development machine's.
-var defaultOraclePythons = []string{"../../.venv/bin/python", "/work/main/.venv/bin/python"}
+// repository's own venv (tests run in the package directory).
+var defaultOraclePythons = []string{"../../.venv/bin/python"}
 
 // oracleMap is an ordered map for the oracle: {"$map": [[k, v], ...]}.
 type oracleMap [][2]any

@@ -30,8 +30,9 @@ type load struct {
 // from when it was sent, whatever the peer answers meanwhile: a producer
 // that keeps sending empty or partial answers cannot hold keys at RETRY.
 type askedBatch struct {
-	at   time.Time
-	keys [][]byte
+	at    time.Time
+	keys  [][]byte
+	timed bool // its round trip was observed (Env.LookupAnswered)
 }
 
 // consumerRequest is the state of one kv_request_id we pull from this peer.
@@ -120,6 +121,22 @@ func (s *Session) RegisterLookup(kvRequestID string, key []byte) (hit, known boo
 	return false, false
 }
 
+// Probed is what the peer answered for key in kvRequestID's current round,
+// without registering it: hit once it said so, known once it answered.
+func (s *Session) Probed(kvRequestID string, key []byte) (hit, known bool) {
+	r := s.consumer.requests[kvRequestID]
+	if r == nil {
+		return false, false
+	}
+	switch r.probes[string(key)] {
+	case probeHit:
+		return true, true
+	case probeMiss:
+		return false, true
+	}
+	return false, false
+}
+
 // FlushLookups sends one lookup per request with keys registered since the
 // last flush. Probes wait for the handshake; its deadline bounds them.
 func (s *Session) FlushLookups() {
@@ -127,27 +144,39 @@ func (s *Session) FlushLookups() {
 	if !s.Ready() || len(c.flush) == 0 {
 		return
 	}
-	now := s.env.Now()
 	for id := range c.flush {
-		r := c.requests[id]
-		if r == nil || len(r.unsent) == 0 {
-			continue
-		}
-		for _, k := range r.unsent {
-			if r.probes[string(k)] == probeUnsent {
-				r.probes[string(k)] = probeAsked
-			}
-		}
-		r.lookupOpen = true
-		r.asked = append(r.asked, askedBatch{at: now, keys: r.unsent})
-		s.send(&protocol.Lookup{KVRequestID: id, Keys: r.unsent, RoundSeq: r.round})
-		r.unsent = nil
+		c.flushOne(id)
 	}
-	clear(c.flush)
 }
 
-// RequestBlocks sends the fetch that closes the request's current round.
-func (s *Session) RequestBlocks(jobID int64, kvRequestID string, keys [][]byte, rows []uint64) {
+// FlushLookup sends kvRequestID's registered keys now, not at the host's
+// step end (a load retrying keys here must not wait for one).
+func (s *Session) FlushLookup(kvRequestID string) {
+	if _, ok := s.consumer.flush[kvRequestID]; ok && s.Ready() {
+		s.consumer.flushOne(kvRequestID)
+	}
+}
+
+func (c *consumer) flushOne(id string) {
+	delete(c.flush, id)
+	r := c.requests[id]
+	if r == nil || len(r.unsent) == 0 {
+		return
+	}
+	for _, k := range r.unsent {
+		if r.probes[string(k)] == probeUnsent {
+			r.probes[string(k)] = probeAsked
+		}
+	}
+	r.lookupOpen = true
+	r.asked = append(r.asked, askedBatch{at: c.s.env.Now(), keys: r.unsent})
+	c.s.send(&protocol.Lookup{KVRequestID: id, Keys: r.unsent, RoundSeq: r.round})
+	r.unsent = nil
+}
+
+// RequestBlocks sends the fetch that closes the request's current round,
+// and returns that round (its LoadDone report carries it).
+func (s *Session) RequestBlocks(jobID int64, kvRequestID string, keys [][]byte, rows []uint64) uint64 {
 	c := &s.consumer
 	r := c.request(kvRequestID)
 	round := r.round
@@ -159,6 +188,20 @@ func (s *Session) RequestBlocks(jobID int64, kvRequestID string, keys [][]byte, 
 	r.unsent = nil
 	delete(c.flush, kvRequestID)
 	s.send(&protocol.Fetch{KVRequestID: kvRequestID, Keys: keys, BlockIndexes: rows, RoundSeq: round})
+	return round
+}
+
+// AbortLoad aborts one load in flight (once): its LoadDone follows, on the
+// peer's abort_ack or transfer_done, or at the abort-ack deadline.
+func (s *Session) AbortLoad(kvRequestID string, round uint64) {
+	r := s.consumer.requests[kvRequestID]
+	if r == nil {
+		return
+	}
+	if l := r.loads[round]; l != nil && l.abortedAt.IsZero() {
+		l.abortedAt = s.env.Now()
+		s.send(&protocol.AbortFetch{KVRequestID: kvRequestID, RoundSeq: round})
+	}
 }
 
 // FinishConsumer ends a request locally: aborts its loads (still reported
@@ -193,6 +236,10 @@ func (c *consumer) onLookupResp(m *protocol.LookupResp) {
 	r := c.requests[m.KVRequestID]
 	if r == nil {
 		return // finished meanwhile; the producer may split or coalesce answers
+	}
+	if len(r.asked) > 0 && !r.asked[0].timed && c.s.env.LookupAnswered != nil {
+		r.asked[0].timed = true // the first answer since the oldest open lookup went out
+		c.s.env.LookupAnswered(c.s.env.Now().Sub(r.asked[0].at))
 	}
 	for i, k := range m.Keys {
 		if p, ok := r.probes[string(k)]; ok && p < probeHit {
@@ -232,7 +279,7 @@ func (c *consumer) finishLoad(id string, round uint64, ok bool, via string) {
 	}
 	// A failed load fails its own request only. A failed transfer may have
 	// been cut mid-part with rows still in flight to us: fence those too.
-	c.s.report(Report{Kind: LoadDone, JobID: l.jobID, OK: ok, KVID: id, Rows: l.rows, Fence: !ok && via == "transfer_done"})
+	c.s.report(Report{Kind: LoadDone, JobID: l.jobID, OK: ok, KVID: id, Round: round, Rows: l.rows, Fence: !ok && via == "transfer_done"})
 	c.prune(id)
 }
 
@@ -252,7 +299,7 @@ func (c *consumer) tick(now time.Time) {
 					"and ending the session, so none of the peer's writes still under way can land later",
 					c.s.peerID, id, round, cfg.AbortAckTimeout)
 				delete(r.loads, round)
-				c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Rows: l.rows, Fence: true})
+				c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Round: round, Rows: l.rows, Fence: true})
 				// Its grants (the TCP data token) die with the session: a write
 				// the peer still has queued cannot open a new connection.
 				c.s.disconnect(fmt.Sprintf("no abort_ack for kv_request_id=%s round=%d within %v", id, round, cfg.AbortAckTimeout))
@@ -282,7 +329,7 @@ func (c *consumer) close() {
 	for id, r := range c.requests {
 		for _, round := range sortedRounds(r.loads) {
 			l := r.loads[round]
-			c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Rows: l.rows, Fence: true})
+			c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Round: round, Rows: l.rows, Fence: true})
 		}
 		failed := false
 		for _, p := range r.probes {

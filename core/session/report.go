@@ -4,7 +4,8 @@ package session
 type ReportKind int8
 
 const (
-	// LoadDone: load job JobID ended (OK), pulling KVID into Rows.
+	// LoadDone: load job JobID ended (OK), pulling KVID's fetch round Round
+	// into Rows.
 	// Fence: writes of that peer for this load may still be under way or
 	// buffered (no word from it, or it reported a failed transfer): the
 	// owner must fence the peer before handing the rows back.
@@ -35,6 +36,7 @@ type Report struct {
 	OK      bool
 	Bytes   int64
 	KVID    string
+	Round   uint64 // LoadDone: the fetch round (RequestBlocks' result)
 	Rows    []uint64
 	Lookup  *InboundLookup
 	// Fence: see LoadDone.

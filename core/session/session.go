@@ -34,6 +34,9 @@ type Env struct {
 	Report func(Report)
 	// Logf logs one line at level "DEBUG", "INFO", "WARNING" or "ERROR".
 	Logf func(level, format string, args ...any)
+	// LookupAnswered, when set, is told each lookup's round trip: from the
+	// lookup sent to the peer's first answer to it.
+	LookupAnswered func(rtt time.Duration)
 	// NextLookupID returns a fresh inbound lookup id (unique per owner).
 	NextLookupID func() int64
 	// Register starts data-path registration of the peer in the background
@@ -76,6 +79,15 @@ type Session struct {
 
 	dead        bool
 	deathReason string
+	// deathLogged: the line that said why the session ended was logged
+	// where it happened (a rejection, a protocol error, a handshake
+	// timeout), so the owner does not log it again.
+	deathLogged bool
+	// orderly: it ended as normal lifecycle (the peer said goodbye after the
+	// handshake, or the owner closed it so), logged at INFO.
+	orderly bool
+	// rejectCause is set when the handshake failed: one of RejectionCauses.
+	rejectCause string
 
 	consumer consumer
 	producer producer
@@ -133,6 +145,35 @@ func (s *Session) Dead() bool { return s.dead }
 // DeathReason says why the session ended.
 func (s *Session) DeathReason() string { return s.deathReason }
 
+// DeathLogged reports whether the session already logged why it ended.
+func (s *Session) DeathLogged() bool { return s.deathLogged }
+
+// Orderly reports whether the session ended as normal lifecycle.
+func (s *Session) Orderly() bool { return s.orderly }
+
+// RejectCause is why the handshake failed ("" if it did not), one of
+// RejectionCauses.
+func (s *Session) RejectCause() string { return s.rejectCause }
+
+// Causes of a failed handshake (metric label values).
+const (
+	CauseBlockLen      = "block_len"
+	CauseFingerprint   = "fingerprint"
+	CauseHashSeed      = "hash_seed"
+	CauseIdentity      = "identity"
+	CauseAuth          = "auth"
+	CauseDataPath      = "data_path"
+	CauseTimeout       = "timeout"
+	CauseProtocol      = "protocol"
+	CauseRefusedByPeer = "refused_by_peer"
+)
+
+// RejectionCauses lists every cause, in documentation order.
+var RejectionCauses = []string{
+	CauseBlockLen, CauseFingerprint, CauseHashSeed, CauseIdentity, CauseAuth, CauseDataPath,
+	CauseTimeout, CauseProtocol, CauseRefusedByPeer,
+}
+
 // HasPendingWork is true while the handshake, loads, transfers or lookups
 // still need progress.
 func (s *Session) HasPendingWork() bool {
@@ -168,7 +209,14 @@ func (s *Session) dispatch(m protocol.Message) error {
 	case *protocol.Connect:
 		return s.onConnect(msg)
 	case *protocol.Disconnect:
-		s.markDead("peer disconnected")
+		if s.Handshaked() {
+			s.orderly = true
+			s.markDead("it closed the session")
+		} else {
+			s.rejectCause = CauseRefusedByPeer
+			s.markDead("it refused our connect (its log names why: block_len, config fingerprint, hash seed, " +
+				"auth secret, or its session limits)")
+		}
 		return nil
 	}
 	if s.peer == nil {
@@ -207,12 +255,23 @@ func (s *Session) dispatch(m protocol.Message) error {
 	return nil
 }
 
-// reject refuses the peer: logged, goodbye sent, session dead.
-func (s *Session) reject(format string, args ...any) error {
+// reject refuses the peer for cause: one line logged, goodbye sent,
+// session dead.
+func (s *Session) reject(cause, format string, args ...any) error {
 	reason := fmt.Sprintf(format, args...)
 	s.env.Logf("ERROR", "rejecting peer %s: %s", s.peerID, reason)
-	s.disconnect("rejected peer connect: " + reason)
+	s.failHandshake(cause)
+	s.disconnect("rejected its connect: " + reason)
 	return nil
+}
+
+// failHandshake records that the handshake failed for cause and that the
+// reason was logged already.
+func (s *Session) failHandshake(cause string) {
+	if !s.dead {
+		s.rejectCause = cause
+		s.deathLogged = true
+	}
 }
 
 func (s *Session) onConnect(c *protocol.Connect) error {
@@ -221,29 +280,29 @@ func (s *Session) onConnect(c *protocol.Connect) error {
 	}
 	cfg := s.env.Cfg
 	if c.BlockLen != s.env.Region.RowLen {
-		return s.reject("block_len mismatch: peer %d bytes per row, local %d (peers must run the same model, "+
+		return s.reject(CauseBlockLen, "block_len mismatch: peer %d bytes per row, local %d (peers must run the same model, "+
 			"dtype, block size and parallel layout)", c.BlockLen, s.env.Region.RowLen)
 	}
 	if cfg.ConfigFingerprint != "" && c.ConfigFingerprint != "" && c.ConfigFingerprint != cfg.ConfigFingerprint {
-		return s.reject("config fingerprint mismatch: peer %q, local %q (model, dtype, block size or KV layout differ)",
+		return s.reject(CauseFingerprint, "config fingerprint mismatch: peer %q, local %q (model, dtype, block size or KV layout differ)",
 			c.ConfigFingerprint, cfg.ConfigFingerprint)
 	}
 	if c.HashSeed != cfg.HashSeed {
-		return s.reject("hash seed mismatch: peer %q, local %q (set the same PYTHONHASHSEED on every peer, "+
+		return s.reject(CauseHashSeed, "hash seed mismatch: peer %q, local %q (set the same PYTHONHASHSEED on every peer, "+
 			"or leave it unset everywhere with a sha256 prefix-cache hash)", c.HashSeed, cfg.HashSeed)
 	}
 	// vLLM sends its own id as both; a mismatch is a confused or lying peer.
 	if c.PeerID != s.peerID {
-		return s.reject("its connect names %q but its connection identity is %q", c.PeerID, s.peerID)
+		return s.reject(CauseIdentity, "its connect names %q but its connection identity is %q", c.PeerID, s.peerID)
 	}
 	if c.PeerID == s.env.LocalID {
-		return s.reject("it claims our own id %q", c.PeerID)
+		return s.reject(CauseIdentity, "it claims our own id %q", c.PeerID)
 	}
 	s.peer = c
 	if cfg.AuthSecret != "" {
 		n, err := peerNonce(c)
 		if err != nil {
-			return s.reject("authentication failed: %v", err)
+			return s.reject(CauseAuth, "authentication failed: %v", err)
 		}
 		s.peerNonce = bytes.Clone(n)
 		if !s.connectSent {
@@ -280,7 +339,7 @@ func (s *Session) onProof(m *protocol.Proof) error {
 	}
 	want := proof(s.env.Cfg.AuthSecret, s.peerID, s.env.LocalID, s.nonce, s.peerNonce)
 	if m.PeerID != s.peerID || !hmac.Equal(m.Proof, want) {
-		return s.reject("authentication failed: its proof does not match our auth secret " +
+		return s.reject(CauseAuth, "authentication failed: its proof does not match our auth secret "+
 			"(a different secret on that peer, or a proof replayed or relayed from another session)")
 	}
 	s.state = awaitingPaths
@@ -307,7 +366,7 @@ func (s *Session) onPaths(m *protocol.Paths) error {
 		return errors.New("unexpected peerkv_paths")
 	}
 	if !hmac.Equal(m.MAC, pathsMAC(s.env.Cfg.AuthSecret, s.peerID, s.env.LocalID, s.nonce, s.peerNonce, m)) {
-		return s.reject("authentication failed: its peerkv_paths were altered or belong to another session")
+		return s.reject(CauseAuth, "authentication failed: its peerkv_paths were altered or belong to another session")
 	}
 	s.register(data.PeerInfo{
 		AgentMetadata: bytes.Clone(m.AgentMetadata),
@@ -334,6 +393,7 @@ func (s *Session) RegistrationDone(err error) {
 	}
 	if err != nil {
 		s.env.Logf("ERROR", "rejecting peer %s: data path registration failed: %v", s.peerID, err)
+		s.failHandshake(CauseDataPath)
 		s.disconnect(fmt.Sprintf("data path registration failed: %v", err))
 		return
 	}
@@ -444,6 +504,7 @@ func (s *Session) Tick(now time.Time) {
 			why = "the peer never acked our connect (it rejected us: check its log for a block_len, fingerprint, hash seed or authentication mismatch)"
 		}
 		s.env.Logf("ERROR", "peer %s: handshake timed out after %v: %s", s.peerID, s.env.Cfg.HandshakeTimeout, why)
+		s.failHandshake(CauseTimeout)
 		s.disconnect("handshake timed out: " + why)
 		return
 	}
@@ -453,6 +514,10 @@ func (s *Session) Tick(now time.Time) {
 
 func (s *Session) protocolError(reason string) {
 	s.env.Logf("ERROR", "peer %s: protocol error: %s; disconnecting", s.peerID, reason)
+	if !s.Handshaked() {
+		s.failHandshake(CauseProtocol)
+	}
+	s.deathLogged = !s.dead
 	s.disconnect("protocol error: " + reason)
 }
 
@@ -471,6 +536,15 @@ func (s *Session) markDead(reason string) {
 	}
 	s.dead = true
 	s.deathReason = reason
+}
+
+// CloseOrderly is Close as normal lifecycle (idle eviction, a peer that
+// reconnected): the owner logs it at INFO.
+func (s *Session) CloseOrderly(reason string) {
+	if !s.dead {
+		s.orderly = true
+	}
+	s.Close(reason)
 }
 
 // Close ends the session and reports every job it still holds as failed,

@@ -8,18 +8,23 @@
 //
 // Glossary (one word per concept, here and in core/session):
 //   - host request: a vLLM request (req_id) and its kv_transfer_params.
-//   - kv id: the orchestrator's kv_request_id, shared by both ends of a transfer.
-//   - pull: this peer as consumer, loading rows from a source (remote_prefiller,
-//     remote_kv_source); serve: this peer as producer, writing rows to a consumer.
+//   - kv id: the kv_request_id shared by both ends of a transfer: the
+//     orchestrator's, or minted by this consumer for a remote_kv_source entry
+//     without one.
+//   - pull: this peer as consumer, loading rows from its sources (remote_prefiller,
+//     or remote_kv_source's list); serve: this peer as producer, writing rows to a consumer.
+//   - part: the keys of one load placed at one source (one fetch round there).
 //   - round: one fetch of one kv id (round_seq), with its supply (stored or pinned
 //     rows), its demand (the fetch's keys and rows) and its writes in flight.
 //   - row: one block of the region (block_len bytes); key: its offload key.
 //   - job: a load or store the host submitted, reported exactly once.
 //   - inbound lookup: a remote consumer's lookup, evaluated by the host.
 //
-// State has one owner each: a request (its pull's failure included) here; a
-// served PD kv id in a serveKV (serve.go); the data path's peers in the
-// registry; a round, a load or an inbound lookup in its session. Sessions
+// State has one owner each: a request here; its pull (sources, what the host
+// was told per key, its failure) in a pull (pull.go); a load job spread over
+// sources, its parts and deadline, in a pullLoad (load.go); a served PD kv id
+// in a serveKV (serve.go); the data path's peers in the registry; a round, a
+// fetch in flight or an inbound lookup in its session. Sessions
 // report what happened as values (session.Report); settle applies them and
 // reaps ended sessions, in one step after every call into sessions. The
 // host's notification fd is owned by a notifier (notify.go), signalled only

@@ -1,9 +1,6 @@
 package tier
 
-import (
-	"github.com/peerkv/peerkv/core/data"
-	"github.com/peerkv/peerkv/core/session"
-)
+import "github.com/peerkv/peerkv/core/session"
 
 // settle is the one step after every call into sessions: it applies their
 // reports in order (applying one may call a session again, which may report
@@ -23,33 +20,20 @@ func (t *Tier) settle() {
 }
 
 func (t *Tier) apply(r session.Report) {
+	t.observeReport(r)
 	switch r.Kind {
 	case session.LoadDone:
-		j := t.jobs[r.JobID]
-		if j != nil {
-			if r.Fence && j.peer != "" {
-				// Cut the peer's writes in flight before the host gets these
-				// rows back for a newer load.
-				if f, ok := t.dt.(data.Fencer); ok {
-					f.Fence(j.peer)
-				}
-			}
-			t.expect(j.peer, r.Rows, false)
-			if !r.OK && j.req != nil {
-				j.req.failed = true // this request recomputes; a later one reusing the kv id starts clean
-			}
+		if j := t.jobs[r.JobID]; j != nil && j.load != nil {
+			t.partEnded(j.load, r)
+		} else {
+			t.logf("ERROR", "internal: load job %d ended at %s, but no such load is in flight (ignored)", r.JobID, r.Session.PeerID())
 		}
-		var bytes int64
-		if r.OK {
-			bytes = int64(len(r.Rows)) * int64(t.region.RowLen)
-		}
-		t.report(r.JobID, r.OK, bytes)
 	case session.StoreDone:
 		t.report(r.JobID, r.OK, r.Bytes)
 	case session.ConsumerFailed:
 		for _, req := range t.requests {
-			if src := req.source; src != nil && src.KVRequestID == r.KVID && src.PeerID() == r.Session.PeerID() {
-				req.failed = true
+			if req.pull != nil {
+				req.pull.sourceFailed(r.Session, r.KVID, "its session ended with lookups unanswered")
 			}
 		}
 	case session.FetchArrived:

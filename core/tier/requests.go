@@ -9,9 +9,9 @@ import (
 )
 
 // StartRequest parses a request's kv_transfer_params and, for a consumer,
-// starts connecting to its source in the background.
+// starts connecting to its sources in the background.
 func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
-	p, err := params.Parse(kvParams)
+	p, err := params.Parse(kvParams, t.cfg.MaxSourcesPerRequest)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err := t.usable(); err != nil {
@@ -24,13 +24,10 @@ func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
 	if _, dup := t.requests[reqID]; dup {
 		return BlockLevel, fmt.Errorf("%w: request %s already started", ErrDuplicate, reqID)
 	}
-	r := &request{id: reqID, source: p.Source, dest: p.Dest}
+	r := &request{id: reqID, dest: p.Dest}
 	t.requests[reqID] = r
-	if src := p.Source; src != nil {
-		if _, err := t.sessionFor(src.PeerID()); err != nil {
-			r.failed = true
-			t.logf("WARNING", "request %s cannot pull from %s: %v; it computes locally", reqID, src.PeerID(), err)
-		}
+	if len(p.Sources) > 0 {
+		r.pull = t.startPull(reqID, p.Sources)
 	}
 	if p.Dest != nil {
 		t.claimServing(p.Dest.KVRequestID)
@@ -55,29 +52,15 @@ func (t *Tier) Lookup(reqID string, keys [][]byte, out []LookupResult) error {
 	for i := range out {
 		out[i] = Miss
 	}
-	if r == nil || r.source == nil || r.failed || t.closed {
-		return nil
-	}
-	src := r.source
-	if !src.Probe {
-		for i := range out {
-			out[i] = Hit // PD: the prefiller has or will have every block
-		}
-		return nil
-	}
-	sess := t.sessions[src.PeerID()]
-	if sess == nil || sess.Dead() {
+	if r == nil || r.pull == nil || r.pull.failed || t.closed {
 		return nil
 	}
 	for i, k := range keys {
-		hit, known := sess.RegisterLookup(src.KVRequestID, k)
-		switch {
-		case !known:
-			out[i] = Retry
-		case hit:
-			out[i] = Hit
+		out[i] = r.pull.lookup(k)
+		switch out[i] {
+		case Hit:
 			t.stats.lookupHits++
-		default:
+		case Miss:
 			t.stats.lookupMisses++
 		}
 	}
@@ -102,7 +85,7 @@ func (t *Tier) OnScheduleEnd() error {
 	return nil
 }
 
-// SubmitLoad pulls keys from the request's source into slots.
+// SubmitLoad pulls keys from the request's sources into slots.
 func (t *Tier) SubmitLoad(reqID string, jobID int64, keys [][]byte, slots []int64) error {
 	rows, err := t.checkJob(keys, slots)
 	if err != nil {
@@ -118,21 +101,13 @@ func (t *Tier) SubmitLoad(reqID string, jobID int64, keys [][]byte, slots []int6
 	switch {
 	case len(keys) == 0:
 		t.report(jobID, true, 0)
-	case r == nil || r.source == nil:
+	case r == nil || r.pull == nil:
 		t.logf("WARNING", "load job %d for request %s, which pulls from no peer; failing it", jobID, reqID)
 		t.report(jobID, false, 0)
+	case r.pull.failed:
+		t.report(jobID, false, 0)
 	default:
-		src := r.source
-		s := t.sessions[src.PeerID()]
-		if r.failed || s == nil || s.Dead() {
-			r.failed = true
-			t.report(jobID, false, 0)
-			return nil
-		}
-		j.peer = src.PeerID()
-		j.req = r
-		t.expect(j.peer, rows, true)
-		s.RequestBlocks(jobID, src.KVRequestID, copyKeys(keys), rows)
+		t.startLoad(j, jobID, r.pull, copyKeys(keys), rows)
 		t.settle()
 	}
 	return nil
@@ -182,10 +157,9 @@ func (t *Tier) FinishRequest(reqID string) error {
 		return nil
 	}
 	delete(t.requests, reqID)
-	if src := r.source; src != nil {
-		if s := t.sessions[src.PeerID()]; s != nil {
-			s.FinishConsumer(src.KVRequestID)
-		}
+	if r.pull != nil {
+		t.endLoads(r.pull)
+		r.pull.finish()
 	}
 	if dst := r.dest; dst != nil {
 		t.finishServing(dst.KVRequestID)
@@ -262,10 +236,14 @@ func (t *Tier) shutdown() error {
 	}
 	t.mu.Lock()
 	t.closed = true
+	sessions, jobs := len(t.sessions), len(t.jobs)
 	for id, s := range t.sessions {
-		s.Close("shutting down")
+		s.Close("shutting down") // its goodbye: the peer logs an orderly end
 		delete(t.sessions, id)
+		t.ctl.Disconnect(id) // lingers briefly, so the goodbye goes out before Close
 	}
+	clear(t.obs.sessionPath)
+	t.logf("INFO", "shutting down: %d session(s) closed, %d job(s) still in flight reported failed", sessions, jobs)
 	t.settle() // what the sessions reported as they closed
 	for kv, sk := range t.serving {
 		for _, b := range sk.parked {
@@ -281,12 +259,22 @@ func (t *Tier) shutdown() error {
 	t.inbound = inboundQueue{}
 	t.notify.signal() // once: the host collects the failed jobs and stops waiting
 	t.mu.Unlock()
+	if sessions > 0 {
+		// Peers read our goodbye on one connection and see our sockets close
+		// on another: give the goodbye a head start, so they log an orderly
+		// end rather than a lost connection.
+		time.Sleep(min(goodbyeGrace, t.cfg.ShutdownDrainTimeout))
+	}
 	close(t.stop)
 	<-t.loopDone
 	<-t.reg.done
 	errs := []error{t.ctl.Close(), t.dt.Close()}
 	return errors.Join(errs...)
 }
+
+// goodbyeGrace is how long shutdown waits after its goodbyes before the
+// control transport closes.
+const goodbyeGrace = 100 * time.Millisecond
 
 func (t *Tier) transfersInFlight() bool {
 	t.mu.Lock()

@@ -9,6 +9,7 @@ type counters struct {
 	bytesIn, bytesOut                             int64
 	unboundExpired, badParams                     int64
 	sessionsRefused                               int64
+	kvIDsMinted, loadsSpread, sourceFailovers     int64
 }
 
 // Stats is a snapshot of the peer's counters and gauges.
@@ -43,6 +44,14 @@ type Stats struct {
 	// SessionsRefused counts connects refused before a session opened
 	// (max_peers, max_peers_per_host, a peer claiming our id).
 	SessionsRefused int64 `json:"sessions_refused"`
+	// KVIDsMinted counts kv_request_ids this consumer minted for sources
+	// the orchestrator named without one (each is in the request's
+	// "pulls from" log line); LoadsSpread counts loads pulled from more
+	// than one source; SourceFailovers counts times a load's keys moved to
+	// another source after one failed.
+	KVIDsMinted     int64 `json:"kv_ids_minted"`
+	LoadsSpread     int64 `json:"loads_spread"`
+	SourceFailovers int64 `json:"source_failovers"`
 	// DataPeers is how many peers the data path holds registered.
 	DataPeers int `json:"data_peers"`
 	// ServeKVIDs and ServeKeysWanted are what remote consumers make this
@@ -51,6 +60,16 @@ type Stats struct {
 	ServeKeysWanted int `json:"serve_keys_wanted"`
 	// Poisoned says why the peer stopped after an internal error ("" if not).
 	Poisoned string `json:"poisoned,omitempty"`
+
+	// HandshakeRejections counts failed handshakes by cause (RejectionCauses).
+	HandshakeRejections map[string]int64 `json:"handshake_rejections"`
+	// Paths counts loads, stores, bytes and fallbacks by data path name
+	// ("shm", "nixl", "tcp"; "none": a peer never registered).
+	Paths map[string]PathStats `json:"paths"`
+	// LookupRTT: our lookups' round trips; LoadSeconds: loads from submit to
+	// report, by result ("ok", "failed"). See observe.go.
+	LookupRTT   Histogram            `json:"lookup_rtt_s"`
+	LoadSeconds map[string]Histogram `json:"load_s"`
 }
 
 // Stats returns a snapshot.
@@ -72,7 +91,7 @@ func (t *Tier) Stats() Stats {
 	t.guardMu.RLock()
 	expected := len(t.expected)
 	t.guardMu.RUnlock()
-	return Stats{
+	st := Stats{
 		LocalID: t.env.LocalID, DataPaths: t.dt.Name(), Sessions: len(t.sessions), SessionsOpened: c.sessionsOpened,
 		SessionsClosed: c.sessionsClosed, Requests: len(t.requests), JobsInFlight: len(t.jobs),
 		JobsUnreported: len(t.finished), ParkedStores: parked, InboundQueued: t.inbound.len(),
@@ -81,7 +100,10 @@ func (t *Tier) Stats() Stats {
 		LookupHits: c.lookupHits, LookupMisses: c.lookupMisses, InboundLookups: c.inboundLookups,
 		LoadsOK: c.loadsOK, LoadsFailed: c.loadsFailed, StoresOK: c.storesOK, StoresFailed: c.storesFailed,
 		BytesIn: c.bytesIn, BytesOut: c.bytesOut, UnboundExpired: c.unboundExpired, BadParams: c.badParams,
-		SessionsRefused: c.sessionsRefused, DataPeers: t.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
+		SessionsRefused: c.sessionsRefused, KVIDsMinted: c.kvIDsMinted, LoadsSpread: c.loadsSpread,
+		SourceFailovers: c.sourceFailovers, DataPeers: t.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
 		Poisoned: poisoned,
 	}
+	t.observeSnapshot(&st)
+	return st
 }

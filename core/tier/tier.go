@@ -27,13 +27,9 @@ type Deps struct {
 
 // request is one host request the tier knows.
 type request struct {
-	id     string
-	source *params.Source
-	dest   *params.Dest
-	// failed: its pull failed, so its lookups answer MISS and the host
-	// recomputes. It belongs to this request alone: a later request reusing
-	// the kv id starts clean.
-	failed bool
+	id   string
+	pull *pull // its sources (remote_prefiller, remote_kv_source), nil if none
+	dest *params.Dest
 }
 
 // job is a submitted job not yet reported.
@@ -41,8 +37,7 @@ type job struct {
 	isLoad bool
 	at     time.Time
 	rows   int
-	peer   string   // loads: the peer allowed to write its rows
-	req    *request // loads: the request the rows are pulled for
+	load   *pullLoad // loads from a source: its parts and deadline
 }
 
 // idleReapHeadroom: idle sessions are evicted only once this close to
@@ -75,6 +70,7 @@ type Tier struct {
 	nextLookup    int64
 	pending       []session.Report // sessions' reports not yet applied (see settle)
 	stats         counters
+	obs           observations // by cause, by path, histograms (observe.go)
 
 	guardMu  sync.RWMutex
 	expected map[uint64]string // consumer row -> peer allowed to write it
@@ -117,6 +113,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		lookups:    map[int64]*session.InboundLookup{},
 		expected:   map[uint64]string{},
 		registered: make(chan registration, 64),
+		obs:        newObservations(),
 		stop:       make(chan struct{}),
 		loopDone:   make(chan struct{}),
 	}
@@ -127,16 +124,17 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 	t.dt = dt
 	t.logf("INFO", "data paths %s (TCP listener %q)", dt.Name(), dt.DataAddr())
 	t.env = &session.Env{
-		LocalID:      deps.Control.LocalID(),
-		Cfg:          cfg,
-		Region:       region,
-		Data:         dt,
-		Now:          now,
-		Send:         t.send,
-		Report:       func(r session.Report) { t.pending = append(t.pending, r) },
-		Logf:         t.logf,
-		NextLookupID: func() int64 { t.nextLookup++; return t.nextLookup },
-		Register:     func(s *session.Session, info data.PeerInfo) { t.reg.add(s, info) },
+		LocalID:        deps.Control.LocalID(),
+		Cfg:            cfg,
+		Region:         region,
+		Data:           dt,
+		Now:            now,
+		Send:           t.send,
+		Report:         func(r session.Report) { t.pending = append(t.pending, r) },
+		Logf:           t.logf,
+		NextLookupID:   func() int64 { t.nextLookup++; return t.nextLookup },
+		LookupAnswered: func(rtt time.Duration) { t.obs.lookupRTT.observe(rtt.Seconds()) },
+		Register:       func(s *session.Session, info data.PeerInfo) { t.reg.add(s, info) },
 	}
 	t.reg = newRegistry(t)
 	go t.reg.run()
@@ -240,7 +238,12 @@ func (t *Tier) loop() {
 				}
 			})
 		case r := <-t.registered:
-			t.locked(func() { r.s.RegistrationDone(r.err) })
+			t.locked(func() {
+				if r.err == nil {
+					t.observeRegistered(r.s)
+				}
+				r.s.RegistrationDone(r.err)
+			})
 		case <-tick.C:
 			t.locked(t.onTick)
 		}
@@ -263,7 +266,7 @@ func (t *Tier) onEvent(ev control.Event) {
 	switch ev.Kind {
 	case control.EventPeerDown:
 		if s := t.sessions[ev.PeerID]; s != nil {
-			s.Kill(fmt.Sprintf("connection lost: %v", ev.Err))
+			s.Kill(ev.Err.Error()) // "peer connection lost (EVENT_DISCONNECTED)"
 		}
 	case control.EventFrame:
 		t.stats.framesIn++
@@ -279,6 +282,11 @@ func (t *Tier) onEvent(ev control.Event) {
 			}
 			if why := t.admit(ev.PeerID, ev.Addr); why != "" {
 				t.stats.sessionsRefused++
+				if ev.PeerID == t.env.LocalID {
+					t.obs.rejections[session.CauseIdentity]++
+				} else {
+					t.obs.rejections[CauseLimit]++
+				}
 				t.logf("WARNING", "refusing peer %s (from %s): %s", ev.PeerID, ev.Addr, why)
 				if ev.PeerID != t.env.LocalID {
 					_ = t.send(ev.PeerID, &protocol.Disconnect{})
@@ -394,13 +402,13 @@ func (t *Tier) evictStalledHandshake(now time.Time) {
 func (t *Tier) openSession(peerID, source string, dialed bool) *session.Session {
 	if old := t.sessions[peerID]; old != nil {
 		// Never drop a session unclosed: its jobs would go unreported.
-		old.Close("replaced by a new session")
+		old.CloseOrderly("replaced by a new session")
 		t.settle()
 	}
 	s := session.New(t.env, peerID, source, dialed)
 	t.sessions[peerID] = s
 	t.stats.sessionsOpened++
-	t.logf("INFO", "session with %s opened", peerID)
+	t.logf("DEBUG", "session with %s opened", peerID) // its "data path" line (INFO) says it is up
 	return s
 }
 
@@ -433,6 +441,7 @@ func (t *Tier) onTick() {
 		s.Tick(now)
 	}
 	t.tickServing(now)
+	t.tickLoads(now)
 	if len(t.sessions) >= t.cfg.MaxPeers-min(idleReapHeadroom, t.cfg.MaxPeers-1) {
 		t.evictIdle(now, false)
 	}
@@ -450,7 +459,7 @@ func (t *Tier) evictIdle(now time.Time, one bool) {
 			continue
 		}
 		if !one {
-			s.Close(fmt.Sprintf("idle for over %v", t.cfg.IdleTimeout))
+			s.CloseOrderly(fmt.Sprintf("idle for over %v", t.cfg.IdleTimeout))
 			continue
 		}
 		if oldest == nil || s.LastActivity().Before(oldest.LastActivity()) {
@@ -458,7 +467,7 @@ func (t *Tier) evictIdle(now time.Time, one bool) {
 		}
 	}
 	if oldest != nil {
-		oldest.Close(fmt.Sprintf("idle for over %v; its slot is needed", t.cfg.IdleTimeout))
+		oldest.CloseOrderly(fmt.Sprintf("idle for over %v; its slot is needed", t.cfg.IdleTimeout))
 	}
 	t.settle()
 }
@@ -472,7 +481,16 @@ func (t *Tier) reapDead() bool {
 			continue
 		}
 		reaped = true
-		t.logf("WARNING", "peer %s down: %s", id, s.DeathReason())
+		// One line per ended session, unless the session logged its own
+		// cause already (a rejection, a protocol error, a timeout).
+		switch {
+		case s.DeathLogged():
+		case s.Orderly():
+			t.logf("INFO", "peer %s: %s; session closed", id, s.DeathReason())
+		default:
+			t.logf("WARNING", "peer %s: %s; session closed", id, s.DeathReason())
+		}
+		t.observeEnded(s)
 		s.Close(s.DeathReason())
 		delete(t.sessions, id)
 		t.unbindServing(s)
@@ -493,6 +511,7 @@ func (t *Tier) report(jobID int64, ok bool, bytes int64) {
 	}
 	delete(t.jobs, jobID)
 	if j.isLoad {
+		t.observeLoad(ok, t.now().Sub(j.at))
 		if ok {
 			t.stats.loadsOK++
 			t.stats.bytesIn += bytes
@@ -556,6 +575,7 @@ func (t *Tier) poison(cause error) {
 	t.guardMu.Unlock()
 	// Sessions are dropped, not closed: their state is what may be broken.
 	clear(t.sessions)
+	clear(t.obs.sessionPath)
 	t.pending = nil
 	clear(t.serving)
 	t.parkedBatches = 0

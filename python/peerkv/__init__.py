@@ -40,7 +40,7 @@ from peerkv.peer import (
     version,
 )
 
-__version__ = "0.1.0"
+from peerkv._version import __version__
 
 __all__ = [
     "ABIMismatchError",

@@ -11,9 +11,11 @@ import argparse
 import importlib
 import sys
 
-# name -> module; add `info`, `doctor`, `serve` here.
+# name -> module; add `doctor`, `serve` here.
 SUBCOMMANDS = {
     "proxy": "peerkv.proxy",
+    "info": "peerkv.info_cli",
+    "check-config": "peerkv.check_config",
 }
 
 

@@ -74,7 +74,7 @@ def supported_versions_text() -> str:
 
 
 def _peerkv_version() -> str:
-    from peerkv import __version__
+    from peerkv._version import __version__
 
     return __version__
 

@@ -33,9 +33,6 @@ ABI_MINOR = 0
 LIBRARY_ENV = "PEERKV_LIBRARY"
 LIBRARY_NAME = "libpeerkv.so"
 
-# Read by the Go runtime and UCX when the library is loaded; only defaults.
-_DEFAULT_GOMAXPROCS = "2"
-
 
 class JobResultStruct(ctypes.Structure):
     """struct peerkv_job_result."""
@@ -174,7 +171,10 @@ def _configure_environment() -> None:
             "stay unresolved until the NVIDIA driver is loaded, so immediate "
             "binding fails. Unset LD_BIND_NOW for processes that use peerkv."
         )
-    os.environ.setdefault("GOMAXPROCS", _DEFAULT_GOMAXPROCS)
+    # GOMAXPROCS is not set here: the library sizes its Go runtime itself
+    # (go_max_procs; core/node/procs.go), and a variable set now would reach
+    # only the processes vLLM starts later, never this Go runtime, which
+    # reads the environment the process started with.
     # UCX (under NIXL) must not take over SIGSEGV from the Go runtime.
     os.environ.setdefault("UCX_HANDLE_ERRORS", "none")
 

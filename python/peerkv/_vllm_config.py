@@ -21,9 +21,6 @@ _DIGEST_BYTES = {"sha256": 32, "sha256_cbor": 32, "xxhash": 16, "xxhash_cbor": 1
 _GROUP_INDEX_BYTES = 4
 _DEFAULT_HASH_ALGO = "sha256"  # vllm/config/cache.py default
 
-# Tier kwargs consumed here rather than passed to the library.
-_PYTHON_ONLY = ("prefix_caching_hash_algo",)
-
 
 @dataclass(frozen=True)
 class Identity:
@@ -33,8 +30,12 @@ class Identity:
     hash_algo: str
 
 
-def resolve_identity(spec: OffloadingSpec, options: dict[str, Any]) -> Identity:
-    algo = str(options.pop("prefix_caching_hash_algo", "") or _configured_hash_algo())
+def resolve_identity(
+    spec: OffloadingSpec, options: dict[str, Any], hash_algo: str | None = None
+) -> Identity:
+    """The identity peers check; pops its override keys from options (the
+    library options of a checked tier configuration)."""
+    algo = str(hash_algo or _configured_hash_algo())
     if algo not in _DIGEST_BYTES:
         raise ValueError(
             f"prefix_caching_hash_algo {algo!r} is not one of {sorted(_DIGEST_BYTES)}"
@@ -115,48 +116,25 @@ def hash_seed_for(algo: str) -> str:
 
 
 def create_options(
-    spec: OffloadingSpec,
-    identity: Identity,
-    *,
-    host: str | None,
-    port: int | None,
-    backends: list[str] | None,
-    num_threads: int,
-    unbound_store_timeout_s: float,
-    options: dict[str, Any],
+    spec: OffloadingSpec, identity: Identity, options: dict[str, Any]
 ) -> dict[str, Any]:
-    """The peerkv_create options JSON object for this tier."""
+    """The peerkv_create options JSON object for this tier, from the library
+    options of a checked tier configuration (peerkv.config.library_options)
+    and vLLM's p2p environment variables, as the built-in tier reads them."""
     import vllm.envs as envs
 
-    try:
-        unbound = float(unbound_store_timeout_s)
-    except (TypeError, ValueError):
-        unbound = float("nan")
-    if not unbound > 0:
-        raise ValueError(
-            f"unbound_store_timeout_s must be a positive number, got {unbound_store_timeout_s!r}"
-        )
-    if host is None:
-        host = envs.VLLM_P2P_SIDE_CHANNEL_HOST
-    if port is None:
-        port = envs.VLLM_P2P_SIDE_CHANNEL_PORT
-    # One control socket per DP replica, as the built-in tier binds.
-    bound_port = int(port) + spec.config.parallel.data_parallel_index
     out: dict[str, Any] = {
-        "host": str(host),
-        "port": bound_port,
-        "config_fingerprint": identity.config_fingerprint,
-        "hash_seed": identity.hash_seed,
-        "key_len": identity.key_len,
-        "unbound_store_timeout_s": unbound,
-        "nixl_num_threads": int(num_threads),
+        "host": envs.VLLM_P2P_SIDE_CHANNEL_HOST,
+        "unbound_store_timeout_s": 60.0,  # the built-in tier's default
         "max_peers": int(envs.VLLM_P2P_MAX_PEERS),
     }
     if "VLLM_P2P_HANDSHAKE_TIMEOUT_S" in os.environ:
         out["handshake_timeout_s"] = float(envs.VLLM_P2P_HANDSHAKE_TIMEOUT_S)
-    if backends is not None:
-        out["nixl_backends"] = [str(b) for b in backends]
-    for key, value in options.items():
-        if key not in _PYTHON_ONLY:
-            out[key] = value  # the library rejects unknown keys by name
+    out.update(options)  # checked against the library's schema already
+    port = options.get("port", envs.VLLM_P2P_SIDE_CHANNEL_PORT)
+    # One control socket per DP replica, as the built-in tier binds.
+    out["port"] = int(port) + spec.config.parallel.data_parallel_index
+    out["config_fingerprint"] = identity.config_fingerprint
+    out["hash_seed"] = identity.hash_seed
+    out["key_len"] = identity.key_len
     return out

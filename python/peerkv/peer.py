@@ -118,7 +118,8 @@ class Peer:
         self._lock = threading.Lock()
         self._err = ctypes.create_string_buffer(_ERR_CAP)
         options = {"python_prefix": sys.prefix, **(options or {})}
-        self.key_len = int(options.get("key_len") or 0)
+        key_len = options.get("key_len")  # the library checks it, naming it
+        self.key_len = key_len if isinstance(key_len, int) and not isinstance(key_len, bool) else 0
         if isinstance(region, int):
             self._region_owner = None
             address = region

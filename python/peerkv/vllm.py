@@ -1,13 +1,20 @@
 """PeerKVTier: vLLM's secondary-tier interface over libpeerkv.
 
-Load it from the OffloadingConnector's TieringOffloadingSpec:
+Load it from the OffloadingConnector's TieringOffloadingSpec; with the
+package installed, its vllm.general_plugins entry point registers the type
+"peerkv" (peerkv.vllm_plugin):
 
-    "secondary_tiers": [{"type": "PeerKVTier", "module_path": "peerkv.vllm",
-                         "host": "10.0.0.1", "port": 5710}]
+    "secondary_tiers": [{"type": "peerkv", "host": "10.0.0.1", "port": 5710}]
+
+or, without the entry point, by module path:
+
+    "secondary_tiers": [{"type": "PeerKVTier", "module_path": "peerkv.vllm", ...}]
 
 Importing this module needs vLLM but never loads libpeerkv.so: the API-server
-process imports it only to call build_metric_definitions(). The library is
-loaded by the constructor, which runs in the EngineCore (scheduler) process.
+process imports it only to call build_metric_definitions(), which checks the
+tier's configuration (peerkv.config) and declares the metrics. The library is
+loaded by the constructor, which runs in the EngineCore (scheduler) process
+and checks the configuration again first.
 
 Every method delegates to the C API and never raises into the scheduler: a
 library error fails the affected job or request (reported exactly once), is
@@ -31,6 +38,7 @@ from vllm.v1.kv_offload.base import (
     LookupResult,
     OffloadingCounterMetadata,
     OffloadingGaugeMetadata,
+    OffloadingHistogramMetadata,
     OffloadingMetricMetadata,
     OffloadKey,
     OffloadPolicy,
@@ -47,7 +55,9 @@ from vllm.v1.kv_offload.tiering.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from peerkv import _vllm_config
+from peerkv import config as _config
 from peerkv._engine_wake import EngineWaker, find_engine_wakeup
+from peerkv._options_schema import SCHEMA as _SCHEMA
 from peerkv.errors import BadParamsError, PeerKVError, PeerKVTimeoutError
 
 if TYPE_CHECKING:
@@ -100,6 +110,57 @@ _STATS_METRICS: dict[str, tuple[str, str, str]] = {
         "counter",
         "Requests whose kv_transfer_params peerkv rejected.",
     ),
+    "kv_ids_minted": (
+        "kv_ids_minted",
+        "counter",
+        "kv_request_ids minted for remote_kv_source entries that named none.",
+    ),
+    "loads_spread": ("loads_spread", "counter", "Load jobs pulled from more than one source."),
+    "source_failovers": (
+        "source_failovers",
+        "counter",
+        "Times a load's keys moved to another source after one failed.",
+    ),
+}
+
+# Labelled counters: name -> (stats JSON map, field of each entry or None,
+# label name, documentation). Label values come from small fixed sets
+# (rejection causes, data path names), never from requests or peers.
+_LABELLED_METRICS: dict[str, tuple[str, str | None, str, str]] = {
+    "handshake_rejections": (
+        "handshake_rejections",
+        None,
+        "cause",
+        "Peer handshakes that failed, by cause (block_len, fingerprint, hash_seed, identity, "
+        "auth, data_path, timeout, protocol, refused_by_peer, limit).",
+    ),
+    "data_path_loads": ("paths", "loads", "path", "Fetch rounds pulled from peers, by data path."),
+    "data_path_load_failures": ("paths", "load_failures", "path", "Fetch rounds that failed, by data path."),
+    "data_path_bytes_received": ("paths", "bytes_in", "path", "KV bytes pulled from peers, by data path."),
+    "data_path_stores": ("paths", "stores", "path", "Store jobs whose rows a peer fetched, by data path."),
+    "data_path_bytes_sent": ("paths", "bytes_out", "path", "KV bytes served to peers, by data path."),
+    "data_path_fallbacks": (
+        "paths",
+        "fallbacks",
+        "path",
+        "Peers served on this data path although a faster one they offered failed (reason in the log).",
+    ),
+}
+
+# Histograms: name -> (stats JSON key, label name or None, buckets, documentation).
+_HISTOGRAMS: dict[str, tuple[str, str | None, tuple[float, ...], str]] = {
+    "lookup_rtt_seconds": (
+        "lookup_rtt_s",
+        None,
+        tuple(_SCHEMA["histograms"]["lookup_rtt_s"]),
+        "Round trip of this consumer's lookups: sent to a source until its first answer, in seconds.",
+    ),
+    "load_seconds": (
+        "load_s",
+        "result",
+        tuple(_SCHEMA["histograms"]["load_s"]),
+        "Load jobs from submission to their report, by result (ok, failed), in seconds.",
+    ),
 }
 
 
@@ -124,10 +185,21 @@ class PeerKVTier(SecondaryTierManager):
     def build_metric_definitions(
         cls, extra_config: dict[str, Any]
     ) -> dict[str, OffloadingMetricMetadata]:
+        # vLLM passes this tier's secondary_tiers entry: check it here too,
+        # with the same schema as the constructor and the library.
+        _config.check_tier_config(extra_config)
         definitions: dict[str, OffloadingMetricMetadata] = {}
         for name, (_, kind, doc) in _STATS_METRICS.items():
             meta = OffloadingGaugeMetadata if kind == "gauge" else OffloadingCounterMetadata
             definitions[_METRIC_PREFIX + name] = meta(documentation=doc)
+        for name, (_, _, label, doc) in _LABELLED_METRICS.items():
+            definitions[_METRIC_PREFIX + name] = OffloadingCounterMetadata(
+                documentation=doc, labelnames=(label,)
+            )
+        for name, (_, label, buckets, doc) in _HISTOGRAMS.items():
+            definitions[_METRIC_PREFIX + name] = OffloadingHistogramMetadata(
+                documentation=doc, labelnames=(label,) if label else (), buckets=buckets
+            )
         return definitions
 
     def __init__(
@@ -135,13 +207,7 @@ class PeerKVTier(SecondaryTierManager):
         offloading_spec: OffloadingSpec,
         primary_kv_view: memoryview,
         tier_type: str = "PeerKVTier",
-        host: str | None = None,
-        port: int | None = None,
-        backends: list[str] | None = None,
-        num_threads: int = 4,
-        unbound_store_timeout_s: float = 60.0,
         backpressure_detector: Any = None,
-        locality: str | None = None,
         **options: Any,
     ) -> None:
         if backpressure_detector is not None:
@@ -150,23 +216,23 @@ class PeerKVTier(SecondaryTierManager):
                 "store leaves the decoder waiting for its load deadline. Remove "
                 "the 'backpressure' config from this tier."
             )
+        # Every key, type and bound first, before anything else runs: a
+        # mistake names its key (and the closest known one) here.
+        warnings = _config.check_tier_config(options)
         super().__init__(offloading_spec, primary_kv_view, tier_type)
-        if locality is not None:
-            logger.warning("PeerKVTier ignores 'locality' (peers are always remote).")
-        identity = _vllm_config.resolve_identity(offloading_spec, options)
-        create_options = _vllm_config.create_options(
-            offloading_spec,
-            identity,
-            host=host,
-            port=port,
-            backends=backends,
-            num_threads=num_threads,
-            unbound_store_timeout_s=unbound_store_timeout_s,
-            options=options,
+        if options.get("locality") is not None:
+            logger.info("PeerKVTier ignores 'locality' (peers are always remote).")
+        library_options = _config.library_options(options)
+        identity = _vllm_config.resolve_identity(
+            offloading_spec, library_options, options.get("prefix_caching_hash_algo")
         )
+        create_options = _vllm_config.create_options(offloading_spec, identity, library_options)
         self._key_len: int = create_options["key_len"]
         self._hash_seed: str = create_options["hash_seed"]
-        self._local_id = f"{create_options['host']}:{create_options['port']}"
+        self._local_id = _identity(create_options)
+        for line in warnings:
+            logger.warning("peerkv %s: %s", self._local_id, line)
+        self._histograms_seen: dict[tuple[str, tuple], tuple[list[int], list[float]]] = {}
         # Job ids the library holds, so a poisoned library still reports each once.
         self._outstanding: dict[int, bool] = {}
         self._local_results: list[JobResult] = []
@@ -181,6 +247,9 @@ class PeerKVTier(SecondaryTierManager):
 
         rows, row_len = _region_shape(primary_kv_view)
         self._peer = Peer(primary_kv_view, rows, row_len, create_options)
+        started = self._peer.stats()
+        self._local_id = started.get("local_id") or self._local_id
+        self._forward_logs()  # how the Go runtime was sized, which paths serve
         self._waker = self._start_engine_waker(offloading_spec)
         logger.info(
             "PeerKVTier %s: %d rows x %d bytes, key_len %d, data paths %s",
@@ -188,7 +257,7 @@ class PeerKVTier(SecondaryTierManager):
             rows,
             row_len,
             self._key_len,
-            self._peer.stats().get("data_paths", "?"),
+            started.get("data_paths", "?"),
         )
 
     # ------------------------------------------------------------------
@@ -205,9 +274,11 @@ class PeerKVTier(SecondaryTierManager):
             policy = self._peer.request_start(req_context.req_id, params)
         except BadParamsError as exc:
             logger.warning(
-                "PeerKVTier: request %s does not use peerkv: %s",
+                "peerkv %s: bad kv_transfer_params in request %s, which does not use peerkv "
+                "(computed locally): %s",
+                self._local_id,
                 req_context.req_id,
-                exc.message,
+                _bad_params_cause(exc.message, req_context.req_id),
             )
             req_context.set_state(_RequestState(started=False))
             return RequestOffloadingContext()
@@ -439,7 +510,40 @@ class PeerKVTier(SecondaryTierManager):
             value = snapshot.get(key)
             if isinstance(value, (int, float)):
                 self._record(stats, _METRIC_PREFIX + name, kind, value, ())
+        for name, (key, field, _, _) in _LABELLED_METRICS.items():
+            entries = snapshot.get(key)
+            if not isinstance(entries, dict):
+                continue
+            for label, entry in entries.items():
+                value = entry if field is None else (entry or {}).get(field)
+                if isinstance(value, (int, float)):
+                    self._record(stats, _METRIC_PREFIX + name, "counter", value, (str(label),))
+        for name, (key, label, _, _) in _HISTOGRAMS.items():
+            value = snapshot.get(key)
+            series = value.items() if label else [((), value)]
+            for labelvalue, histogram in series:
+                labels = (str(labelvalue),) if label else ()
+                self._replay_histogram(stats, _METRIC_PREFIX + name, histogram, labels)
         return None if stats.is_empty() else stats
+
+    def _replay_histogram(self, stats: Any, name: str, snapshot: Any, labels: tuple) -> None:
+        """Observes what a library histogram gained since the last call: each
+        bucket's new count at the mean of its new sum, so Prometheus' bucket
+        counts, count and sum are exact."""
+        if not isinstance(snapshot, dict):
+            return
+        counts, sums = snapshot.get("counts") or [], snapshot.get("sums") or []
+        seen_counts, seen_sums = self._histograms_seen.get((name, labels), ([], []))
+        if len(seen_counts) != len(counts):
+            seen_counts, seen_sums = [0] * len(counts), [0.0] * len(counts)
+        for i, (count, total) in enumerate(zip(counts, sums)):
+            new = count - seen_counts[i]
+            if new <= 0:
+                continue
+            mean = (total - seen_sums[i]) / new
+            for _ in range(new):
+                stats.observe_histogram(name, mean, labels)
+        self._histograms_seen[(name, labels)] = (list(counts), list(sums))
 
     def _record(self, stats: Any, name: str, kind: str, value: float, labels: tuple) -> None:
         if kind == "gauge":
@@ -499,6 +603,23 @@ class PeerKVTier(SecondaryTierManager):
                 "or use sha256.",
                 self._local_id,
             )
+
+
+def _identity(options: dict[str, Any]) -> str:
+    """The "host:port" peers dial, as the library forms it (core/config)."""
+    host = str(options.get("advertise_host") or options.get("host") or "localhost")
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{options.get('port')}"
+
+
+def _bad_params_cause(message: str, req_id: str) -> str:
+    """The library's bad-params message without what the log line says
+    already (the call, the error class, the request id)."""
+    for prefix in ("peerkv_request_start: ", "bad kv_transfer_params: ", f"request {req_id}: "):
+        if message.startswith(prefix):
+            message = message[len(prefix) :]
+    return message
 
 
 def _region_shape(view: memoryview) -> tuple[int, int]:

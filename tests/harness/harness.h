@@ -163,6 +163,8 @@ void peer_lookup_settled(hpeer *p, const char *req, const uint8_t *keys, size_t 
  * job, pinned row, parked store or inbound lookup, and the host tracked
  * every job exactly once. */
 void peer_check_clean(hpeer *p, double timeout_s);
+/* An integer field of peerkv_stats, e.g. "bytes_out". */
+long long peer_stat(hpeer *p, const char *field);
 void peer_close(hpeer *p);
 /* Peers whose library logs failf prints (peer_open registers, peer_close
  * unregisters). */

@@ -378,3 +378,11 @@ void peer_close(hpeer *p) {
   close(p->region_fd);
   p->region_fd = -1;
 }
+
+long long peer_stat(hpeer *p, const char *field) {
+  char stats[4096];
+  size_t needed = 0;
+  int32_t rc = peerkv_stats(p->h, stats, sizeof stats, &needed, p->err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, p->err);
+  return json_int(stats, field);
+}

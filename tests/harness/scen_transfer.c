@@ -263,9 +263,17 @@ static void pd_decoder_first_a(void) {
 /* ---- P2P with partial hits ---- */
 
 #define P2P_N 24
-#define P2P_PENDING_KEY 5 /* answered HIT_PENDING on its first evaluation */
+#define P2P_PENDING_KEY 1 /* answered HIT_PENDING on its first evaluation */
 
 static int p2p_held(size_t i) { return i % 4 != 3; }
+
+/* HIT: the key and every key before it are held (vLLM loads a prefix; key
+ * 3 ends it, so the keys held after it are MISS and not pulled). */
+static int p2p_hit(size_t i) {
+  for (size_t j = 0; j <= i; j++)
+    if (!p2p_held(j)) return 0;
+  return 1;
+}
 
 static void p2p_partial_b(void) {
   step("open source");
@@ -328,7 +336,7 @@ static void p2p_partial_a(void) {
   int64_t hit_slots[P2P_N];
   size_t n_hits = 0;
   for (size_t i = 0; i < P2P_N; i++) {
-    int32_t want = p2p_held(i) ? PEERKV_LOOKUP_HIT : PEERKV_LOOKUP_MISS;
+    int32_t want = p2p_hit(i) ? PEERKV_LOOKUP_HIT : PEERKV_LOOKUP_MISS;
     CHECK(results[i] == want, "key %zu: %d, want %d", i, results[i], want);
     if (results[i] == PEERKV_LOOKUP_HIT) {
       memcpy(hit_keys + n_hits * KEY_LEN, keys + i * KEY_LEN, KEY_LEN);
@@ -504,11 +512,96 @@ static void killed_producer_a(void) {
   peer_close(&peer);
 }
 
+/* ---- one prompt from two producers (three processes) ---- */
+
+#define TWO_N 64
+#define TWO_FIRST_END 48    /* the first producer holds keys 0..47 */
+#define TWO_SECOND_BEGIN 16 /* the second holds keys 16..63 */
+
+/* b (started twice): a producer holding the keys side a names. */
+static void two_sources_b(void) {
+  step("open producer");
+  peer_open(&peer, ROWS, ROW_LEN, "");
+  send_line(1, "ready %d", peer.port);
+  char line[128];
+  unsigned first, end;
+  b_expect(&peer, "hold", line, sizeof line);
+  CHECK(sscanf(line, "hold %u %u", &first, &end) == 2 && first < end && end <= ROWS, "bad line %s", line);
+  for (unsigned i = first; i < end; i++) {
+    uint8_t key[KEY_LEN];
+    make_key(key, 'M', i);
+    fill_row(peer_row(&peer, (int64_t)i), ROW_LEN, key);
+    peer_hold(&peer, key, (int64_t)i, 0);
+  }
+  send_line(1, "held");
+  step("serve the consumer's lookups and fetches");
+  b_expect(&peer, "done", line, sizeof line);
+  step("leak check");
+  peer_check_clean(&peer, 5);
+  CHECK(peer.lookups_started >= 1 && peer.lookups_started == peer.lookups_ended, "inbound lookups %llu/%llu",
+        (unsigned long long)peer.lookups_started, (unsigned long long)peer.lookups_ended);
+  send_line(1, "clean %lld", peer_stat(&peer, "bytes_out"));
+  b_expect(NULL, "bye", line, sizeof line);
+  peer_close(&peer);
+}
+
+static void two_sources_a(void) {
+  step("open consumer");
+  peer_open(&peer, ROWS, ROW_LEN, "");
+  int port[2];
+  child_t b[2] = {start_side_b(&port[0]), start_side_b(&port[1])};
+  char line[128];
+  send_line(b[0].to, "hold 0 %d", TWO_FIRST_END);
+  send_line(b[1].to, "hold %d %d", TWO_SECOND_BEGIN, TWO_N);
+  for (int i = 0; i < 2; i++) expect_line(&peer, b[i].from, "held", line, sizeof line);
+  step("one request, two sources, ids left to the consumer");
+  char params[256];
+  snprintf(params, sizeof params,
+           "{\"remote_kv_source\":[\"tcp://127.0.0.1:%d\",{\"remote_url\":\"tcp://127.0.0.1:%d\"}]}", port[0],
+           port[1]);
+  int32_t policy = start(&peer, "two-1", params);
+  CHECK(policy == PEERKV_POLICY_BLOCK_LEVEL, "P2P consumer policy %d", policy);
+  CHECK(peer_stat(&peer, "kv_ids_minted") == 2, "kv_ids_minted %lld, want 2", peer_stat(&peer, "kv_ids_minted"));
+  uint8_t keys[TWO_N * KEY_LEN];
+  int64_t slots[TWO_N];
+  int32_t results[TWO_N];
+  keys_for(keys, 'M', 0, TWO_N);
+  for (int i = 0; i < TWO_N; i++) slots[i] = i;
+  step("the sources' holdings make one prefix");
+  peer_lookup_settled(&peer, "two-1", keys, TWO_N, results, 10);
+  expect_all(results, TWO_N, PEERKV_LOOKUP_HIT, "two-source lookup");
+  step("load the prefix from both");
+  int64_t job = submit(&peer, 1, "two-1", keys, slots, TWO_N);
+  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
+  verify_rows(&peer, keys, slots, TWO_N);
+  finish(&peer, "two-1");
+  step("leak check");
+  peer_check_clean(&peer, 5);
+  long long served[2];
+  for (int i = 0; i < 2; i++) {
+    send_line(b[i].to, "done");
+    expect_line(&peer, b[i].from, "clean", line, sizeof line);
+    CHECK(sscanf(line, "clean %lld", &served[i]) == 1, "side b said %s", line);
+  }
+  CHECK(served[0] > 0 && served[1] > 0, "one producer served nothing: %lld and %lld bytes", served[0], served[1]);
+  CHECK(served[0] + served[1] == (long long)TWO_N * ROW_LEN, "producers sent %lld + %lld bytes for %d rows of %d",
+        served[0], served[1], TWO_N, ROW_LEN);
+  CHECK(peer_stat(&peer, "bytes_in") == (long long)TWO_N * ROW_LEN, "bytes_in %lld", peer_stat(&peer, "bytes_in"));
+  fprintf(stderr, "  two_sources: %lld rows from the first producer, %lld from the second\n", served[0] / ROW_LEN,
+          served[1] / ROW_LEN);
+  for (int i = 0; i < 2; i++) {
+    send_line(b[i].to, "bye");
+    join_side_b(&b[i]);
+  }
+  peer_close(&peer);
+}
+
 const scenario_t transfer_scenarios[] = {
     {"pd_prefiller_first", pd_prefiller_first_a, pd_prefiller_first_b, 60},
     {"pd_decoder_first", pd_decoder_first_a, pd_decoder_first_b, 60},
     {"p2p_partial_hits", p2p_partial_a, p2p_partial_b, 60},
     {"decoder_plus_kv_source", combo_a, combo_b, 60},
     {"producer_killed", killed_producer_a, killed_producer_b, 60},
+    {"two_sources", two_sources_a, two_sources_b, 60},
 };
 const size_t n_transfer_scenarios = sizeof transfer_scenarios / sizeof transfer_scenarios[0];

@@ -365,6 +365,9 @@ def serve(conn) -> None:
         if command == "startup":  # import vLLM now, in parallel with other nodes
             import peerkv.vllm  # noqa: F401
             import vllm.v1.kv_offload.tiering.spec  # noqa: F401
+            from peerkv.vllm_plugin import register
+
+            register()  # what vLLM's general-plugin loader does in EngineCore
 
             conn.send(("ok", None))
             continue

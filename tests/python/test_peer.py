@@ -32,11 +32,10 @@ def test_library_loads_with_defaults(library):
     major, _ = peerkv.abi_version()
     assert major == 1
     assert peerkv.is_loaded()
-    assert os.environ["GOMAXPROCS"]
     assert os.environ["UCX_HANDLE_ERRORS"] == "none"
     assert peerkv.version().startswith("peerkv")
     host = peerkv.info()
-    assert {"version", "abi", "gpus", "nvml", "nixl"} <= set(host)
+    assert {"version", "abi", "gpus", "nvml", "nixl", "data_paths", "go_max_procs", "options_schema"} <= set(host)
 
 
 def test_create_lookup_and_lifecycle(library, region):

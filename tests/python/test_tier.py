@@ -13,6 +13,7 @@ import pytest
 from peerkv_node import (
     FAST_TIMEOUTS,
     ROW_BYTES,
+    NodeError,
     NodeProcess,
     control_port,
     kv_transfer_config,
@@ -85,6 +86,13 @@ def test_pd_prefiller_first(cluster):
     b.call("finish", "b", "d-pf")
     metrics = b.call("metrics", "b")
     assert metrics.get("vllm:peerkv_bytes_received", 0) >= 4 * ROW_BYTES
+    # Per data path (same-host copy between these two), and timed.
+    assert metrics.get("vllm:peerkv_data_path_bytes_received:('shm',)", 0) >= 4 * ROW_BYTES, metrics
+    assert metrics.get("vllm:peerkv_data_path_loads:('shm',)", 0) >= 1, metrics
+    assert metrics.get("vllm:peerkv_load_seconds:('ok',)_count", 0) >= 1, metrics
+    assert metrics.get("vllm:peerkv_load_seconds:('ok',)_sum", 0) > 0, metrics
+    served = a.call("metrics", "a")
+    assert served.get("vllm:peerkv_data_path_bytes_sent:('shm',)", 0) >= 4 * ROW_BYTES, served
 
 
 def test_pd_decoder_first(cluster):
@@ -106,10 +114,14 @@ def test_p2p_partial_hits_load_only_hits(cluster):
     keys, rows = random_keys(5), random_rows(3)
     a.call("store", "a", "src-partial", None, keys[:3], rows)
     a.call("finish", "a", "src-partial")
+    b.call("metrics", "b")  # from here on, deltas
     got = b.call("pull", "b", "c-partial", cluster.source("remote_kv_source", "a", new_kv_id()), keys, PULL_TIMEOUT_S)
     assert got["results"] == ["HIT"] * 3 + ["MISS"] * 2
     assert got["rows"][:3] == rows and got["rows"][3:] == [None, None]
     b.call("finish", "b", "c-partial")
+    metrics = b.call("metrics", "b")
+    assert metrics.get("vllm:peerkv_lookup_rtt_seconds_count", 0) >= 1, metrics
+    assert metrics.get("vllm:peerkv_lookup_rtt_seconds_sum", 0) > 0, metrics
 
 
 def test_prefiller_pulls_prefix_and_serves_decoder(cluster):
@@ -147,6 +159,9 @@ def test_forbidden_combination_is_rejected_and_logged_once(cluster):
     lines = [line for line in _logs(b) if "forbidden" in line and "does not use peerkv" in line]
     assert len(lines) == 1, lines
     assert "remote_prefiller" in lines[0] and lines[0].startswith("WARNING")
+    # One line, the cause first, the request named once.
+    assert lines[0].startswith(f"WARNING peerkv {HOST}:{cluster.ports['b']}: bad kv_transfer_params in request forbidden,"), lines
+    assert lines[0].count("forbidden,") == 1 and "peerkv_request_start" not in lines[0], lines
     a.call("finish", "a", "src-forbidden")
 
 
@@ -216,6 +231,10 @@ def test_incompatible_peer_is_rejected_and_request_recomputes(cluster, consumer,
     all_lines = _logs(a, b)
     lines = [line for line in all_lines if word in line.lower()]
     assert lines, f"no log line names the {word} mismatch: {all_lines}"
+    cause = {"fingerprint": "fingerprint", "seed": "hash_seed"}[word]
+    assert a.call("stats", "a")["handshake_rejections"].get(cause, 0) >= 1
+    consumer_metrics = b.call("metrics", consumer)
+    assert consumer_metrics.get("vllm:peerkv_handshake_rejections:('refused_by_peer',)", 0) >= 1, consumer_metrics
 
 
 def test_vanishing_producer_fails_the_load_within_deadline(cluster):
@@ -245,3 +264,21 @@ def test_shutdown_reports_jobs_and_releases_the_primary_view(cluster):
     assert a.call("pending", "short_lived") is True
     # NodeError if our export of the view survived (BufferError on release).
     a.call("shutdown", "short_lived")
+
+
+def test_the_short_type_form_builds_the_tier(cluster):
+    """{"type": "peerkv"} without module_path, after the plugin registered
+    it (the node does what vLLM's general-plugin loader does)."""
+    a = cluster.a
+    port = control_port()
+    config = kv_transfer_config(port, type="peerkv", module_path=None)
+    info = a.call("add", "short", config, timeout=60)
+    assert info == {"tier_class": "PeerKVTier", "tier_type": "peerkv"}
+    a.call("shutdown", "short")
+
+
+def test_a_bad_tier_option_fails_the_tier_naming_it(cluster):
+    with pytest.raises(NodeError) as caught:
+        cluster.a.call("add", "bad", kv_transfer_config(control_port(), prot=5710, load_timeout_s="5"), timeout=60)
+    assert 'unknown option "prot" (did you mean "port"?)' in str(caught.value)
+    assert 'load_timeout_s must be a positive number of seconds up to 86400, got "5"' in str(caught.value)

@@ -23,7 +23,7 @@ func oraclePython(t *testing.T) string {
 	t.Helper()
 	python := os.Getenv("PEERKV_PYTHON")
 	if python == "" {
-		python = "/work/main/.venv/bin/python"
+		python = "../../../.venv/bin/python" // the repository's venv; tests run in the package directory
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

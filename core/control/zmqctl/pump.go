@@ -228,16 +228,16 @@ func (p *pump) readRouter() {
 
 func (p *pump) readMonitor(pc *peerConn) {
 	for {
-		event, addr, _, err := pc.monitor.RecvEvent(zmq.DONTWAIT)
+		event, _, _, err := pc.monitor.RecvEvent(zmq.DONTWAIT)
 		if err != nil {
 			if !isAgain(err) {
-				p.peerDown(pc, fmt.Errorf("%w: %s: monitor: %v", ErrSocket, pc.id, err))
+				p.peerDown(pc, fmt.Errorf("%w: monitor: %v", ErrSocket, err))
 			}
 			return
 		}
 		switch {
 		case event&fatalEvents != 0:
-			p.peerDown(pc, fmt.Errorf("%w: %s: %v on %s", ErrPeerDisconnected, pc.id, event, addr))
+			p.peerDown(pc, fmt.Errorf("%w (%v)", ErrPeerDisconnected, event))
 			return
 		case event&zmq.EVENT_HANDSHAKE_SUCCEEDED != 0 && !pc.deadline.IsZero():
 			pc.deadline = time.Time{}
@@ -294,7 +294,7 @@ func (p *pump) flushPeer(pc *peerConn) {
 			return
 		}
 		if err != nil {
-			p.peerDown(pc, fmt.Errorf("%w: %s: send: %v", ErrSocket, pc.id, err))
+			p.peerDown(pc, fmt.Errorf("%w: send: %v", ErrSocket, err))
 			return
 		}
 		pc.pending[0] = nil
@@ -318,7 +318,7 @@ func (p *pump) peer(peerID string, ep endpoint) *peerConn {
 	monitorAddr := fmt.Sprintf("inproc://peerkv-zmqctl-monitor-%d", p.monitorN)
 	pc, err := openPeer(p.ctx, p.t.localID, peerID, ep, monitorAddr, p.t.opts)
 	if err != nil {
-		p.reportDown(peerID, fmt.Errorf("%w: %s: %v", ErrSocket, peerID, err))
+		p.reportDown(peerID, fmt.Errorf("%w: %v", ErrSocket, err))
 		return nil
 	}
 	p.peers[peerID] = pc
@@ -336,9 +336,9 @@ func (p *pump) expireDeadlines(now time.Time) {
 	for _, pc := range p.peers {
 		switch {
 		case !pc.deadline.IsZero() && now.After(pc.deadline):
-			p.peerDown(pc, fmt.Errorf("%w: %s: no ZMTP handshake within %v", ErrConnectTimeout, pc.id, o.ConnectTimeout))
+			p.peerDown(pc, fmt.Errorf("%w: no ZMTP handshake within %v", ErrConnectTimeout, o.ConnectTimeout))
 		case !pc.stalledSince.IsZero() && now.Sub(pc.stalledSince) > o.SendTimeout:
-			p.peerDown(pc, fmt.Errorf("%w: %s: %d frames waited %v for room", ErrSendQueueFull, pc.id, len(pc.pending), o.SendTimeout))
+			p.peerDown(pc, fmt.Errorf("%w: %d frames waited %v for room", ErrSendQueueFull, len(pc.pending), o.SendTimeout))
 		}
 	}
 }

@@ -5,7 +5,7 @@
 // the outcome arrives on Completions exactly once; the destination's
 // WriteGuard and row range are checked for every row before anything is
 // written; RemovePeer and Close fail pending transfers. Hooks on the Hub
-// inject failures (SetFail) and slow completions (SetDelay).
+// inject failures (SetFail) and slow completions (SetDelay, SetDelayFrom).
 //
 // Errors: Write itself fails for an unknown peer, a closed transport,
 // src/dst of different lengths and a src row outside this region. A dst row
@@ -37,11 +37,12 @@ type Hub struct {
 	members map[string]*Transport
 	failing map[string]bool
 	delay   time.Duration
+	from    map[string]time.Duration // per sender, instead of delay
 }
 
 // NewHub returns an empty hub.
 func NewHub() *Hub {
-	return &Hub{members: map[string]*Transport{}, failing: map[string]bool{}}
+	return &Hub{members: map[string]*Transport{}, failing: map[string]bool{}, from: map[string]time.Duration{}}
 }
 
 // Transport creates the transport of peer peerID over region; guard (nil =
@@ -78,9 +79,20 @@ func (h *Hub) SetDelay(d time.Duration) {
 	h.delay = d
 }
 
-func (h *Hub) currentDelay() time.Duration {
+// SetDelayFrom delays every later transfer peerID sends by d instead (one
+// slow source among fast ones).
+func (h *Hub) SetDelayFrom(peerID string, d time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.from[peerID] = d
+}
+
+func (h *Hub) currentDelay(sender string) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if d, ok := h.from[sender]; ok {
+		return d
+	}
 	return h.delay
 }
 
@@ -220,7 +232,7 @@ func (t *Transport) run(id uint64, tr *transfer, src, dst []uint64) {
 			t.finish(id, fmt.Errorf("memdata: panic in transfer %d: %v", id, p))
 		}
 	}()
-	if d := t.hub.currentDelay(); d > 0 {
+	if d := t.hub.currentDelay(t.localID); d > 0 {
 		timer := time.NewTimer(d)
 		defer timer.Stop()
 		select {

@@ -44,6 +44,10 @@ type Options struct {
 	// (ListenPort 0 = ephemeral). DataAddr reports the bound address.
 	ListenHost string
 	ListenPort int
+	// AdvertiseHost, when set, replaces the bound host in DataAddr (the
+	// address peers dial): a listener bound to a wildcard cannot be dialed
+	// at "0.0.0.0".
+	AdvertiseHost string
 	// AuthSecret, when set, is required of every writer (HMAC over a
 	// challenge) and used to answer receivers' challenges.
 	AuthSecret string
@@ -163,7 +167,7 @@ func New(opts Options) (*Transport, error) {
 		opts:     opts,
 		region:   opts.Region,
 		listener: ln,
-		addr:     ln.Addr().String(),
+		addr:     advertisedAddr(ln.Addr(), opts.AdvertiseHost),
 		tls:      tlsConf,
 		links:    map[string]*peerLink{},
 		pending:  map[uint64]*transfer{},
@@ -196,8 +200,20 @@ func (t *Transport) Name() string { return "tcp" }
 // AgentMetadata implements data.Transport; TCP needs none.
 func (t *Transport) AgentMetadata() []byte { return nil }
 
-// DataAddr is the bound listener address, "host:port".
+// DataAddr is the listener address peers dial, "host:port": the bound one,
+// with Options.AdvertiseHost in place of the host when set.
 func (t *Transport) DataAddr() string { return t.addr }
+
+func advertisedAddr(bound net.Addr, host string) string {
+	if host == "" {
+		return bound.String()
+	}
+	_, port, err := net.SplitHostPort(bound.String())
+	if err != nil {
+		return bound.String()
+	}
+	return net.JoinHostPort(host, port)
+}
 
 // AddPeer registers peerID's data listener. Adding a peer again with a new
 // address replaces its link and fails the old link's transfers.

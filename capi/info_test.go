@@ -1,0 +1,24 @@
+package main
+
+import (
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/peerkv/peerkv/core/contract"
+	"github.com/peerkv/peerkv/core/node"
+)
+
+func TestInfoNamesDataPathsRuntimeAndSchema(t *testing.T) {
+	h := hostInfo()
+	assert.Len(t, h.DataPaths, 3)
+	for _, p := range []string{"shm", "nixl", "tcp"} {
+		assert.NotEmpty(t, h.DataPaths[p], p)
+	}
+	assert.Contains(t, h.DataPaths["tcp"], "ok")
+	assert.Equal(t, runtime.GOMAXPROCS(0), h.GoMaxProcs)
+	assert.Equal(t, node.DefaultGoMaxProcs(), h.GoMaxProcsDefault)
+	assert.LessOrEqual(t, h.GoMaxProcsDefault, node.DefaultMaxProcsCap)
+	assert.Equal(t, contract.Digest(), h.OptionsSchema)
+}

@@ -1,0 +1,73 @@
+// Package contract is what the Python package knows of the library without
+// loading it: the options schema (core/config) and the metric shapes
+// (core/tier), as one JSON document. vLLM's API-server process checks a
+// tier configuration and declares metrics from it; loading the Go runtime
+// there just for that would cost a runtime per API-server process, and the
+// library may be absent from that host. So the document is generated into
+// python/peerkv/_options_schema.py (a test fails when that file is stale)
+// and its digest is also in peerkv_info, so `peerkv info` can tell whether
+// a library and a package were built from the same schema.
+package contract
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+
+	"github.com/peerkv/peerkv/core/config"
+	"github.com/peerkv/peerkv/core/tier"
+)
+
+// Document is the exported contract.
+type Document struct {
+	Version         int                  `json:"version"`
+	Options         []Option             `json:"options"`
+	MaxSeconds      int                  `json:"max_seconds"`
+	Histograms      map[string][]float64 `json:"histograms"`
+	RejectionCauses []string             `json:"rejection_causes"`
+	DataPaths       []string             `json:"data_paths"`
+}
+
+// Option is a schema entry with the phrase its error messages use ("port
+// must be <want>, got ..."), so both languages word them alike.
+type Option struct {
+	config.Option
+	Want string `json:"want"`
+}
+
+// Version changes when the document's shape does.
+const Version = 1
+
+// Build assembles the document.
+func Build() Document {
+	opts := make([]Option, len(config.Options))
+	for i, o := range config.Options {
+		opts[i] = Option{Option: o, Want: o.Want()}
+	}
+	return Document{
+		Version:    Version,
+		Options:    opts,
+		MaxSeconds: config.MaxSeconds,
+		Histograms: map[string][]float64{
+			"lookup_rtt_s": tier.LookupRTTBuckets,
+			"load_s":       tier.LoadSecondsBuckets,
+		},
+		RejectionCauses: tier.RejectionCauses,
+		DataPaths:       []string{"shm", "nixl", "tcp", tier.NoPath},
+	}
+}
+
+// JSON is the document's canonical encoding (indented, stable order).
+func JSON() []byte {
+	b, err := json.MarshalIndent(Build(), "", " ")
+	if err != nil {
+		panic(err) // static data
+	}
+	return b
+}
+
+// Digest is the SHA-256 of JSON, hex.
+func Digest() string {
+	sum := sha256.Sum256(JSON())
+	return hex.EncodeToString(sum[:])
+}

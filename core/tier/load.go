@@ -1,0 +1,310 @@
+package tier
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/core/session"
+)
+
+// pullLoad is one load job pulled from a request's sources: the one owner
+// of its parts, its deadline and its single report. Each key is in at most
+// one part at a time; a part is one fetch round at one source.
+//
+// A part that fails (transfer_done failed, abort without the load ending,
+// session lost) marks its source down for the request and sends its keys
+// to another live source: one that reported them when the load was
+// submitted, else any that has not refused them in this load (it may
+// report them late); the key is looked up there again (a fetch may only
+// name keys its round reported) and fetched when it answers. Once a key has
+// nowhere left to come from, or the deadline (load_timeout_s from submit)
+// passes, the load fails: parts in flight are aborted and the failure is
+// reported once none is, so no row is handed back while a source may
+// still write it.
+type pullLoad struct {
+	jobID    int64
+	pull     *pull
+	keys     [][]byte
+	rows     []uint64
+	deadline time.Time
+	holders  []sourceSet // per key: the sources that reported it at submit
+	refused  []sourceSet // per key: sources that failed it or missed it since
+	perSrc   []int       // rows given to each source in this load (spreading)
+	parts    []*loadPart
+	landed   int    // rows written by parts that succeeded
+	failure  string // why it fails ("" = it does not); reported once no part is in flight
+}
+
+type partState int8
+
+const (
+	partProbing  partState = iota // its keys are being looked up at the source again
+	partFetching                  // its fetch round is in flight
+)
+
+// loadPart is a subset of a load's keys at one source.
+type loadPart struct {
+	src   int
+	keys  []int // indexes into the load's keys
+	state partState
+	round uint64 // partFetching: the session's round
+}
+
+// startLoad places a load's keys on the sources that reported them and
+// sends one fetch per source; called with t.mu held.
+func (t *Tier) startLoad(j *job, jobID int64, p *pull, keys [][]byte, rows []uint64) {
+	l := &pullLoad{
+		jobID: jobID, pull: p, keys: keys, rows: rows, deadline: j.at.Add(t.cfg.LoadTimeout),
+		holders: make([]sourceSet, len(keys)), refused: make([]sourceSet, len(keys)),
+		perSrc: make([]int, len(p.sources)),
+	}
+	j.load = l
+	for i, k := range keys {
+		l.holders[i] = p.holders(k)
+		if l.holders[i].empty() {
+			t.failLoad(l, fmt.Sprintf("no source reported key %d of %d", i, len(keys)))
+			return
+		}
+	}
+	all := make([]int, len(keys))
+	for i := range all {
+		all[i] = i
+	}
+	t.placeKeys(l, all, l.holders)
+	if l.failure == "" && len(l.parts) > 1 {
+		t.stats.loadsSpread++
+	}
+}
+
+// placeKeys deals keys (indexes) out to cands[key] and starts a part per
+// source: fetched now when the source reported them in its current round,
+// else looked up there first.
+func (t *Tier) placeKeys(l *pullLoad, idx []int, cands []sourceSet) {
+	sets := make([]sourceSet, len(idx))
+	for n, i := range idx {
+		sets[n] = cands[i]
+	}
+	bySrc := map[int]*loadPart{}
+	var order []*loadPart
+	for n, src := range place(sets, l.perSrc) {
+		if src < 0 {
+			t.failLoad(l, fmt.Sprintf("key %d of %d: no other source has it", idx[n], len(l.keys)))
+			return
+		}
+		part := bySrc[src]
+		if part == nil {
+			part = &loadPart{src: src}
+			bySrc[src] = part
+			order = append(order, part)
+		}
+		part.keys = append(part.keys, idx[n])
+	}
+	for _, part := range order {
+		if l.failure != "" {
+			return // starting an earlier part doomed the load
+		}
+		l.parts = append(l.parts, part)
+		t.probePart(l, part)
+	}
+}
+
+// probePart fetches a probing part's keys once its source answered for all
+// of them; keys it misses go elsewhere.
+func (t *Tier) probePart(l *pullLoad, part *loadPart) {
+	src := l.pull.sources[part.src]
+	l.pull.live()
+	if l.failure != "" {
+		t.dropPart(l, part)
+		t.settleLoad(l)
+		return
+	}
+	if src.down != "" {
+		t.dropPart(l, part)
+		t.retryKeys(l, part.src, part.keys)
+		return
+	}
+	var hits, misses []int
+	pending := false
+	for _, i := range part.keys {
+		if !l.pull.probe { // PD: the prefiller is never asked, it has every key
+			hits = append(hits, i)
+			continue
+		}
+		hit, known := src.s.RegisterLookup(src.KVRequestID, l.keys[i])
+		switch {
+		case !known:
+			pending = true
+		case hit:
+			hits = append(hits, i)
+		default:
+			misses = append(misses, i)
+		}
+	}
+	if pending {
+		src.s.FlushLookup(src.KVRequestID)
+		return // asked again on every tick until it answers or the load's deadline
+	}
+	part.keys = hits
+	if len(hits) == 0 {
+		t.dropPart(l, part)
+	} else {
+		keys, rows := l.subset(hits)
+		t.expect(src.PeerID(), rows, true)
+		part.round = src.s.RequestBlocks(l.jobID, src.KVRequestID, keys, rows)
+		part.state = partFetching
+	}
+	if len(misses) > 0 {
+		t.retryKeys(l, part.src, misses)
+	}
+}
+
+// retryKeys sends keys that failed at source from to another source.
+func (t *Tier) retryKeys(l *pullLoad, from int, idx []int) {
+	for _, i := range idx {
+		l.refused[i] = l.refused[i].with(from)
+	}
+	if l.failure != "" {
+		return
+	}
+	if t.closed {
+		t.failLoad(l, "the peer is shutting down")
+		return
+	}
+	if !t.now().Before(l.deadline) {
+		t.failLoad(l, fmt.Sprintf("source %s failed and the load's deadline (load_timeout_s %v) has passed",
+			l.pull.sources[from].PeerID(), t.cfg.LoadTimeout))
+		return
+	}
+	live := l.pull.liveSet()
+	cands := make([]sourceSet, len(l.keys))
+	for _, i := range idx {
+		cands[i] = l.holders[i].without(l.refused[i]) & live
+		if cands[i].empty() { // nobody else reported it at submit: one may report it now
+			cands[i] = live.without(l.refused[i])
+		}
+		if cands[i].empty() {
+			t.failLoad(l, fmt.Sprintf("source %s failed it and no other source is left for key %d of %d",
+				l.pull.sources[from].PeerID(), i, len(l.keys)))
+			return
+		}
+	}
+	t.stats.sourceFailovers++
+	t.logf("WARNING", "load job %d: %d key(s) from %s fail over to the request's other sources",
+		l.jobID, len(idx), l.pull.sources[from].PeerID())
+	t.placeKeys(l, idx, cands)
+}
+
+// partEnded applies a part's LoadDone.
+func (t *Tier) partEnded(l *pullLoad, r session.Report) {
+	at := slices.IndexFunc(l.parts, func(p *loadPart) bool {
+		src := l.pull.sources[p.src]
+		return p.state == partFetching && src.s == r.Session && src.KVRequestID == r.KVID && p.round == r.Round
+	})
+	if at < 0 {
+		t.logf("ERROR", "internal: load job %d: no part fetches kv_request_id=%s round %d from %s (ignored)",
+			l.jobID, r.KVID, r.Round, r.Session.PeerID())
+		return
+	}
+	part := l.parts[at]
+	src := l.pull.sources[part.src]
+	if r.Fence {
+		// Cut the source's writes in flight before these rows go to another
+		// source or back to the host.
+		if f, ok := t.dt.(data.Fencer); ok {
+			f.Fence(src.PeerID())
+		}
+	}
+	t.expect(src.PeerID(), r.Rows, false)
+	t.dropPart(l, part)
+	if r.OK {
+		l.landed += len(part.keys)
+	} else if l.failure == "" {
+		if src.down == "" {
+			src.down = fmt.Sprintf("it failed load job %d", l.jobID)
+		}
+		t.retryKeys(l, part.src, part.keys)
+	}
+	t.settleLoad(l)
+}
+
+// failLoad dooms the load: nothing more is asked, fetches in flight are
+// aborted, and the failure is reported once none is.
+func (t *Tier) failLoad(l *pullLoad, why string) {
+	if l.failure != "" {
+		return
+	}
+	l.failure = why
+	t.logf("WARNING", "load job %d fails: %s; the request recomputes", l.jobID, why)
+	for _, part := range slices.Clone(l.parts) {
+		if part.state == partProbing {
+			t.dropPart(l, part)
+			continue
+		}
+		src := l.pull.sources[part.src]
+		if !src.s.Dead() {
+			src.s.AbortLoad(src.KVRequestID, part.round)
+		}
+	}
+	t.settleLoad(l)
+}
+
+// settleLoad reports the load once it is over: every key landed, or it
+// failed and no part is in flight.
+func (t *Tier) settleLoad(l *pullLoad) {
+	if len(l.parts) > 0 {
+		return
+	}
+	if t.jobs[l.jobID] == nil || t.jobs[l.jobID].load != l {
+		return // reported already (shutdown, poison)
+	}
+	if l.failure != "" {
+		l.pull.failed = true // this request recomputes
+		t.report(l.jobID, false, 0)
+		return
+	}
+	t.report(l.jobID, true, int64(l.landed)*int64(t.region.RowLen))
+}
+
+// tickLoads applies loads' deadlines and asks probing parts again.
+func (t *Tier) tickLoads(now time.Time) {
+	for _, j := range t.jobs {
+		l := j.load
+		if l == nil || len(l.parts) == 0 {
+			continue
+		}
+		if !now.Before(l.deadline) {
+			t.failLoad(l, fmt.Sprintf("not every key arrived within load_timeout_s (%v)", t.cfg.LoadTimeout))
+			continue
+		}
+		for _, part := range slices.Clone(l.parts) {
+			if part.state == partProbing && l.failure == "" {
+				t.probePart(l, part)
+			}
+		}
+	}
+}
+
+// endLoads fails the unreported loads of a finishing request.
+func (t *Tier) endLoads(p *pull) {
+	for _, j := range t.jobs {
+		if j.load != nil && j.load.pull == p {
+			t.failLoad(j.load, "its request finished")
+		}
+	}
+}
+
+func (t *Tier) dropPart(l *pullLoad, part *loadPart) {
+	if i := slices.Index(l.parts, part); i >= 0 {
+		l.parts = slices.Delete(l.parts, i, i+1)
+	}
+}
+
+func (l *pullLoad) subset(idx []int) ([][]byte, []uint64) {
+	keys, rows := make([][]byte, len(idx)), make([]uint64, len(idx))
+	for n, i := range idx {
+		keys[n], rows[n] = l.keys[i], l.rows[i]
+	}
+	return keys, rows
+}

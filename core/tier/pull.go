@@ -1,0 +1,204 @@
+package tier
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"github.com/peerkv/peerkv/core/params"
+	"github.com/peerkv/peerkv/core/session"
+)
+
+// pull is one host request's pull from its sources (remote_prefiller, or
+// remote_kv_source's list in the orchestrator's order): the one owner of
+// its sources (each with its own session and kv id), of what the host was
+// told about each key, and of the request's failure.
+type pull struct {
+	sources []*pullSource
+	probe   bool // remote_kv_source: look keys up first; remote_prefiller: every key is there
+	// The host's keys in the order it first asked about them (prompt
+	// order): "earlier" for the contiguous-prefix rule. settled is how many
+	// leading keys are HIT.
+	order   []*keyAnswer
+	byKey   map[string]*keyAnswer
+	settled int
+	// failed: a load failed, so every lookup answers MISS and the host
+	// recomputes. It belongs to this request alone: a later request reusing
+	// a kv id starts clean.
+	failed bool
+}
+
+// pullSource is one source of one request: its own session (a separate
+// session to the producer, as a stock vLLM producer expects) and kv id.
+type pullSource struct {
+	params.Source      // KVRequestID minted when the orchestrator left it out
+	minted        bool // we minted KVRequestID
+	s             *session.Session
+	down          string // why it no longer serves this request ("" = it does)
+}
+
+// keyAnswer is the last answer the host got for one key, from the key's
+// own sources (before the prefix rule).
+type keyAnswer struct {
+	pos  int
+	last LookupResult
+}
+
+// mintKVID returns a kv_request_id no other consumer can pick: 128 random bits.
+func mintKVID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return "peerkv-" + hex.EncodeToString(b[:])
+}
+
+// startPull opens a session to each source of a starting request; one that
+// cannot open is down from the start.
+func (t *Tier) startPull(reqID string, sources []params.Source) *pull {
+	p := &pull{probe: sources[0].Probe, byKey: map[string]*keyAnswer{}}
+	names := make([]string, 0, len(sources))
+	for _, src := range sources {
+		ps := &pullSource{Source: src}
+		if ps.KVRequestID == "" {
+			ps.KVRequestID, ps.minted = mintKVID(), true
+			t.stats.kvIDsMinted++
+		}
+		s, err := t.sessionFor(ps.PeerID())
+		if err != nil {
+			ps.down = err.Error()
+			t.logf("WARNING", "request %s cannot pull from %s: %v", reqID, ps.PeerID(), err)
+		}
+		ps.s = s
+		p.sources = append(p.sources, ps)
+		how := "given"
+		if ps.minted {
+			how = "minted"
+		}
+		names = append(names, fmt.Sprintf("%s (kv_request_id=%s, %s)", ps.PeerID(), ps.KVRequestID, how))
+	}
+	t.logf("INFO", "request %s pulls from %s", reqID, strings.Join(names, ", "))
+	if p.live() == 0 {
+		p.failed = true
+		t.logf("WARNING", "request %s has no source it can pull from; it computes locally", reqID)
+	}
+	return p
+}
+
+// live counts the sources still serving the request, marking down those
+// whose session ended.
+func (p *pull) live() int {
+	n := 0
+	for _, src := range p.sources {
+		if src.down == "" && src.s.Dead() {
+			src.down = "its session ended: " + src.s.DeathReason()
+		}
+		if src.down == "" {
+			n++
+		}
+	}
+	return n
+}
+
+// lookup answers one key: HIT when a source has it and every earlier key is
+// HIT (vLLM loads a contiguous prefix); MISS when no source has it, or an
+// earlier key is MISS (the prefix ended: the key is not asked); RETRY while
+// that is not known yet. Every live source is asked in the same step.
+func (p *pull) lookup(key []byte) LookupResult {
+	if !p.probe {
+		return Hit // PD: the prefiller has or will have every block
+	}
+	a := p.byKey[string(key)]
+	if a == nil {
+		a = &keyAnswer{pos: len(p.order), last: Retry}
+		p.byKey[string(key)] = a
+		p.order = append(p.order, a)
+	}
+	gate := Hit // the answer of the first earlier key that is not HIT
+	if a.pos > p.settled {
+		gate = p.order[p.settled].last
+	}
+	if gate == Miss {
+		return Miss
+	}
+	a.last = p.ask(key)
+	if a.pos < p.settled && a.last != Hit {
+		p.settled = a.pos
+	}
+	for p.settled < len(p.order) && p.order[p.settled].last == Hit {
+		p.settled++
+	}
+	if gate == Retry && a.last == Hit {
+		return Retry
+	}
+	return a.last
+}
+
+// ask combines the live sources' answers for key, registering it with
+// those that have not been asked.
+func (p *pull) ask(key []byte) LookupResult {
+	p.live()
+	hit, pending := false, false
+	for _, src := range p.sources {
+		if src.down != "" {
+			continue
+		}
+		h, known := src.s.RegisterLookup(src.KVRequestID, key)
+		hit = hit || h
+		pending = pending || !known
+	}
+	switch {
+	case hit:
+		return Hit
+	case pending:
+		return Retry
+	}
+	return Miss
+}
+
+// holders is the set of live sources that reported key as a hit in their
+// current round (every key, for PD's single source).
+func (p *pull) holders(key []byte) sourceSet {
+	p.live()
+	var set sourceSet
+	for i, src := range p.sources {
+		if src.down != "" {
+			continue
+		}
+		if hit, _ := src.s.Probed(src.KVRequestID, key); hit || !p.probe {
+			set = set.with(i)
+		}
+	}
+	return set
+}
+
+// liveSet is every source still serving the request.
+func (p *pull) liveSet() sourceSet {
+	p.live()
+	var set sourceSet
+	for i, src := range p.sources {
+		if src.down == "" {
+			set = set.with(i)
+		}
+	}
+	return set
+}
+
+// finish ends the request's pull at every source it still has a session
+// with: loads aborted (still reported), terminal fetches sent.
+func (p *pull) finish() {
+	for _, src := range p.sources {
+		if src.s != nil && !src.s.Dead() {
+			src.s.FinishConsumer(src.KVRequestID)
+		}
+	}
+}
+
+// sourceFailed marks the source of pull p that session s serves under kv
+// as down (its session closed with lookups unanswered).
+func (p *pull) sourceFailed(s *session.Session, kv, why string) {
+	for _, src := range p.sources {
+		if src.s == s && src.KVRequestID == kv && src.down == "" {
+			src.down = why
+		}
+	}
+}

@@ -1,0 +1,233 @@
+"""Checking a peerkv tier configuration without loading the library.
+
+A vLLM ``secondary_tiers`` entry for peerkv holds vLLM's own keys (``type``,
+``module_path``), a few keys the Python tier consumes (``backends``,
+``num_threads``, ``prefix_caching_hash_algo``, ``locality``) and options of
+the library (``peerkv_create``). The library's options, their types, bounds
+and the wording of their errors come from one table in Go
+(core/config/schema.go), exported into ``peerkv._options_schema``; the Go
+side checks the same table again when the peer is created. Nothing here
+loads libpeerkv.so, so vLLM's API-server process can call it.
+
+    >>> check_tier_config({"type": "peerkv", "prot": 5710})
+    Traceback (most recent call last):
+    ...
+    peerkv.config.PeerKVConfigError: peerkv tier configuration: unknown option "prot" (did you mean "port"?)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from peerkv._options_schema import DIGEST, SCHEMA
+
+__all__ = [
+    "DIGEST",
+    "PeerKVConfigError",
+    "check_tier_config",
+    "library_options",
+    "suggest",
+    "tier_keys",
+]
+
+OPTIONS: dict[str, dict[str, Any]] = {o["name"]: o for o in SCHEMA["options"]}
+
+# vLLM's keys of a secondary_tiers entry, read by its SecondaryTierFactory.
+_VLLM_KEYS: dict[str, dict[str, Any]] = {
+    "type": {"type": "string", "want": "a string"},
+    "module_path": {"type": "string", "want": "a string"},
+    "backpressure": {"type": "any"},  # refused below, with the reason
+}
+
+# Keys the Python tier consumes: aliases of library options (the names
+# vLLM's built-in p2p tier uses) and the identity's hash algorithm.
+HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+_TIER_KEYS: dict[str, dict[str, Any]] = {
+    "backends": {"type": "string_list", "want": "a list of strings", "alias_of": "nixl_backends"},
+    "num_threads": {**OPTIONS["nixl_num_threads"], "name": "num_threads", "alias_of": "nixl_num_threads"},
+    "prefix_caching_hash_algo": {
+        "type": "string",
+        "enum": list(HASH_ALGOS),
+        "want": "one of " + ", ".join(f'"{a}"' for a in HASH_ALGOS),
+    },
+    "locality": {"type": "any"},  # accepted and ignored: peers are always remote
+}
+
+_WILDCARDS = ("0.0.0.0", "::", "*", "0:0:0:0:0:0:0:0")
+
+
+class PeerKVConfigError(ValueError):
+    """A tier configuration the library would refuse; ``problems`` lists
+    each one (every message names its key)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("peerkv tier configuration: " + "; ".join(self.problems))
+
+
+def tier_keys() -> list[str]:
+    """Every key a peerkv ``secondary_tiers`` entry may hold."""
+    return sorted({*_VLLM_KEYS, *_TIER_KEYS, *OPTIONS})
+
+
+def _osa(a: str, b: str) -> int:
+    """Optimal string alignment distance (Levenshtein plus adjacent swaps),
+    as core/config.Suggest computes it."""
+    d = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    for i in range(len(a) + 1):
+        d[i][0] = i
+    for j in range(len(b) + 1):
+        d[0][j] = j
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]
+
+
+def suggest(key: str, known: list[str] | None = None) -> str:
+    """The known key closest to ``key``, or "" when none is close (the rule
+    of core/config.Suggest: distance <= max(2, len/3), ties to the first in
+    sorted order, compared in lower case with '-' read as '_')."""
+
+    def norm(s: str) -> str:
+        return s.lower().replace("-", "_")
+
+    k = norm(key)
+    best, best_d = "", -1
+    for candidate in sorted(tier_keys() if known is None else known):
+        d = _osa(k, norm(candidate))
+        if best_d < 0 or d < best_d:
+            best, best_d = candidate, d
+    if best_d < 0 or best_d > max(2, len(k) // 3):
+        return ""
+    return best
+
+
+def _unknown(key: str) -> str:
+    close = suggest(key)
+    if close:
+        return f'unknown option "{key}" (did you mean "{close}"?)'
+    return f'unknown option "{key}" (the options are listed in docs/vllm.md)'
+
+
+def _shown(value: Any) -> str:
+    try:
+        text = json.dumps(value, separators=(",", ":"), allow_nan=True)
+    except (TypeError, ValueError):
+        text = repr(value)
+    if len(text) > 80:
+        return f"a value of {len(text)} bytes"
+    return text
+
+
+def _valid(spec: dict[str, Any], value: Any) -> bool:
+    kind = spec["type"]
+    if kind == "any":
+        return True
+    if kind == "string":
+        return isinstance(value, str) and (not spec.get("enum") or value in spec["enum"])
+    if kind == "integer":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return False
+        low, high = spec.get("min"), spec.get("max")
+        return (low is None or value >= low) and (high is None or value <= high)
+    if kind == "seconds":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        return not math.isnan(value) and 0 < value <= SCHEMA["max_seconds"]
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "string_list":
+        return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+    return False
+
+
+def _type_problem(name: str, spec: dict[str, Any], value: Any) -> str | None:
+    if value is None or _valid(spec, value):
+        return None
+    if spec.get("secret"):
+        return f"{name} must be {spec['want']}"
+    return f"{name} must be {spec['want']}, got {_shown(value)}"
+
+
+def is_wildcard(host: str) -> bool:
+    """Whether host binds every interface (so peers cannot dial it)."""
+    return host.strip().strip("[]") in _WILDCARDS
+
+
+def problems_in(config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[str]:
+    """Every problem of a peerkv tier configuration, in key order."""
+    environ = os.environ if environ is None else environ
+    problems: list[str] = []
+    for key in sorted(config):
+        value = config[key]
+        spec = _VLLM_KEYS.get(key) or _TIER_KEYS.get(key) or OPTIONS.get(key)
+        if spec is None:
+            problems.append(_unknown(key))
+            continue
+        problem = _type_problem(key, spec, value)
+        if problem:
+            problems.append(problem)
+    if config.get("backpressure") is not None:
+        problems.append(
+            "backpressure is not supported by peerkv: dropping a PD store leaves the decoder "
+            "waiting for its load deadline; remove it from this tier"
+        )
+    for alias, spec in _TIER_KEYS.items():
+        target = spec.get("alias_of")
+        if target and config.get(alias) is not None and config.get(target) is not None:
+            problems.append(f"{alias} and {target} name the same option: keep one")
+    host = config.get("host")
+    if host is None:
+        host = environ.get("VLLM_P2P_SIDE_CHANNEL_HOST")
+    advertise = config.get("advertise_host")
+    if isinstance(advertise, str) and is_wildcard(advertise):
+        problems.append(
+            f'advertise_host "{advertise}" is a wildcard: set the address peers dial to reach this node'
+        )
+    elif isinstance(host, str) and is_wildcard(host) and not advertise:
+        problems.append(
+            f'host "{host}" binds every interface, so it cannot be the identity peers dial: '
+            'set advertise_host to this node\'s routable address (e.g. "10.0.0.1"), or set host to it'
+        )
+    return problems
+
+
+def check_tier_config(config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[str]:
+    """Raises PeerKVConfigError listing every problem; returns warnings
+    (lines worth logging, e.g. a secret given inline)."""
+    if not isinstance(config, Mapping):
+        raise PeerKVConfigError([f"a secondary_tiers entry must be a JSON object, got {_shown(config)}"])
+    problems = problems_in(config, environ)
+    if problems:
+        raise PeerKVConfigError(problems)
+    warnings = []
+    if config.get("auth_secret"):
+        warnings.append(
+            "auth_secret is given inline, so it shows in the process list and in vLLM's "
+            "logged arguments: put it in a file (auth_secret_file, mode 0600) or in $PEERKV_AUTH_SECRET"
+        )
+    return warnings
+
+
+def library_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The library options of a checked configuration: vLLM's and the tier's
+    own keys removed, aliases renamed, unset (None) values dropped."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if value is None or key in _VLLM_KEYS:
+            continue
+        spec = _TIER_KEYS.get(key)
+        if spec is not None:
+            if spec.get("alias_of"):
+                out[spec["alias_of"]] = list(value) if isinstance(value, tuple) else value
+            continue
+        out[key] = value
+    return out

@@ -1,0 +1,371 @@
+// Command multisource measures one prompt pulled from 1, 2 and 3 sources
+// that all hold it: full peers (ZMQ control, TCP data path, the tier) in
+// separate processes on loopback, the consumer in this one.
+//
+// The program re-executes itself as each producer (env childEnv set): it
+// fills -rows rows of -row-mib MiB with a pattern derived from the key,
+// prints "ready <port>", and answers every inbound lookup HIT (pinning the
+// row) until its stdin closes. The consumer pulls the whole prefix with
+// remote_kv_source listing the first n producers (ids left to it to mint),
+// and times the load job alone (submit_load to its report; the lookups
+// are answered before, by every source, after a warm-up that opened the
+// sessions). Every row that lands is checked (CRC32) before the
+// next pull; figures are medians of -iters pulls, GB = 10^9 bytes:
+//
+//	multisource: 512x2MiB from 1 source: 2.10 GB/s (load 0.51 s) x1.00
+//	multisource: 512x2MiB from 2 sources: 3.50 GB/s (load 0.31 s) x1.67
+//	multisource: 512x2MiB from 3 sources: 3.90 GB/s (load 0.28 s) x1.86
+package main
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"hash/crc32"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/peerkv/peerkv/core/config"
+	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/core/node"
+	"github.com/peerkv/peerkv/core/tier"
+)
+
+const (
+	childEnv     = "PEERKV_MULTISOURCE_CHILD"
+	childTimeout = 60 * time.Second // bound on any wait for a producer
+	settleBound  = 30 * time.Second // lookups answered, a load reported
+	keyLen       = 36
+)
+
+type params struct {
+	rows, rowMiB, iters, sources int
+}
+
+func main() {
+	var p params
+	flag.IntVar(&p.rows, "rows", 512, "rows in the prompt (and in every region)")
+	flag.IntVar(&p.rowMiB, "row-mib", 2, "row size in MiB")
+	flag.IntVar(&p.iters, "iters", 3, "pulls per source count (median reported)")
+	flag.IntVar(&p.sources, "sources", 3, "measure 1..sources sources")
+	flag.Parse()
+	var err error
+	if os.Getenv(childEnv) != "" {
+		err = runProducer(p)
+	} else {
+		err = runConsumer(p)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "multisource:", err)
+		os.Exit(1)
+	}
+}
+
+func (p params) rowLen() uint64 { return uint64(p.rowMiB) << 20 }
+
+// region maps rows outside the Go heap, as a host's region is.
+func (p params) region() (data.Region, error) {
+	mem, err := unix.Mmap(-1, 0, p.rows*int(p.rowLen()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return data.Region{}, fmt.Errorf("mmap %d MiB: %w", p.rows*p.rowMiB, err)
+	}
+	return data.Region{Mem: mem, RowLen: p.rowLen()}, nil
+}
+
+func key(i int) []byte {
+	k := sha256.Sum256([]byte("multisource-" + strconv.Itoa(i)))
+	return append(k[:], 0, 0, 0, 0)
+}
+
+// fill writes row i's pattern (what the consumer checks).
+func fill(row []byte, i int) {
+	seed := binary.LittleEndian.Uint64(key(i))
+	for off := 0; off+8 <= len(row); off += 8 {
+		binary.LittleEndian.PutUint64(row[off:], seed^uint64(off))
+	}
+}
+
+// open starts a peer on 127.0.0.1 at a free port, TCP data path only.
+func (p params) open(region data.Region) (*tier.Tier, error) {
+	var lastErr error
+	for range 20 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		cfg, err := config.FromJSON([]byte(fmt.Sprintf(
+			`{"host":"127.0.0.1","port":%d,"data_transport":"tcp","key_len":%d,"hash_seed":"bench","load_timeout_s":120,"lookup_timeout_s":30}`,
+			port, keyLen)))
+		if err != nil {
+			return nil, err
+		}
+		t, err := node.Open(cfg, region)
+		if err == nil {
+			return t, nil
+		}
+		lastErr = err // the port was taken meanwhile
+	}
+	return nil, lastErr
+}
+
+// runProducer holds every row and serves lookups until stdin closes.
+func runProducer(p params) error {
+	region, err := p.region()
+	if err != nil {
+		return err
+	}
+	for i := range p.rows {
+		fill(region.Row(uint64(i)), i)
+	}
+	row := map[string]int64{}
+	for i := range p.rows {
+		row[string(key(i))] = int64(i)
+	}
+	t, err := p.open(region)
+	if err != nil {
+		return err
+	}
+	defer t.Shutdown()
+	eof := make(chan struct{})
+	go func() {
+		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+		close(eof)
+	}()
+	fmt.Printf("ready %s\n", t.LocalID()[strings.LastIndexByte(t.LocalID(), ':')+1:])
+	var pins int64
+	for {
+		select {
+		case <-eof:
+			return nil
+		default:
+		}
+		_ = t.GetFinished(1024) // pin jobs released once fetched
+		served := false
+		for {
+			in, ok, taken := t.NextInbound(nil)
+			if !ok || !taken {
+				break
+			}
+			served = true
+			if in.Kind != tier.InboundEvaluate {
+				continue
+			}
+			results := make([]tier.LookupResult, len(in.Keys))
+			slots := make([]int64, 0, len(in.Keys))
+			for i, k := range in.Keys {
+				results[i] = tier.Miss
+				if r, ok := row[string(k)]; ok {
+					results[i] = tier.Hit
+					slots = append(slots, r)
+				}
+			}
+			job := int64(-1)
+			if len(slots) > 0 {
+				pins++
+				job = pins
+			}
+			if _, err := t.AnswerInbound(in.LookupID, results, job, slots); err != nil {
+				return err
+			}
+		}
+		if !served {
+			time.Sleep(200 * time.Microsecond)
+		}
+	}
+}
+
+type producer struct {
+	cmd  *exec.Cmd
+	port int
+	in   interface{ Close() error }
+}
+
+func startProducer(p params) (*producer, error) {
+	cmd := exec.Command(os.Args[0], os.Args[1:]...)
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(stdout).ReadString('\n')
+		line <- s
+	}()
+	select {
+	case s := <-line:
+		port, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(s, "ready ")))
+		if err != nil {
+			_ = cmd.Process.Kill()
+			return nil, fmt.Errorf("producer said %q", s)
+		}
+		return &producer{cmd: cmd, port: port, in: stdin}, nil
+	case <-time.After(childTimeout):
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("producer not ready within %v", childTimeout)
+	}
+}
+
+func (pr *producer) stop() {
+	_ = pr.in.Close()
+	done := make(chan struct{})
+	go func() { _ = pr.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(childTimeout):
+		_ = pr.cmd.Process.Kill()
+		<-done
+	}
+}
+
+func runConsumer(p params) error {
+	var producers []*producer
+	defer func() {
+		for _, pr := range producers {
+			pr.stop()
+		}
+	}()
+	for range p.sources {
+		pr, err := startProducer(p)
+		if err != nil {
+			return err
+		}
+		producers = append(producers, pr)
+	}
+	region, err := p.region()
+	if err != nil {
+		return err
+	}
+	want := make([]uint32, p.rows)
+	scratch := make([]byte, p.rowLen())
+	for i := range p.rows {
+		fill(scratch, i)
+		want[i] = crc32.ChecksumIEEE(scratch)
+	}
+	t, err := p.open(region)
+	if err != nil {
+		return err
+	}
+	defer t.Shutdown()
+	keys := make([][]byte, p.rows)
+	slots := make([]int64, p.rows)
+	for i := range keys {
+		keys[i], slots[i] = key(i), int64(i)
+	}
+	bytes := float64(p.rows) * float64(p.rowLen())
+	var base float64
+	job := int64(0)
+	// Warm-up: open every session (handshakes are not part of a pull).
+	job++
+	if _, err := pull(t, "warm-up", producers, keys[:1], slots[:1], job); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	for n := 1; n <= p.sources; n++ {
+		var secs []float64
+		for it := range p.iters {
+			clear(region.Mem)
+			job++
+			spread := t.Stats().LoadsSpread
+			s, err := pull(t, fmt.Sprintf("pull-%d-%d", n, it), producers[:n], keys, slots, job)
+			if err != nil {
+				return fmt.Errorf("%d sources: %w", n, err)
+			}
+			if n > 1 && t.Stats().LoadsSpread != spread+1 {
+				return fmt.Errorf("%d sources: the load was not spread", n)
+			}
+			for i := range p.rows {
+				if crc32.ChecksumIEEE(region.Row(uint64(i))) != want[i] {
+					return fmt.Errorf("%d sources: row %d differs from the producers' bytes", n, i)
+				}
+			}
+			secs = append(secs, s)
+		}
+		slices.Sort(secs)
+		med := secs[len(secs)/2]
+		gbps := bytes / med / 1e9
+		if n == 1 {
+			base = gbps
+		}
+		plural := "s"
+		if n == 1 {
+			plural = ""
+		}
+		fmt.Printf("multisource: %dx%dMiB from %d source%s: %.2f GB/s (load %.3f s) x%.2f\n",
+			p.rows, p.rowMiB, n, plural, gbps, med, gbps/base)
+	}
+	st := t.Stats()
+	fmt.Printf("multisource: verified every row; loads spread %d, kv ids minted %d\n", st.LoadsSpread, st.KVIDsMinted)
+	return nil
+}
+
+// pull looks the whole prompt up at the sources, then times its load.
+func pull(t *tier.Tier, req string, srcs []*producer, keys [][]byte, slots []int64, job int64) (float64, error) {
+	urls := make([]string, len(srcs))
+	for i, pr := range srcs {
+		urls[i] = fmt.Sprintf("%q", fmt.Sprintf("tcp://127.0.0.1:%d", pr.port))
+	}
+	if _, err := t.StartRequest(req, []byte(`{"remote_kv_source":[`+strings.Join(urls, ",")+`]}`)); err != nil {
+		return 0, err
+	}
+	defer t.FinishRequest(req)
+	res := make([]tier.LookupResult, len(keys))
+	deadline := time.Now().Add(settleBound)
+	// With the sessions open, each source answers the first lookup with one
+	// frame; the load waits for all of them so it can spread over every
+	// source (a HIT itself does not wait for slower sources).
+	answers := t.Stats().FramesIn + int64(len(srcs))
+	for {
+		if err := t.Lookup(req, keys, res); err != nil {
+			return 0, err
+		}
+		if err := t.OnScheduleEnd(); err != nil {
+			return 0, err
+		}
+		if !slices.Contains(res, tier.Retry) && t.Stats().FramesIn >= answers {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("lookups still RETRY after %v", settleBound)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if i := slices.IndexFunc(res, func(r tier.LookupResult) bool { return r != tier.Hit }); i >= 0 {
+		return 0, fmt.Errorf("key %d: %v, want HIT", i, res[i])
+	}
+	start := time.Now()
+	if err := t.SubmitLoad(req, job, keys, slots); err != nil {
+		return 0, err
+	}
+	for time.Since(start) < settleBound {
+		for _, r := range t.GetFinished(16) {
+			if r.JobID != job {
+				continue
+			}
+			if !r.Success {
+				return 0, fmt.Errorf("load job %d failed", job)
+			}
+			return time.Since(start).Seconds(), nil
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	return 0, fmt.Errorf("load job %d not reported within %v", job, settleBound)
+}
