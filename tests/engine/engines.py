@@ -226,6 +226,8 @@ class Engine:
                 continue
             if b"resource_tracker" in cmd:
                 trackers.append(pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)  # it may have been stopped with the group
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -510,7 +512,9 @@ class Proxy:
         )
         log.close()
         try:
-            wait_listening(self.port, self.proc)
+            # Generous: on two cores shared with four engines a fresh Python
+            # process can take a while to be scheduled.
+            wait_listening(self.port, self.proc, timeout=120)
         except BaseException:
             self.stop()
             raise
