@@ -270,12 +270,14 @@ WHEEL_TEST_PYTHONS ?= $(wildcard /usr/bin/python3 $(HOME)/.pyenv/versions/3.1[0-
 # setup.py passes PEERKV_ZIG (the ziglang of pip's build environment) and
 # cmake is on pip's PATH; otherwise both come from $(WHEEL_TOOLS).
 ifeq ($(origin PEERKV_ZIG),undefined)
-PEERKV_ZIG = $(firstword $(wildcard $(abspath $(WHEEL_TOOLS))/lib/python3*/site-packages/ziglang/zig))
+# $(shell ls), not $(wildcard): make caches directory listings, so a wildcard
+# read before wheel-tools ran would stay empty for the rest of the run.
+PEERKV_ZIG = $(firstword $(shell ls -d $(abspath $(WHEEL_TOOLS))/lib/python3*/site-packages/ziglang/zig 2>/dev/null))
 WHEEL_NEEDS_TOOLS := $(WHEEL_TOOLS_STAMP)
 endif
 export PEERKV_ZIG
 ifeq ($(origin PEERKV_CMAKE),undefined)
-PEERKV_CMAKE = $(or $(wildcard $(abspath $(WHEEL_TOOLS))/bin/cmake),cmake)
+PEERKV_CMAKE = $(or $(shell ls -d $(abspath $(WHEEL_TOOLS))/bin/cmake 2>/dev/null),cmake)
 endif
 
 .PHONY: wheel-tools wheel-lib wheel sdist test-wheel test-sdist print-wheel-plat FORCE
