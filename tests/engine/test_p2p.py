@@ -16,9 +16,9 @@ def source_params(engine: engines.Engine, kv_request_id: str) -> dict:
 
 
 def pullable_tokens(prompt_tokens: int) -> int:
-    """Full blocks vLLM may take from outside: the last prompt token is
-    always computed, so at most (n - 1) // block tokens."""
-    return (prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
+    """The prompt's full blocks: what vLLM takes from outside (and reports
+    as cached) when the source holds the whole prompt."""
+    return prompt_tokens // BLOCK_SIZE * BLOCK_SIZE
 
 
 def metric(engine: engines.Engine, name: str) -> float:
