@@ -47,14 +47,13 @@ def test_pull_from_an_idle_source(cluster):
     a.complete(prompt, max_tokens=1)
     time.sleep(2)  # A's engine goes back to sleep on its input queue
     bytes_before = metric(b, "vllm:peerkv_bytes_received_total")
-    sent_before = metric(a, "vllm:peerkv_bytes_sent_total")
     reference, pulled = pull_and_check(cluster, a, b, prompt, "idle-1")
     moved = metric(b, "vllm:peerkv_bytes_received_total") - bytes_before
     blocks = cached_tokens(pulled) // BLOCK_SIZE
     assert moved >= blocks * 65536, f"B counted {moved} bytes received for {blocks} blocks"
     # Before the engine waker, idle A never answered: B's lookups ran into
-    # their deadline and B recomputed everything (0 tokens reused).
-    assert metric(a, "vllm:peerkv_bytes_sent_total") - sent_before >= moved
+    # their deadline and B recomputed everything (0 tokens reused). (A's own
+    # counters are published when it next steps, so they are not read here.)
 
 
 def test_pull_from_a_busy_source(cluster):
