@@ -50,7 +50,7 @@ GO_LDFLAGS = -s -w -X main.version=$(VERSION) '-extldflags=-Wl,--version-script=
 HARNESS_CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -O1 -g -I$(BUILD)/include
 HARNESS_LDFLAGS := -L$(BUILD) -lpeerkv -Wl,-rpath,'$$ORIGIN' -Wl,--allow-shlib-undefined
 
-.PHONY: all lib test test-go fuzz fuzz-short fuzz-run test-harness test-python test-interop test-vllm032 test-engine vet bench bench-engine demo demo-vllm setup setup-python setup-engine clean help
+.PHONY: all lib test test-go fuzz fuzz-short fuzz-run test-harness test-python test-interop test-vllm032 test-engine test-engine-mixed vet bench bench-engine demo demo-vllm setup setup-python setup-engine clean help
 
 # Scenarios bind ports and time themselves: run targets one at a time.
 .NOTPARALLEL:
@@ -162,8 +162,13 @@ test-vllm032: setup-engine $(LIB) ## tests/python and tests/interop again on vLL
 
 # Real `vllm serve` engines on CPU (tests/engine): minutes, one cluster per run.
 test-engine: setup-engine $(LIB) ## real vllm serve engines on CPU: P2P (idle/busy/partial), PD both orders, chains, mixed with stock p2p, faults
-	rc=0; PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) -m pytest -v -p no:cacheprovider tests/engine || rc=$$?; \
+	rc=0; PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) -m pytest -v -p no:cacheprovider --ignore=tests/engine/test_mixed.py tests/engine || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+# Real engines with stock vLLM's p2p tier beside peerkv's (not in make test:
+# flaky on two cores, see tests/engine/test_mixed.py).
+test-engine-mixed: setup-engine $(LIB) ## real engines, mixed cluster: stock vLLM pulling from peerkv, PD both ways (not in make test)
+	PEERKV_ENGINE_STOCK=1 PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) -m pytest -v -p no:cacheprovider tests/engine/test_mixed.py
 
 # Every stage in order, each timed; the first failure stops the run. A file a
 # stage leaves in /dev/shm (offload regions, vLLM's queues) fails the run too.
