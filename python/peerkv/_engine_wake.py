@@ -90,6 +90,11 @@ class EngineWaker:
         arrives afterwards sets pending again."""
         self._pending.clear()
 
+    def keep_pending(self) -> None:
+        """The scheduler left work queued (a per-call cap): the engine must
+        step again although the library sends no new signal."""
+        self._pending.set()
+
     def stop(self, timeout: float = 5.0) -> None:
         try:
             os.write(self._stop_w, b"x")

@@ -424,6 +424,9 @@ class PeerKVTier(SecondaryTierManager):
                 self._finish_inbound(parent, item.lookup_id)
             else:
                 self._evaluate_inbound(parent, item)
+        if self._waker is not None:
+            # Stopped at the cap with work still queued: step again for it.
+            self._waker.keep_pending()
 
     def _evaluate_inbound(self, parent: ParentManager, item: Any) -> None:
         ctx = self._inbound_ctx.get(item.lookup_id)

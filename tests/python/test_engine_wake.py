@@ -85,6 +85,20 @@ def test_signal_sets_pending_and_wakes_until_collected():
         os.close(fd)
 
 
+def test_work_left_at_a_cap_stays_pending_without_a_signal():
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    waker = EngineWaker(fd, lambda: None, name="test-wake")
+    try:
+        waker.collecting()
+        waker.keep_pending()
+        assert waker.pending
+        waker.collecting()
+        assert not waker.pending
+    finally:
+        waker.stop()
+        os.close(fd)
+
+
 def test_a_failing_wake_does_not_kill_the_thread():
     fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     calls = []
