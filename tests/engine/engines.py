@@ -54,6 +54,18 @@ def library_path() -> Path:
     return path
 
 
+def _proc_stats():
+    """(pid, fields after the command name) of every process's /proc/PID/stat:
+    fields[2] is the process group, [11] and [12] user and system ticks."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            yield int(pid), Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+
+
 class EngineError(RuntimeError):
     pass
 
@@ -243,17 +255,7 @@ class Engine:
         """Processes of the engine's process group (start_new_session)."""
         if self.proc is None:
             return []
-        pids = []
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == self.proc.pid:
-                pids.append(int(pid))
-        return pids
+        return [pid for pid, fields in _proc_stats() if int(fields[2]) == self.proc.pid]
 
     def _shm_files(self) -> set[str]:
         """/dev/shm files the engine's processes have mapped: vLLM's message
@@ -280,14 +282,10 @@ class Engine:
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) used so far by the engine's processes."""
-        total = 0
-        for pid in self._group_pids():
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        return total / os.sysconf("SC_CLK_TCK")
+        if self.proc is None:
+            return 0.0
+        ticks = sum(int(f[11]) + int(f[12]) for _, f in _proc_stats() if int(f[2]) == self.proc.pid)
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -338,6 +336,28 @@ class Engine:
         return parse_metrics(body.decode())
 
 
+@contextlib.contextmanager
+def _post_completions(base_url: str, body: dict[str, Any], headers: dict[str, str] | None,
+                      timeout: float):
+    """POST /v1/completions; yields (response, time the request was sent)."""
+    url = urllib.parse.urlsplit(base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
+    start = time.monotonic()
+    try:
+        conn.request(
+            "POST",
+            "/v1/completions",
+            json.dumps({"model": MODEL_NAME, "temperature": 0, "return_token_ids": True, **body}).encode(),
+            {"Content-Type": "application/json", **(headers or {})},
+        )
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise EngineError(f"POST {base_url}/v1/completions: HTTP {resp.status}: {resp.read()[:500]!r}")
+        yield resp, start
+    finally:
+        conn.close()
+
+
 def complete(
     base_url: str,
     prompt: str,
@@ -347,37 +367,14 @@ def complete(
     timeout: float = 180.0,
     **fields: Any,
 ) -> dict[str, Any]:
-    """POST /v1/completions (greedy); returns the JSON body plus
-    "_elapsed_s" and "_headers"."""
-    url = urllib.parse.urlsplit(base_url)
-    body = {
-        "model": MODEL_NAME,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "return_token_ids": True,
-        **fields,
-    }
-    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
-    start = time.monotonic()
-    try:
-        conn.request(
-            "POST",
-            "/v1/completions",
-            json.dumps(body).encode(),
-            {"Content-Type": "application/json", **(headers or {})},
-        )
-        resp = conn.getresponse()
-        raw = resp.read()
-        elapsed = time.monotonic() - start
-        if resp.status != 200:
-            raise EngineError(f"POST {base_url}/v1/completions: HTTP {resp.status}: {raw[:500]!r}")
-        out = json.loads(raw)
-        out["_elapsed_s"] = elapsed
+    """A greedy completion; returns the JSON body plus "_elapsed_s" and
+    "_headers"."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, **fields}
+    with _post_completions(base_url, body, headers, timeout) as (resp, start):
+        out = json.loads(resp.read())
+        out["_elapsed_s"] = time.monotonic() - start
         out["_headers"] = dict(resp.getheaders())
         return out
-    finally:
-        conn.close()
 
 
 def stream_completion(
@@ -391,29 +388,14 @@ def stream_completion(
 ) -> dict[str, Any]:
     """A streamed greedy completion: time to the first token, the tokens,
     and the usage vLLM reports in the last chunk."""
-    url = urllib.parse.urlsplit(base_url)
     body = {
-        "model": MODEL_NAME,
         "prompt": prompt,
         "max_tokens": max_tokens,
-        "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "return_token_ids": True,
         **fields,
     }
-    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
-    start = time.monotonic()
-    try:
-        conn.request(
-            "POST",
-            "/v1/completions",
-            json.dumps(body).encode(),
-            {"Content-Type": "application/json", **(headers or {})},
-        )
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise EngineError(f"POST {base_url}: HTTP {resp.status}: {resp.read()[:300]!r}")
+    with _post_completions(base_url, body, headers, timeout) as (resp, start):
         first, ids, usage = None, [], {}
         for line in resp:
             if not line.startswith(b"data: {"):
@@ -433,8 +415,6 @@ def stream_completion(
             "cached_tokens": cached_tokens({"usage": usage}),
             "mode": resp.getheader("x-peerkv-mode", "direct"),
         }
-    finally:
-        conn.close()
 
 
 def count_tokens(engine: Engine, prompt: str) -> int:
