@@ -273,14 +273,18 @@ WHEEL_TOOLS_STAMP := $(WHEEL_TOOLS)/.stamp
 WHEEL_TEST_PYTHONS ?= $(wildcard /usr/bin/python3 $(HOME)/.pyenv/versions/3.1[0-9].*/bin/python3)
 
 # setup.py passes PEERKV_ZIG (the ziglang of pip's build environment) and
-# cmake is on pip's PATH; otherwise both come from $(WHEEL_TOOLS).
-ifeq ($(origin PEERKV_ZIG),undefined)
+# cmake is on pip's PATH; otherwise both come from $(WHEEL_TOOLS). An empty
+# PEERKV_ZIG counts as unset: a parent make that ran before wheel-tools
+# hands its sub-makes an empty one.
+ifeq ($(strip $(PEERKV_ZIG)),)
 # $(shell ls), not $(wildcard): make caches directory listings, so a wildcard
 # read before wheel-tools ran would stay empty for the rest of the run.
-PEERKV_ZIG = $(firstword $(shell ls -d $(abspath $(WHEEL_TOOLS))/lib/python3*/site-packages/ziglang/zig 2>/dev/null))
+ZIG = $(firstword $(shell ls -d $(abspath $(WHEEL_TOOLS))/lib/python3*/site-packages/ziglang/zig 2>/dev/null))
 WHEEL_NEEDS_TOOLS := $(WHEEL_TOOLS_STAMP)
+else
+ZIG := $(PEERKV_ZIG)
 endif
-export PEERKV_ZIG
+unexport PEERKV_ZIG
 ifeq ($(origin PEERKV_CMAKE),undefined)
 PEERKV_CMAKE = $(or $(shell ls -d $(abspath $(WHEEL_TOOLS))/bin/cmake 2>/dev/null),cmake)
 endif
@@ -300,6 +304,7 @@ $(WHEEL_TOOLS_STAMP): scripts/wheel/build-requirements.txt
 $(WHEEL_LIB) $(LIBZMQ): export PEERKV_ZIG_TARGET := $(WHEEL_ZIG_TARGET)
 $(WHEEL_LIB) $(LIBZMQ): export ZIG_GLOBAL_CACHE_DIR := $(PEERKV_ZIG_CACHE)
 $(WHEEL_LIB) $(LIBZMQ): export ZIG_LOCAL_CACHE_DIR := $(PEERKV_ZIG_CACHE)
+$(WHEEL_LIB): export PEERKV_ZIG = $(ZIG)
 $(WHEEL_LIB): export CC := $(abspath scripts/wheel/cc)
 $(WHEEL_LIB): export CXX := $(abspath scripts/wheel/c++)
 $(WHEEL_LIB): export PKG_CONFIG := $(abspath scripts/wheel/pkg-config)
@@ -313,10 +318,10 @@ $(WHEEL_LIB): export CGO_LDFLAGS := -Wl,--strip-all
 # its inputs (source, patches, zig version, target); it runs every time so a
 # new zig or patch rebuilds libzmq, and leaves libzmq.a untouched otherwise.
 $(LIBZMQ): FORCE | $(WHEEL_NEEDS_TOOLS)
-	@PEERKV_ZIG="$(PEERKV_ZIG)" CMAKE="$(PEERKV_CMAKE)" scripts/wheel/build-libzmq.sh $(LIBZMQ_PREFIX)
+	@PEERKV_ZIG="$(ZIG)" CMAKE="$(PEERKV_CMAKE)" scripts/wheel/build-libzmq.sh $(LIBZMQ_PREFIX)
 
 $(WHEEL_LIB): $(GO_SOURCES) $(VERSION_FILE) $(LIBZMQ) scripts/wheel/cc scripts/wheel/pkg-config | $(WHEEL_NEEDS_TOOLS)
-	@test -x "$(PEERKV_ZIG)" || { echo "zig not found (PEERKV_ZIG=$(PEERKV_ZIG)): make wheel-tools"; exit 1; }
+	@test -x "$(ZIG)" || { echo "zig not found (PEERKV_ZIG=$(ZIG)): make wheel-tools"; exit 1; }
 	$(GO_C_SHARED)
 	@scripts/wheel/check-portable.sh $@ $(WHEEL_GLIBC)
 
@@ -329,7 +334,7 @@ wheel: $(WHEEL_TOOLS_STAMP) $(WHEEL_LIB) ## dist/peerkv-VERSION-py3-none-manylin
 	@$(MAKE) --no-print-directory check-notices
 	@mkdir -p $(DIST)
 	rm -f $(WHEEL_FILE)
-	PEERKV_ZIG="$(PEERKV_ZIG)" $(WHEEL_TOOLS_PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation --no-index -w $(DIST) .
+	PEERKV_ZIG="$(ZIG)" $(WHEEL_TOOLS_PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation --no-index -w $(DIST) .
 	@$(MAKE) --no-print-directory check-wheel WHEEL=$(WHEEL_FILE)
 
 # auditwheel must find no external library and a policy no newer than ours.
@@ -369,7 +374,7 @@ test-sdist: sdist ## build the wheel from the sdist alone (cold libzmq from the 
 	tar -xzf $(SDIST_FILE) -C "$$tmp"; src="$$tmp/peerkv-$(VERSION)"; \
 	test -f "$$src/third_party/libzmq/zeromq3_4.3.4.orig.tar.gz" || { echo "test-sdist: no libzmq source in the sdist"; exit 1; }; \
 	t=$$(date +%s); \
-	PEERKV_ZIG_CACHE=$(PEERKV_ZIG_CACHE) PEERKV_ZIG="$(PEERKV_ZIG)" \
+	PEERKV_ZIG_CACHE=$(PEERKV_ZIG_CACHE) PEERKV_ZIG="$(ZIG)" \
 		$(abspath $(WHEEL_TOOLS_PY)) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation --no-index -w "$$tmp/dist" "$$src"; \
 	echo "test-sdist: wheel built from the sdist in $$(( $$(date +%s) - t ))s"; \
 	test -f "$$src/.cache/libzmq/4.3.4-6-$(WHEEL_ZIG_TARGET)/lib/libzmq.a" || { echo "test-sdist: libzmq was not built from the sdist"; exit 1; }; \
@@ -379,10 +384,10 @@ FORCE:
 
 .PHONY: notices check-notices
 notices: $(WHEEL_LIB) ## regenerate THIRD_PARTY_NOTICES.md from build/wheel/libpeerkv.so (go version -m) and the bundled components
-	scripts/wheel/third-party-notices.sh $(WHEEL_LIB) $(LIBZMQ_PREFIX) "$(PEERKV_ZIG)" >THIRD_PARTY_NOTICES.md
+	scripts/wheel/third-party-notices.sh $(WHEEL_LIB) $(LIBZMQ_PREFIX) "$(ZIG)" >THIRD_PARTY_NOTICES.md
 
 # The committed notices must name exactly what the library contains.
 check-notices: $(WHEEL_LIB)
-	@scripts/wheel/third-party-notices.sh $(WHEEL_LIB) $(LIBZMQ_PREFIX) "$(PEERKV_ZIG)" | diff -q - THIRD_PARTY_NOTICES.md >/dev/null || \
+	@scripts/wheel/third-party-notices.sh $(WHEEL_LIB) $(LIBZMQ_PREFIX) "$(ZIG)" | diff -q - THIRD_PARTY_NOTICES.md >/dev/null || \
 		{ echo "THIRD_PARTY_NOTICES.md is out of date with $(WHEEL_LIB): run make notices"; exit 1; }
 	@echo "check-notices: THIRD_PARTY_NOTICES.md matches $(WHEEL_LIB)"
