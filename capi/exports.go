@@ -166,10 +166,7 @@ func pkvgo_on_schedule_end(h C.peerkv_handle, errBuf *C.char, errLen C.size_t) (
 	if rc != statusOK {
 		return rc
 	}
-	if err := p.tier.OnScheduleEnd(); err != nil {
-		return c.fail(err, statusInvalidArgument)
-	}
-	return statusOK
+	return p.onScheduleEnd(c)
 }
 
 // submit decodes a load or store job and hands it to the tier.

@@ -53,6 +53,32 @@ int32_t peerkv_on_schedule_end(peerkv_handle h, char *err, size_t errlen) {
   return pkvgo_on_schedule_end(h, err, errlen);
 }
 
+int32_t peerkv_request_lookup_mode(peerkv_handle h, const char *req_id, int32_t *mode,
+                                   char *err, size_t errlen) {
+  REFUSE_FORKED(err, errlen);
+  return pkvgo_request_lookup_mode(h, (char *)req_id, mode, err, errlen);
+}
+
+int32_t peerkv_lookup_many(peerkv_handle h, size_t n_requests, const char *const *req_ids,
+                           const size_t *counts, const uint8_t *keys, size_t key_len,
+                           int32_t *results, char *err, size_t errlen) {
+  REFUSE_FORKED(err, errlen);
+  return pkvgo_lookup_many(h, n_requests, (char **)req_ids, (size_t *)counts, (uint8_t *)keys, key_len,
+                           results, err, errlen);
+}
+
+int32_t peerkv_take_answers(peerkv_handle h, uint8_t *buf, size_t len, size_t *n_out,
+                            char *err, size_t errlen) {
+  REFUSE_FORKED(err, errlen);
+  return pkvgo_take_answers(h, buf, len, n_out, err, errlen);
+}
+
+int32_t peerkv_news(peerkv_handle h, const volatile uint64_t **words, char *err,
+                    size_t errlen) {
+  REFUSE_FORKED(err, errlen);
+  return pkvgo_news(h, (void **)words, err, errlen);
+}
+
 int32_t peerkv_submit_load(peerkv_handle h, const char *req_id, int64_t job_id,
                            const uint8_t *keys, size_t key_len, size_t n,
                            const int64_t *slots, char *err, size_t errlen) {

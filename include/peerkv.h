@@ -44,7 +44,7 @@ extern "C" {
 
 /* ABI version: major changes break callers; minor adds symbols. */
 #define PEERKV_ABI_VERSION_MAJOR 1
-#define PEERKV_ABI_VERSION_MINOR 0
+#define PEERKV_ABI_VERSION_MINOR 1
 
 /* Status codes. */
 #define PEERKV_OK 0
@@ -67,6 +67,18 @@ extern "C" {
 #define PEERKV_LOOKUP_HIT 2
 #define PEERKV_LOOKUP_HIT_PENDING 3 /* only in peerkv_answer_inbound input */
 #define PEERKV_LOOKUP_RETRY 4
+
+/* How a request's lookups go (peerkv_request_lookup_mode; ABI 1.1). */
+#define PEERKV_LOOKUPS_MISS 0 /* every key MISS: the request does not pull, or failed */
+#define PEERKV_LOOKUPS_HIT 1  /* every key HIT until a load fails (a PD decoder) */
+#define PEERKV_LOOKUPS_ASK 2  /* keys are asked of the sources (remote_kv_source) */
+
+/* The news counts (peerkv_news; ABI 1.1), by index. */
+#define PEERKV_NEWS_RESULTS 0 /* job results queued: peerkv_get_finished has work */
+#define PEERKV_NEWS_ANSWERS 1 /* lookup answers changed: peerkv_take_answers has work */
+#define PEERKV_NEWS_INBOUND 2 /* inbound work queued: peerkv_next_inbound has work */
+#define PEERKV_NEWS_LOGS 3    /* log lines queued: peerkv_take_logs has work */
+#define PEERKV_NEWS_COUNT 4
 
 /* Offload policy returned by peerkv_request_start. */
 #define PEERKV_POLICY_BLOCK_LEVEL 0
@@ -168,6 +180,53 @@ int32_t peerkv_lookup(peerkv_handle h, const char *req_id, const uint8_t *keys,
 /* Sends the lookups registered during this scheduler step: one lookup message
  * per peer per request. */
 int32_t peerkv_on_schedule_end(peerkv_handle h, char *err, size_t errlen);
+
+/* Answer caching (ABI 1.1): a host may answer its scheduler's per-key
+ * lookups from what it was told, with no call per key.
+ *   1. After peerkv_request_start, peerkv_request_lookup_mode says how the
+ *      request's lookups go (PEERKV_LOOKUPS_*): MISS and HIT need no call per
+ *      key; from this call on, the library also reports the request's
+ *      changed answers (a PD decoder's failure too) to peerkv_take_answers.
+ *   2. For ASK requests the host sends the keys it never asked, of every
+ *      request, in one peerkv_lookup_many per step, and caches each answer.
+ *      It need not ask again about a key it was told RETRY: the library
+ *      re-evaluates those keys itself whenever their sources answer.
+ *   3. When the PEERKV_NEWS_ANSWERS count moved, peerkv_take_answers gives
+ *      what changed. After a peerkv_submit_load the request's answers start
+ *      over (its sources' lookups are closed by the fetch): forget them and
+ *      ask again about any key the scheduler looks up again. */
+int32_t peerkv_request_lookup_mode(peerkv_handle h, const char *req_id, int32_t *mode,
+                                   char *err, size_t errlen);
+
+/* peerkv_lookup for several requests, then peerkv_on_schedule_end, in one
+ * call: request i (req_ids[i]) asks counts[i] keys, taken in order from keys;
+ * results gets one PEERKV_LOOKUP_* per key, in the same order. */
+int32_t peerkv_lookup_many(peerkv_handle h, size_t n_requests, const char *const *req_ids,
+                           const size_t *counts, const uint8_t *keys, size_t key_len,
+                           int32_t *results, char *err, size_t errlen);
+
+/* Moves the changed answers of requests whose lookup mode was asked into
+ * buf, as records of little-endian fields, each starting 4-byte aligned:
+ *   uint32 id_len, id_len bytes of req_id, uint32 flags (1 = the request
+ *   failed: every key MISS from now on; n is then 0), uint32 n, n x uint32
+ *   positions, n x uint8 results (PEERKV_LOOKUP_*), zero padding to 4 bytes.
+ * A position indexes the request's keys in the order it first asked about
+ * them (across peerkv_lookup_many calls; keys asked again keep theirs).
+ * *n_out receives the bytes written (0: nothing changed). Records that do
+ * not fit stay queued for the next call; when not even the first fits, the
+ * call fails with PEERKV_ERR_BUFFER_TOO_SMALL and *n_out is the size needed. */
+int32_t peerkv_take_answers(peerkv_handle h, uint8_t *buf, size_t len, size_t *n_out,
+                            char *err, size_t errlen);
+
+/* Points *words at PEERKV_NEWS_COUNT counters the host may read at any time
+ * without calling in: each grows when something of its kind is queued for
+ * the host (and all once when the peer shuts down or is poisoned). A count
+ * the host has seen already means that call has nothing to do, so an idle
+ * host makes no call. Read each as one aligned 64-bit load. The memory stays
+ * mapped for the life of the process (after peerkv_destroy it no longer
+ * changes). Fails with PEERKV_ERR_UNAVAILABLE if it could not be mapped. */
+int32_t peerkv_news(peerkv_handle h, const volatile uint64_t **words, char *err,
+                    size_t errlen);
 
 /* Submits a load: pull n keys from the request's sources into rows slots[i],
  * each from one source that reported it (a long load is spread over the

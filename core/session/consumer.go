@@ -251,6 +251,7 @@ func (c *consumer) onLookupResp(m *protocol.LookupResp) {
 		}
 	}
 	r.dropAnswered()
+	c.s.report(Report{Kind: ProbesAnswered, KVID: m.KVRequestID})
 }
 
 func (c *consumer) onTransferDone(m *protocol.TransferDone) {
@@ -318,6 +319,7 @@ func (c *consumer) tick(now time.Time) {
 		if n > 0 {
 			c.s.env.Logf("WARNING", "peer %s did not answer lookup for kv_request_id=%s within %v; treating %d keys as misses",
 				c.s.peerID, id, cfg.LookupTimeout, n)
+			c.s.report(Report{Kind: ProbesAnswered, KVID: id})
 		}
 		c.prune(id)
 	}

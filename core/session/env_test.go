@@ -31,6 +31,7 @@ type fakeOwner struct {
 	loads    map[int64]bool
 	stores   map[int64]bool
 	failed   []string
+	answered []string // kv ids with probes answered (ProbesAnswered)
 	fetches  []string
 	inbound  []*InboundLookup
 	finished []*InboundLookup
@@ -100,6 +101,8 @@ func (o *fakeOwner) apply(r Report) {
 		o.inbound = append(o.inbound, r.Lookup)
 	case InboundFinished:
 		o.finished = append(o.finished, r.Lookup)
+	case ProbesAnswered:
+		o.answered = append(o.answered, r.KVID)
 	default:
 		o.t.Fatalf("unknown report %+v", r)
 	}

@@ -22,6 +22,9 @@ const (
 	InboundReady
 	// InboundFinished: Lookup is over.
 	InboundFinished
+	// ProbesAnswered: the peer answered (or a deadline settled) probes of
+	// KVID; what the owner told the host about those keys may change.
+	ProbesAnswered
 )
 
 // Report is one thing that happened in a session that its owner must

@@ -420,6 +420,9 @@ func (s *Session) flushQueued() {
 	for _, m := range queued {
 		s.sendNow(m)
 	}
+	// Probes registered while the handshake ran go out now, not at the
+	// host's next step end (an idle host may not call in for a while).
+	s.FlushLookups()
 }
 
 // sendConnect sends our connect. With a secret it carries only the

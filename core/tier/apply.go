@@ -13,6 +13,10 @@ func (t *Tier) settle() {
 			t.apply(r)
 		}
 		t.pending = nil
+		t.refreshStale() // may register and send lookups, which may report
+		if len(t.pending) > 0 {
+			continue
+		}
 		if !t.reapDead() {
 			return
 		}
@@ -36,6 +40,8 @@ func (t *Tier) apply(r session.Report) {
 				req.pull.sourceFailed(r.Session, r.KVID, "its session ended with lookups unanswered")
 			}
 		}
+	case session.ProbesAnswered:
+		t.probesAnswered(r.Session, r.KVID)
 	case session.FetchArrived:
 		t.fetchArrived(r.Session, r.KVID)
 	case session.InboundReady:

@@ -261,6 +261,7 @@ func (t *Tier) settleLoad(l *pullLoad) {
 	}
 	if l.failure != "" {
 		l.pull.failed = true // this request recomputes
+		t.markStale(l.pull)
 		t.report(l.jobID, false, 0)
 		return
 	}

@@ -63,6 +63,7 @@ type Logf func(level, format string, args ...any)
 func (t *Tier) logf(level, format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	t.logs.add(level + " " + strings.ReplaceAll(msg, "\n", "\n  ") + "\n")
+	t.news.bump(NewsLogs)
 }
 
 // TakeLogs returns pending log lines ("LEVEL message\n"), at most max bytes.

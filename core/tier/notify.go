@@ -110,5 +110,6 @@ func (t *Tier) queueInbound(it inboundItem, nextPass bool) {
 	} else {
 		t.inbound.push(it)
 	}
+	t.news.bump(NewsInbound)
 	t.notify.signal()
 }

@@ -27,6 +27,7 @@ type pull struct {
 	// recomputes. It belongs to this request alone: a later request reusing
 	// a kv id starts clean.
 	failed bool
+	told   toldState // what the host caches of our answers (answers.go)
 }
 
 // pullSource is one source of one request: its own session (a separate
@@ -42,7 +43,9 @@ type pullSource struct {
 // own sources (before the prefix rule).
 type keyAnswer struct {
 	pos  int
+	key  []byte
 	last LookupResult
+	told LookupResult // what the host was told last (it asks again only after RETRY)
 }
 
 // mintKVID returns a kv_request_id no other consumer can pick: 128 random bits.
@@ -55,7 +58,7 @@ func mintKVID() string {
 // startPull opens a session to each source of a starting request; one that
 // cannot open is down from the start.
 func (t *Tier) startPull(reqID string, sources []params.Source) *pull {
-	p := &pull{probe: sources[0].Probe, byKey: map[string]*keyAnswer{}}
+	p := &pull{probe: sources[0].Probe, byKey: map[string]*keyAnswer{}, told: toldState{reqID: reqID}}
 	names := make([]string, 0, len(sources))
 	for _, src := range sources {
 		ps := &pullSource{Source: src}
@@ -109,10 +112,15 @@ func (p *pull) lookup(key []byte) LookupResult {
 	}
 	a := p.byKey[string(key)]
 	if a == nil {
-		a = &keyAnswer{pos: len(p.order), last: Retry}
+		a = &keyAnswer{pos: len(p.order), key: append([]byte(nil), key...), last: Retry}
 		p.byKey[string(key)] = a
 		p.order = append(p.order, a)
 	}
+	a.told = p.answer(a)
+	return a.told
+}
+
+func (p *pull) answer(a *keyAnswer) LookupResult {
 	gate := Hit // the answer of the first earlier key that is not HIT
 	if a.pos > p.settled {
 		gate = p.order[p.settled].last
@@ -120,7 +128,7 @@ func (p *pull) lookup(key []byte) LookupResult {
 	if gate == Miss {
 		return Miss
 	}
-	a.last = p.ask(key)
+	a.last = p.ask(a.key)
 	if a.pos < p.settled && a.last != Hit {
 		p.settled = a.pos
 	}

@@ -28,6 +28,7 @@ func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
 	t.requests[reqID] = r
 	if len(p.Sources) > 0 {
 		r.pull = t.startPull(reqID, p.Sources)
+		t.pulls.add(r.pull)
 	}
 	if p.Dest != nil {
 		t.claimServing(p.Dest.KVRequestID)
@@ -49,20 +50,8 @@ func (t *Tier) Lookup(reqID string, keys [][]byte, out []LookupResult) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	r := t.requests[reqID]
-	for i := range out {
-		out[i] = Miss
-	}
-	if r == nil || r.pull == nil || r.pull.failed || t.closed {
-		return nil
-	}
 	for i, k := range keys {
-		out[i] = r.pull.lookup(k)
-		switch out[i] {
-		case Hit:
-			t.stats.lookupHits++
-		case Miss:
-			t.stats.lookupMisses++
-		}
+		out[i] = t.lookupKey(r, k)
 	}
 	return nil
 }
@@ -71,8 +60,15 @@ func (t *Tier) Lookup(reqID string, keys [][]byte, out []LookupResult) error {
 func (t *Tier) OnScheduleEnd() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.flushLookups()
+	return nil
+}
+
+// flushLookups sends the lookups registered since the last flush. Called
+// with t.mu held.
+func (t *Tier) flushLookups() {
 	if t.closed {
-		return nil
+		return
 	}
 	dead := false
 	for _, s := range t.sessions {
@@ -82,7 +78,6 @@ func (t *Tier) OnScheduleEnd() error {
 	if dead { // a send failed: report its jobs now, not at the next tick
 		t.settle()
 	}
-	return nil
 }
 
 // SubmitLoad pulls keys from the request's sources into slots.
@@ -158,6 +153,8 @@ func (t *Tier) FinishRequest(reqID string) error {
 	}
 	delete(t.requests, reqID)
 	if r.pull != nil {
+		r.pull.told.ended = true
+		t.pulls.remove(r.pull)
 		t.endLoads(r.pull)
 		r.pull.finish()
 	}
@@ -257,6 +254,7 @@ func (t *Tier) shutdown() error {
 	}
 	clear(t.lookups)
 	t.inbound = inboundQueue{}
+	t.news.bumpAll()
 	t.notify.signal() // once: the host collects the failed jobs and stops waiting
 	t.mu.Unlock()
 	if sessions > 0 {

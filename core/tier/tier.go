@@ -55,6 +55,7 @@ type Tier struct {
 	logs   *logRing
 	reg    *registry
 	notify notifier // the host's notification fd; see notify.go
+	news   news     // what the host has to collect, read without a call; see news.go
 
 	mu            sync.Mutex
 	closed        bool
@@ -67,6 +68,9 @@ type Tier struct {
 	parkedBatches int                 // store batches parked in serving, summed
 	inbound       inboundQueue        // work for the host's serve pass
 	lookups       map[int64]*session.InboundLookup
+	pulls         pullIndex // live pulls by kv id (answers.go)
+	stale         []*pull   // pulls to re-evaluate at the end of settle
+	answered      []*pull   // pulls with changes for TakeAnswers
 	nextLookup    int64
 	pending       []session.Report // sessions' reports not yet applied (see settle)
 	stats         counters
@@ -106,11 +110,13 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		ctl:        deps.Control,
 		now:        now,
 		logs:       newLogRing(1 << 20),
+		news:       newNews(),
 		requests:   map[string]*request{},
 		sessions:   map[string]*session.Session{},
 		jobs:       map[int64]*job{},
 		serving:    map[string]*serveKV{},
 		lookups:    map[int64]*session.InboundLookup{},
+		pulls:      pullIndex{},
 		expected:   map[uint64]string{},
 		registered: make(chan registration, 64),
 		obs:        newObservations(),
@@ -491,6 +497,11 @@ func (t *Tier) reapDead() bool {
 			t.logf("WARNING", "peer %s: %s; session closed", id, s.DeathReason())
 		}
 		t.observeEnded(s)
+		for _, req := range t.requests {
+			if req.pull != nil && req.pull.uses(s) {
+				t.markStale(req.pull) // its answers may change without it
+			}
+		}
 		s.Close(s.DeathReason())
 		delete(t.sessions, id)
 		t.unbindServing(s)
@@ -530,6 +541,7 @@ func (t *Tier) report(jobID int64, ok bool, bytes int64) {
 	t.finished = append(t.finished, JobResult{
 		JobID: jobID, Success: ok, IsLoad: j.isLoad, Bytes: bytes, Duration: t.now().Sub(j.at),
 	})
+	t.news.bump(NewsResults)
 	t.notify.signal()
 }
 
@@ -582,6 +594,7 @@ func (t *Tier) poison(cause error) {
 	clear(t.lookups)
 	t.inbound = inboundQueue{}
 	if first { // wake the host once: collect the failed jobs; new work fails
+		t.news.bumpAll()
 		t.notify.signal()
 	}
 }

@@ -28,7 +28,7 @@ from pathlib import Path
 from peerkv.errors import ABIMismatchError, LibraryLoadError, PeerKVForkError
 
 ABI_MAJOR = 1
-ABI_MINOR = 0
+ABI_MINOR = 1  # the answer-caching calls and the news counts
 
 LIBRARY_ENV = "PEERKV_LIBRARY"
 LIBRARY_NAME = "libpeerkv.so"
@@ -69,6 +69,13 @@ SIGNATURES: dict[str, tuple[type | None, tuple]] = {
         (c_int64, c_char_p, c_void_p, c_size_t, c_size_t, c_void_p, *_ERR),
     ),
     "peerkv_on_schedule_end": (c_int32, (c_int64, *_ERR)),
+    "peerkv_request_lookup_mode": (c_int32, (c_int64, c_char_p, _p_i32, *_ERR)),
+    "peerkv_lookup_many": (
+        c_int32,
+        (c_int64, c_size_t, POINTER(c_char_p), _p_size, c_char_p, c_size_t, c_void_p, *_ERR),
+    ),
+    "peerkv_take_answers": (c_int32, (c_int64, c_void_p, c_size_t, _p_size, *_ERR)),
+    "peerkv_news": (c_int32, (c_int64, POINTER(c_void_p), *_ERR)),
     "peerkv_submit_load": (
         c_int32,
         (c_int64, c_char_p, c_int64, c_void_p, c_size_t, c_size_t, c_void_p, *_ERR),
@@ -195,10 +202,10 @@ def _declare(cdll: ctypes.CDLL) -> None:
 def _check_abi(cdll: ctypes.CDLL) -> None:
     version = int(cdll.peerkv_abi_version())
     major, minor = version >> 16, version & 0xFFFF
-    if major != ABI_MAJOR:
+    if major != ABI_MAJOR or minor < ABI_MINOR:
         raise ABIMismatchError(
             f"{cdll._name} implements peerkv ABI {major}.{minor}; this Python "
-            f"package needs ABI {ABI_MAJOR}.x"
+            f"package needs ABI {ABI_MAJOR}.{ABI_MINOR} or a later {ABI_MAJOR}.x"
         )
 
 

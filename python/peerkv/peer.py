@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import json
+import struct
 import sys
 import threading
 import weakref
@@ -33,6 +34,16 @@ LOOKUP_HIT = 2
 LOOKUP_HIT_PENDING = 3
 LOOKUP_RETRY = 4
 
+LOOKUPS_MISS = 0  # peerkv_request_lookup_mode: every key MISS
+LOOKUPS_HIT = 1  # every key HIT until a load fails (PD decoder)
+LOOKUPS_ASK = 2  # keys are asked of the sources
+
+NEWS_RESULTS = 0  # indexes of Peer.news()
+NEWS_ANSWERS = 1
+NEWS_INBOUND = 2
+NEWS_LOGS = 3
+NEWS_COUNT = 4
+
 POLICY_BLOCK_LEVEL = 0
 POLICY_REQUEST_LEVEL = 1
 
@@ -51,6 +62,33 @@ class JobResult(NamedTuple):
     is_load: bool
     bytes: int
     seconds: float
+
+
+class AnswerChange(NamedTuple):
+    """What changed for one request since the last take_answers."""
+
+    req_id: str
+    failed: bool  # every key MISS from now on
+    positions: tuple[int, ...]  # in the order the request first asked its keys
+    results: bytes  # LOOKUP_* per position
+
+
+def _parse_answers(raw: bytes) -> list[AnswerChange]:
+    """peerkv_take_answers' records (include/peerkv.h)."""
+    out: list[AnswerChange] = []
+    at, end = 0, len(raw)
+    while at < end:
+        (id_len,) = struct.unpack_from("<I", raw, at)
+        at += 4
+        req_id = raw[at : at + id_len].decode("utf-8", "replace")
+        at = (at + id_len + 3) & ~3
+        flags, n = struct.unpack_from("<II", raw, at)
+        at += 8
+        positions = struct.unpack_from(f"<{n}I", raw, at)
+        at += 4 * n
+        out.append(AnswerChange(req_id, bool(flags & 1), positions, raw[at : at + n]))
+        at = (at + n + 3) & ~3
+    return out
 
 
 class Inbound(NamedTuple):
@@ -159,6 +197,8 @@ class Peer:
         self._req_id_buf = ctypes.create_string_buffer(256)
         self._keys_buf = ctypes.create_string_buffer(64 * max(self.key_len, 1))
         self._log_buf = ctypes.create_string_buffer(_LOG_CAP)
+        self._answers_buf = ctypes.create_string_buffer(64 << 10)
+        self._mode = c_int32()
         self._stats_buf = ctypes.create_string_buffer(4096)
 
     # -- status handling ------------------------------------------------
@@ -222,6 +262,68 @@ class Peer:
             )
             self._check(rc)
             return self._lookup_results[0]
+
+    def lookup_mode(self, req_id: str) -> int:
+        """LOOKUPS_MISS, _HIT or _ASK for a started request; from now on its
+        changed answers are reported to take_answers."""
+        with self._lock:
+            rc = self._lib.peerkv_request_lookup_mode(
+                self._h(), req_id.encode(), byref(self._mode), self._err, _ERR_CAP
+            )
+            self._check(rc)
+            return self._mode.value
+
+    def lookup_many(self, requests: Sequence[tuple[str, Sequence[bytes]]]) -> Sequence[int]:
+        """lookup for several requests and on_schedule_end, in one call; the
+        LOOKUP_* of every key, in order."""
+        n = len(requests)
+        ids = (ctypes.c_char_p * n)(*(req_id.encode() for req_id, _ in requests))
+        counts = (c_size_t * n)(*(len(ks) for _, ks in requests))
+        blob = b"".join(b"".join(ks) for _, ks in requests)
+        total = sum(counts)
+        key_len = len(requests[0][1][0]) if total and requests[0][1] else self.key_len
+        if total == 0:
+            key_len = 0
+        elif key_len <= 0 or len(blob) != total * key_len:
+            raise InvalidArgumentError("keys of different lengths in one call")
+        results = (c_int32 * total)()
+        with self._lock:
+            rc = self._lib.peerkv_lookup_many(
+                self._h(), n, ids, counts, blob, key_len, results, self._err, _ERR_CAP
+            )
+            self._check(rc)
+        return results
+
+    def take_answers(self) -> list[AnswerChange]:
+        """Every changed answer queued since the last call."""
+        out: list[AnswerChange] = []
+        with self._lock:
+            while True:
+                rc = self._lib.peerkv_take_answers(
+                    self._h(), self._answers_buf, len(self._answers_buf), byref(self._count),
+                    self._err, _ERR_CAP,
+                )
+                if rc == ERR_BUFFER_TOO_SMALL:
+                    self._answers_buf = ctypes.create_string_buffer(
+                        max(self._count.value, 2 * len(self._answers_buf))
+                    )
+                    continue
+                self._check(rc)
+                n = self._count.value
+                if n == 0:
+                    return out
+                out.extend(_parse_answers(ctypes.string_at(self._answers_buf, n)))
+
+    def news(self) -> Any:
+        """The library's news counts, NEWS_COUNT integers read without a call
+        (index with NEWS_*); None where the library cannot provide them. The
+        memory stays valid for the life of the process."""
+        words = ctypes.c_void_p()
+        with self._lock:
+            rc = self._lib.peerkv_news(self._h(), byref(words), self._err, _ERR_CAP)
+            if rc != OK:
+                return None
+        return (ctypes.c_uint64 * NEWS_COUNT).from_address(words.value)
 
     def _submit(self, fn, req_id: str, job_id: int, keys, slots) -> None:
         blob, key_len, n = _keys_blob(keys, self.key_len)

@@ -19,6 +19,13 @@ and checks the configuration again first.
 Every method delegates to the C API and never raises into the scheduler: a
 library error fails the affected job or request (reported exactly once), is
 logged, and the request recomputes locally.
+
+The scheduler thread's calls are cheap. vLLM's per-key lookups are answered
+from what the library told this tier (kept on the request's ReqContext); the
+keys never asked go to the library in one call per step (on_schedule_end),
+and answers that changed are collected in one call, only when the library's
+news count for them moved (peerkv_news: counters read from memory, no call).
+Idle, no method calls into the library at all.
 """
 
 from __future__ import annotations
@@ -164,13 +171,53 @@ _HISTOGRAMS: dict[str, tuple[str, str | None, tuple[float, ...], str]] = {
 }
 
 
+# Indexes of the library's news counts (peerkv.peer.NEWS_*; include/peerkv.h).
+_NEWS_RESULTS, _NEWS_ANSWERS, _NEWS_INBOUND, _NEWS_LOGS = 0, 1, 2, 3
+
+# _RequestState.fixed by the library's PEERKV_LOOKUPS_* mode.
+_MODE_ANSWERS = {0: LookupResult.MISS, 1: LookupResult.HIT, 2: None}
+
+# LookupResult by the library's PEERKV_LOOKUP_* code.
+_RESULTS = (None, LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.RETRY)
+
+
 class _RequestState:
-    """What the tier knows about one request, cached on its ReqContext."""
+    """What the tier knows about one request, cached on its ReqContext: what
+    the library told it about each key, so vLLM's lookups need no call."""
 
-    __slots__ = ("started",)
+    __slots__ = ("started", "req_id", "fixed", "answers", "order", "positions", "unsent", "queued")
 
-    def __init__(self, started: bool) -> None:
+    def __init__(self, started: bool, req_id: str = "", fixed: LookupResult | None = LookupResult.MISS) -> None:
         self.started = started
+        self.req_id = req_id
+        # The answer for every key (MISS: not pulling or failed; HIT: a PD
+        # decoder), or None: each key is asked of the sources.
+        self.fixed = fixed
+        self.answers: dict[bytes, LookupResult] = {}
+        # Keys in the order the library first saw them: the library reports
+        # changed answers by position in it.
+        self.order: list[bytes] = []
+        self.positions: dict[bytes, int] = {}
+        self.unsent: list[bytes] = []  # asked this step, sent at its end
+        self.queued = False  # in PeerKVTier._to_send
+
+    def fail(self) -> None:
+        """Every key MISS from now on: the request recomputes."""
+        self.fixed = LookupResult.MISS
+        self.answers = {}
+        self.unsent = []
+
+
+class _AlwaysNew:
+    """Stands in for the news counts where the library cannot map them: every
+    read is new, so every call goes to the library."""
+
+    def __init__(self) -> None:
+        self._n = 0
+
+    def __getitem__(self, kind: int) -> int:
+        self._n += 1
+        return self._n
 
 
 class PeerKVTier(SecondaryTierManager):
@@ -242,11 +289,18 @@ class PeerKVTier(SecondaryTierManager):
         self._seed_checked = False
         self._peer: Peer | None = None
         self._waker: EngineWaker | None = None
+        # Requests whose answers the library may still change, by req_id
+        # (added at on_new_request, removed at on_request_finished).
+        self._tracked: dict[str, _RequestState] = {}
+        self._to_send: list[_RequestState] = []  # requests with keys asked this step
+        self._inbound_more = False  # the last serve pass stopped at its cap
+        self._seen = [0] * 4  # news counts collected, by peerkv.peer.NEWS_*
 
         from peerkv.peer import Peer  # loads libpeerkv.so: scheduler process only
 
         rows, row_len = _region_shape(primary_kv_view)
         self._peer = Peer(primary_kv_view, rows, row_len, create_options)
+        self._news = self._peer.news() or _AlwaysNew()
         started = self._peer.stats()
         self._local_id = started.get("local_id") or self._local_id
         self._forward_logs()  # how the Go runtime was sized, which paths serve
@@ -286,26 +340,100 @@ class PeerKVTier(SecondaryTierManager):
             logger.error("PeerKVTier: starting request %s failed: %s", req_context.req_id, exc)
             req_context.set_state(_RequestState(started=False))
             return RequestOffloadingContext()
-        req_context.set_state(_RequestState(started=True))
+        try:
+            mode = self._peer.lookup_mode(req_context.req_id)
+        except PeerKVError as exc:
+            self._log_once("lookup_mode", "reading a request's lookup mode failed: %s", exc)
+            mode = 0
+        fixed = _MODE_ANSWERS.get(mode, LookupResult.MISS)
+        state = _RequestState(True, req_context.req_id, fixed)
+        if fixed is not LookupResult.MISS:
+            self._tracked[req_context.req_id] = state
+        req_context.set_state(state)
         if policy == 1:  # PEERKV_POLICY_REQUEST_LEVEL
             return RequestOffloadingContext(policy=OffloadPolicy.REQUEST_LEVEL)
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        # Called per key per step: answered from what the library told us.
         state = req_context.get_state(_RequestState)
-        if state is None or not state.started or self._peer is None:
+        if state is None:
             return LookupResult.MISS
+        answer = state.answers.get(key, state.fixed)
+        if answer is not None:
+            return answer
+        return self._ask(state, key)
+
+    def _ask(self, state: _RequestState, key: OffloadKey) -> LookupResult:
+        """A key never asked: RETRY now, sent with the step's other keys at
+        on_schedule_end; its answer comes back through get_finished_jobs."""
+        if self._peer is None:
+            return LookupResult.MISS
+        state.answers[key] = LookupResult.RETRY
+        state.unsent.append(key)
+        if not state.queued:
+            state.queued = True
+            self._to_send.append(state)
+        return LookupResult.RETRY
+
+    def _send_lookups(self) -> None:
+        """One library call for every key asked this step."""
+        batch, self._to_send = self._to_send, []
+        requests: list[tuple[_RequestState, list[bytes]]] = []
+        for state in batch:
+            state.queued = False
+            keys, state.unsent = state.unsent, []
+            if not keys or state.fixed is not None:
+                continue  # finished or failed since
+            positions, order = state.positions, state.order
+            for key in keys:
+                if key not in positions:
+                    positions[key] = len(order)
+                    order.append(key)
+            requests.append((state, keys))
+        if not requests:
+            return
         try:
-            return LookupResult(self._peer.lookup_one(req_context.req_id, key))
+            results = self._peer.lookup_many([(state.req_id, keys) for state, keys in requests])
         except PeerKVError as exc:
-            self._log_once(f"lookup:{type(exc).__name__}", "lookup failed: %s", exc)
-            return LookupResult.MISS
+            self._log_once("lookup_many", "sending lookups failed: %s; those requests recompute", exc)
+            for state, _ in requests:
+                state.fail()
+            return
+        i = 0
+        for state, keys in requests:
+            answers = state.answers
+            for key in keys:
+                answers[key] = _RESULTS[results[i]]
+                i += 1
+
+    def _apply_answers(self) -> None:
+        """Answers the library changed since the last step."""
+        try:
+            changes = self._peer.take_answers()
+        except PeerKVError as exc:
+            self._log_once("take_answers", "reading lookup answers failed: %s; requests recompute", exc)
+            for state in self._tracked.values():
+                state.fail()
+            return
+        for change in changes:
+            state = self._tracked.get(change.req_id)
+            if state is None:
+                continue
+            if change.failed:
+                state.fail()
+                continue
+            order, answers = state.order, state.answers
+            for pos, code in zip(change.positions, change.results):
+                answers[order[pos]] = _RESULTS[code]
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         state = req_context.get_state(_RequestState)
         if state is None or not state.started or self._peer is None:
             return
         state.started = False
+        state.fail()
+        self._tracked.pop(req_context.req_id, None)
         try:
             self._peer.request_finish(req_context.req_id)
         except PeerKVError as exc:
@@ -328,6 +456,10 @@ class PeerKVTier(SecondaryTierManager):
             # Nothing to pull for this request; a store has nobody to serve.
             self._local_results.append(JobResult(job_id=job.job_id, success=not is_load))
             return
+        if is_load:
+            # The fetch closes the round at the sources: what they answered
+            # starts over for a key looked up again.
+            state.answers = {}
         submit = self._peer.submit_load if is_load else self._peer.submit_store
         try:
             submit(job.req_context.req_id, job.job_id, list(job.keys), job.chunk_ids)
@@ -349,7 +481,16 @@ class PeerKVTier(SecondaryTierManager):
             # signalled so far is collected in this step.
             self._waker.collecting()
         results, self._local_results = self._local_results, []
-        if self._peer is not None:
+        if self._peer is None:
+            return results
+        news, seen = self._news, self._seen
+        n = news[_NEWS_ANSWERS]
+        if n != seen[_NEWS_ANSWERS]:
+            seen[_NEWS_ANSWERS] = n
+            self._apply_answers()
+        n = news[_NEWS_RESULTS]
+        if n != seen[_NEWS_RESULTS]:
+            seen[_NEWS_RESULTS] = n
             try:
                 for r in self._peer.get_finished():
                     if self._outstanding.pop(r.job_id, None) is None:
@@ -366,7 +507,7 @@ class PeerKVTier(SecondaryTierManager):
                 self._fail_outstanding(exc)
                 results.extend(self._local_results)
                 self._local_results = []
-            self._forward_logs()
+        self._collect_logs()
         return results
 
     def _fail_outstanding(self, exc: PeerKVError) -> None:
@@ -396,14 +537,16 @@ class PeerKVTier(SecondaryTierManager):
             # The waker steps the engine when the library has news; jobs in
             # flight and lookups waiting for a re-offer need no step until then.
             return self._waker.pending
-        if self._inbound_ctx:
-            return True
         if self._peer is None:
             return False
-        try:
-            return self._peer.has_pending_work()
-        except PeerKVError:
-            return bool(self._outstanding)
+        if self._outstanding or self._inbound_ctx or self._inbound_more or self._to_send:
+            return True
+        news, seen = self._news, self._seen
+        return (
+            news[_NEWS_RESULTS] != seen[_NEWS_RESULTS]
+            or news[_NEWS_ANSWERS] != seen[_NEWS_ANSWERS]
+            or news[_NEWS_INBOUND] != seen[_NEWS_INBOUND]
+        )
 
     # ------------------------------------------------------------------
     # Serving remote consumers
@@ -412,6 +555,12 @@ class PeerKVTier(SecondaryTierManager):
     def serve_external_requests(self, parent: ParentManager) -> None:
         if self._peer is None:
             return
+        if not self._inbound_more:
+            n = self._news[_NEWS_INBOUND]
+            if n == self._seen[_NEWS_INBOUND]:
+                return  # nothing queued since the last pass: no call
+            self._seen[_NEWS_INBOUND] = n
+        self._inbound_more = False
         for _ in range(_MAX_INBOUND_PER_CALL):
             try:
                 item = self._peer.next_inbound()
@@ -424,6 +573,7 @@ class PeerKVTier(SecondaryTierManager):
                 self._finish_inbound(parent, item.lookup_id)
             else:
                 self._evaluate_inbound(parent, item)
+        self._inbound_more = True
         if self._waker is not None:
             # Stopped at the cap with work still queued: step again for it.
             self._waker.keep_pending()
@@ -463,11 +613,15 @@ class PeerKVTier(SecondaryTierManager):
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         if self._peer is None:
             return
-        try:
-            self._peer.on_schedule_end()
-        except PeerKVError as exc:
-            self._log_once("on_schedule_end", "on_schedule_end failed: %s", exc)
-        self._forward_logs()
+        if self._to_send:
+            self._send_lookups()
+        self._collect_logs()
+
+    def _collect_logs(self) -> None:
+        n = self._news[_NEWS_LOGS]
+        if n != self._seen[_NEWS_LOGS]:
+            self._seen[_NEWS_LOGS] = n
+            self._forward_logs()
 
     # ------------------------------------------------------------------
     # Lifecycle, metrics, logs

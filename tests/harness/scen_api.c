@@ -163,7 +163,7 @@ static void bad_input(void) {
   size_t n, needed;
 
   step("version, abi and info");
-  CHECK(peerkv_abi_version() == (1u << 16), "abi_version 0x%x", peerkv_abi_version());
+  CHECK(peerkv_abi_version() == (1u << 16 | 1u), "abi_version 0x%x", peerkv_abi_version());
   char v[128];
   CHECK(peerkv_version(v, sizeof v) == PEERKV_OK && strncmp(v, "peerkv ", 7) == 0, "version '%s'", v);
   CHECK(peerkv_version(v, 4) == PEERKV_ERR_BUFFER_TOO_SMALL && strcmp(v, "pee") == 0, "truncated version '%s'", v);
@@ -171,7 +171,7 @@ static void bad_input(void) {
   EXPECT(peerkv_info(info, 8, &needed, e, ERRLEN), PEERKV_ERR_BUFFER_TOO_SMALL, e);
   CHECK(needed > 8, "info needed=%zu", needed);
   EXPECT(peerkv_info(info, needed, &needed, e, ERRLEN), PEERKV_OK, e);
-  CHECK(strstr(info, "\"gpus\":[") && strstr(info, "\"nvml\":") && strstr(info, "\"abi\":\"1.0\""), "info %s", info);
+  CHECK(strstr(info, "\"gpus\":[") && strstr(info, "\"nvml\":") && strstr(info, "\"abi\":\"1.1\""), "info %s", info);
   fprintf(stderr, "  info: %s\n", info);
 
   step("create rejects bad arguments");

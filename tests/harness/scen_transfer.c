@@ -359,6 +359,111 @@ static void p2p_partial_a(void) {
   peer_close(&peer);
 }
 
+/* ---- the same pull by a host that caches answers (ABI 1.1) ---- */
+
+static uint32_t le32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Applies peerkv_take_answers' records for request req to told. */
+static void apply_answers(const uint8_t *buf, size_t n, const char *req, int32_t *told, size_t n_told) {
+  size_t at = 0;
+  while (at < n) {
+    CHECK(n - at >= 12, "answer record truncated at %zu of %zu", at, n);
+    uint32_t id_len = le32(buf + at);
+    CHECK(id_len == strlen(req) && memcmp(buf + at + 4, req, id_len) == 0, "answers for another request");
+    at += (4 + id_len + 3) & ~(size_t)3;
+    uint32_t flags = le32(buf + at), count = le32(buf + at + 4);
+    at += 8;
+    CHECK(flags == 0, "request reported failed (flags %u)", flags);
+    for (uint32_t i = 0; i < count; i++) {
+      uint32_t pos = le32(buf + at + 4 * i);
+      CHECK(pos < n_told, "position %u beyond the %zu keys asked", pos, n_told);
+      told[pos] = buf[at + 4 * count + i];
+    }
+    at += (5 * (size_t)count + 3) & ~(size_t)3;
+  }
+}
+
+static void p2p_cached_a(void) {
+  step("open consumer");
+  peer_open(&peer, ROWS, ROW_LEN, "");
+  int port_b;
+  child_t b = start_side_b(&port_b);
+  uint8_t keys[P2P_N * KEY_LEN];
+  int32_t told[P2P_N];
+  keys_for(keys, 'Q', 0, P2P_N);
+  char params[256];
+  start(&peer, "p2p-c", pd_source(params, sizeof params, "remote_kv_source", "kv-p2p-c", port_b));
+  step("lookup mode and news counts");
+  int32_t mode = -1;
+  int32_t rc = peerkv_request_lookup_mode(peer.h, "p2p-c", &mode, peer.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, peer.err);
+  CHECK(mode == PEERKV_LOOKUPS_ASK, "lookup mode %d, want ASK", mode);
+  const volatile uint64_t *news = NULL;
+  rc = peerkv_news(peer.h, &news, peer.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, peer.err);
+  uint64_t seen = news[PEERKV_NEWS_ANSWERS];
+  step("one call asks every key");
+  const char *ids[1] = {"p2p-c"};
+  size_t counts[1] = {P2P_N};
+  rc = peerkv_lookup_many(peer.h, 1, ids, counts, keys, KEY_LEN, told, peer.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, peer.err);
+  expect_all(told, P2P_N, PEERKV_LOOKUP_RETRY, "first cached lookup");
+  step("answers arrive as news; no key is asked again");
+  uint8_t small[8], buf[4096];
+  int probed_small = 0;
+  double deadline = now_s() + 10;
+  for (;;) {
+    int waiting = 0;
+    for (size_t i = 0; i < P2P_N; i++) waiting += told[i] == PEERKV_LOOKUP_RETRY;
+    if (!waiting) break;
+    CHECK(now_s() < deadline, "%d keys still RETRY after 10 s", waiting);
+    if (news[PEERKV_NEWS_ANSWERS] == seen) {
+      sleep_ms(2);
+      continue;
+    }
+    seen = news[PEERKV_NEWS_ANSWERS];
+    size_t n = 0;
+    if (!probed_small) {
+      probed_small = 1;
+      rc = peerkv_take_answers(peer.h, small, sizeof small, &n, peer.err, ERRLEN);
+      CHECK_RC(rc, PEERKV_ERR_BUFFER_TOO_SMALL, peer.err);
+      CHECK(n > sizeof small && n <= sizeof buf, "needed %zu", n);
+    }
+    do {
+      rc = peerkv_take_answers(peer.h, buf, sizeof buf, &n, peer.err, ERRLEN);
+      CHECK_RC(rc, PEERKV_OK, peer.err);
+      apply_answers(buf, n, "p2p-c", told, P2P_N);
+    } while (n > 0);
+  }
+  uint8_t hit_keys[P2P_N * KEY_LEN];
+  int64_t hit_slots[P2P_N];
+  size_t n_hits = 0;
+  for (size_t i = 0; i < P2P_N; i++) {
+    int32_t want = p2p_hit(i) ? PEERKV_LOOKUP_HIT : PEERKV_LOOKUP_MISS;
+    CHECK(told[i] == want, "key %zu: %d, want %d", i, told[i], want);
+    if (told[i] == PEERKV_LOOKUP_HIT) {
+      memcpy(hit_keys + n_hits * KEY_LEN, keys + i * KEY_LEN, KEY_LEN);
+      hit_slots[n_hits] = 32 + (int64_t)n_hits;
+      n_hits++;
+    }
+  }
+  step("load the hits only");
+  int64_t job = submit(&peer, 1, "p2p-c", hit_keys, hit_slots, n_hits);
+  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
+  verify_rows(&peer, hit_keys, hit_slots, n_hits);
+  finish(&peer, "p2p-c");
+  step("leak check");
+  peer_check_clean(&peer, 5);
+  send_line(b.to, "done");
+  char line[128];
+  expect_line(&peer, b.from, "clean", line, sizeof line);
+  send_line(b.to, "bye");
+  join_side_b(&b);
+  peer_close(&peer);
+}
+
 /* ---- remote_decoder + remote_kv_source on one request ---- */
 
 #define COMBO_N 16
@@ -600,6 +705,7 @@ const scenario_t transfer_scenarios[] = {
     {"pd_prefiller_first", pd_prefiller_first_a, pd_prefiller_first_b, 60},
     {"pd_decoder_first", pd_decoder_first_a, pd_decoder_first_b, 60},
     {"p2p_partial_hits", p2p_partial_a, p2p_partial_b, 60},
+    {"p2p_cached_answers", p2p_cached_a, p2p_partial_b, 60},
     {"decoder_plus_kv_source", combo_a, combo_b, 60},
     {"producer_killed", killed_producer_a, killed_producer_b, 60},
     {"two_sources", two_sources_a, two_sources_b, 60},

@@ -317,6 +317,34 @@ class _Node:
         tier = self.managers[name].secondary_tiers[0]
         return tier._peer.stats()
 
+    def count_library_calls(self, name: str) -> None:
+        """From now on, count the calls the tier makes into its library (by
+        Peer method); count_library_calls_taken returns and resets them."""
+        peer = self.managers[name].secondary_tiers[0]._peer
+        counts = self.__dict__.setdefault("_library_calls", {}).setdefault(name, {})
+        counts.clear()
+        if getattr(peer, "_peerkv_test_counted", False):
+            return
+        peer._peerkv_test_counted = True
+
+        def counting(method_name: str, method: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                counts[method_name] = counts.get(method_name, 0) + 1
+                return method(*args, **kwargs)
+
+            return call
+
+        for method_name in dir(type(peer)):
+            method = getattr(peer, method_name)
+            if not method_name.startswith("_") and callable(method) and method_name not in ("news",):
+                setattr(peer, method_name, counting(method_name, method))
+
+    def count_library_calls_taken(self, name: str) -> dict[str, int]:
+        counts = self.__dict__.get("_library_calls", {}).get(name, {})
+        taken = dict(counts)
+        counts.clear()
+        return taken
+
     def metrics(self, name: str) -> dict[str, float]:
         manager = self.managers[name]
         with manager_lock(manager):
@@ -349,6 +377,17 @@ class _Node:
                 time.sleep(gap_ms / 1000)
 
         threading.Thread(target=run, daemon=True, name=f"busy-{name}").start()
+
+    def hold(self, name: str, held: bool) -> None:
+        """Take the manager lock and keep it across commands (held=True) until
+        a later hold(name, False): a scheduler in one long step. Meanwhile the
+        manager's tiers serve no peer, and a command that takes the same lock
+        would wait for ever."""
+        lock = manager_lock(self.managers[name])
+        if held:
+            lock.acquire()
+        else:
+            lock.release()
 
     def shutdown(self, name: str) -> None:
         self._stop_engine_loop(name)

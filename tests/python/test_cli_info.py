@@ -31,9 +31,9 @@ def test_info_json_names_everything(library):
     out = _info("--json")
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
-    assert info["package"]["abi"] == "1.0"
+    assert info["package"]["abi"] == "1.1"
     lib = info["library"]
-    assert lib["abi"] == "1.0" and lib["version"].startswith("peerkv ")
+    assert lib["abi"] == "1.1" and lib["version"].startswith("peerkv ")
     assert lib["options_schema"] == config.DIGEST and lib["options_schema_matches"] is True
     assert set(lib["data_paths"]) == {"shm", "nixl", "tcp"}
     for why in lib["data_paths"].values():

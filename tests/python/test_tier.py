@@ -282,3 +282,39 @@ def test_a_bad_tier_option_fails_the_tier_naming_it(cluster):
         cluster.a.call("add", "bad", kv_transfer_config(control_port(), prot=5710, load_timeout_s="5"), timeout=60)
     assert 'unknown option "prot" (did you mean "port"?)' in str(caught.value)
     assert 'load_timeout_s must be a positive number of seconds up to 86400, got "5"' in str(caught.value)
+
+
+def test_an_idle_tier_makes_no_library_call(cluster):
+    """Idle (peers connected, nothing in flight), the scheduler's calls and the
+    tier-poll thread read the library's news counts and call nothing."""
+    pid, kid = "idle-p", new_kv_id()
+    ks, rows = random_keys(2), random_rows(2)
+    cluster.a.call("store", "a", pid, None, ks, rows)
+    got = cluster.b.call("pull", "b", "idle-c", cluster.source("remote_kv_source", "a", kid), ks, PULL_TIMEOUT_S)
+    assert got["results"] == ["HIT", "HIT"]
+    cluster.b.call("finish", "b", "idle-c")
+    cluster.a.call("finish", "a", pid)
+    time.sleep(0.5)  # the terminal fetch and its logs land
+    for node, name in ((cluster.a, "a"), (cluster.b, "b")):
+        node.call("step", name, 5)  # collect what is left
+        node.call("count_library_calls", name)
+        node.call("step", name, 50)
+        assert not node.call("pending", name)
+        assert node.call("count_library_calls_taken", name) == {}, f"{name} called the library while idle"
+
+
+def test_a_steps_lookups_go_to_the_library_in_one_call(cluster):
+    """Every key vLLM asks in a step goes out in one call; while the answers
+    travel, the lookups asked again are answered without calling in."""
+    pid = "batch-p"
+    ks, rows = random_keys(8), random_rows(8)
+    cluster.a.call("store", "a", pid, None, ks, rows)
+    cluster.b.call("count_library_calls", "b")
+    req = "batch-c"
+    got = cluster.b.call("pull", "b", req, cluster.source("remote_kv_source", "a", new_kv_id()), ks, PULL_TIMEOUT_S)
+    assert got["results"] == ["HIT"] * 8 and got["rows"] == rows
+    calls = cluster.b.call("count_library_calls_taken", "b")
+    assert calls.get("lookup_many") == 1, calls
+    assert "lookup" not in calls and "lookup_one" not in calls, calls
+    cluster.b.call("finish", "b", req)
+    cluster.a.call("finish", "a", pid)

@@ -1,0 +1,258 @@
+package tier
+
+import (
+	"fmt"
+
+	"github.com/peerkv/peerkv/core/session"
+)
+
+// A host may cache our lookup answers (peerkv_request_lookup_mode,
+// peerkv_lookup_many, peerkv_take_answers): it answers vLLM's per-key
+// lookups from what it was told, sends the keys it never asked in one call
+// per step, and asks what changed only when the answers news count moved.
+// It never asks again about a key it was told RETRY, so the tier
+// re-evaluates those keys itself whenever their sources answer (or fail),
+// and queues what changed for TakeAnswers.
+
+// LookupMode says how a request's lookups are answered.
+type LookupMode int32
+
+const (
+	LookupsMiss LookupMode = 0 // every key MISS (the request does not pull, or it failed)
+	LookupsHit  LookupMode = 1 // every key HIT until a load fails (a PD decoder)
+	LookupsAsk  LookupMode = 2 // keys are asked of the sources (remote_kv_source)
+)
+
+// toldState is what a caching host was told about one pull beyond each
+// key's told answer; its lifecycle is the pull's.
+type toldState struct {
+	reqID   string
+	cached  bool    // the host caches answers (it asked for the lookup mode)
+	stale   bool    // in t.stale: re-evaluated at the end of this settle
+	queued  bool    // in t.answered: changes wait for TakeAnswers
+	changed []int32 // positions (in order) whose told answer changed since the last take
+	failed  bool    // the host is to be told the pull failed (every key MISS)
+	ended   bool    // the request finished: nothing more is told
+}
+
+// AnswerChange is what changed for one request since the last TakeAnswers.
+type AnswerChange struct {
+	ReqID  string
+	Failed bool // every key of the request is MISS from now on
+	// Positions index the request's keys in the order it first asked about
+	// them; Results[i] is the answer for Positions[i] now.
+	Positions []int32
+	Results   []LookupResult
+}
+
+// RequestKeys is one request's part of a LookupMany.
+type RequestKeys struct {
+	ReqID string
+	Keys  [][]byte
+}
+
+// LookupMode tells a host that caches answers how reqID's lookups go, and
+// from then on queues the request's changed answers for TakeAnswers.
+func (t *Tier) LookupMode(reqID string) LookupMode {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.requests[reqID]
+	if r == nil || r.pull == nil || r.pull.failed || t.closed {
+		return LookupsMiss
+	}
+	r.pull.told.cached = true
+	if !r.pull.probe {
+		return LookupsHit
+	}
+	return LookupsAsk
+}
+
+// LookupMany is Lookup for the keys of several requests (out holds every
+// key's result, in order), then OnScheduleEnd: one call per step.
+func (t *Tier) LookupMany(batch []RequestKeys, out []LookupResult) error {
+	n := 0
+	for _, rk := range batch {
+		if err := t.checkKeys(rk.Keys); err != nil {
+			return fmt.Errorf("request %s: %w", rk.ReqID, err)
+		}
+		n += len(rk.Keys)
+	}
+	if len(out) != n {
+		return fmt.Errorf("%w: %d results for %d keys", ErrInvalidArgument, len(out), n)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	i := 0
+	for _, rk := range batch {
+		r := t.requests[rk.ReqID]
+		for _, k := range rk.Keys {
+			out[i] = t.lookupKey(r, k)
+			i++
+		}
+	}
+	t.flushLookups()
+	return nil
+}
+
+// lookupKey answers one host lookup (see peerkv_lookup). Called with t.mu held.
+func (t *Tier) lookupKey(r *request, key []byte) LookupResult {
+	if r == nil || r.pull == nil || r.pull.failed || t.closed {
+		return Miss
+	}
+	res := r.pull.lookup(key)
+	t.countAnswer(res)
+	return res
+}
+
+func (t *Tier) countAnswer(res LookupResult) {
+	switch res {
+	case Hit:
+		t.stats.lookupHits++
+	case Miss:
+		t.stats.lookupMisses++
+	}
+}
+
+// TakeAnswers moves queued changes out while fits accepts them (in order);
+// a change fits refuses stays queued, with those after it.
+func (t *Tier) TakeAnswers(fits func(AnswerChange) bool) []AnswerChange {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []AnswerChange
+	for len(t.answered) > 0 {
+		p := t.answered[0]
+		if p.told.ended {
+			t.answered = t.answered[1:]
+			p.told.queued, p.told.changed = false, nil
+			continue
+		}
+		c := AnswerChange{ReqID: p.told.reqID, Failed: p.told.failed}
+		if !c.Failed {
+			c.Positions = p.told.changed
+			c.Results = make([]LookupResult, len(c.Positions))
+			for i, pos := range c.Positions {
+				c.Results[i] = p.order[pos].told
+			}
+		}
+		if !fits(c) {
+			break
+		}
+		out = append(out, c)
+		t.answered = t.answered[1:]
+		p.told.queued, p.told.changed = false, nil
+	}
+	if len(t.answered) == 0 {
+		t.answered = nil
+	}
+	return out
+}
+
+// markStale has p re-evaluated at the end of this settle. Called with t.mu held.
+func (t *Tier) markStale(p *pull) {
+	if p == nil || !p.told.cached || p.told.ended || p.told.stale {
+		return
+	}
+	p.told.stale = true
+	t.stale = append(t.stale, p)
+}
+
+// refreshStale re-evaluates every stale pull. Called from settle.
+func (t *Tier) refreshStale() {
+	for len(t.stale) > 0 {
+		p := t.stale[0]
+		t.stale = t.stale[1:]
+		p.told.stale = false
+		t.refresh(p)
+	}
+	t.stale = nil
+}
+
+// refresh asks again, as the host would next step, about every key the
+// host was told RETRY, and queues the answers that changed.
+func (t *Tier) refresh(p *pull) {
+	if p.told.ended || t.closed {
+		return
+	}
+	if p.failed {
+		if !p.told.failed {
+			p.told.failed = true
+			t.queueAnswers(p)
+		}
+		return
+	}
+	if !p.probe {
+		return
+	}
+	for i, a := range p.order {
+		if a.told != Retry {
+			continue
+		}
+		if a.told = p.answer(a); a.told != Retry {
+			t.countAnswer(a.told)
+			p.told.changed = append(p.told.changed, int32(i))
+			t.queueAnswers(p)
+		}
+	}
+	// Keys registered again (a source took over from one that ended) go
+	// out now: the host sends nothing for keys it was told RETRY.
+	for _, src := range p.sources {
+		if src.down == "" && src.s != nil {
+			src.s.FlushLookup(src.KVRequestID)
+		}
+	}
+}
+
+func (t *Tier) queueAnswers(p *pull) {
+	if p.told.queued {
+		return
+	}
+	p.told.queued = true
+	t.answered = append(t.answered, p)
+	t.news.bump(NewsAnswers)
+}
+
+// pullIndex finds the pulls a session's report is about by kv id: a pull
+// is added when its request starts and removed when it finishes.
+type pullIndex map[string][]*pull
+
+func (x pullIndex) add(p *pull) {
+	for _, src := range p.sources {
+		x[src.KVRequestID] = append(x[src.KVRequestID], p)
+	}
+}
+
+func (x pullIndex) remove(p *pull) {
+	for _, src := range p.sources {
+		list := x[src.KVRequestID]
+		for i, q := range list {
+			if q == p {
+				list = append(list[:i], list[i+1:]...)
+				break
+			}
+		}
+		if len(list) == 0 {
+			delete(x, src.KVRequestID)
+		} else {
+			x[src.KVRequestID] = list
+		}
+	}
+}
+
+// probesAnswered marks stale the pulls that ask kv of s.
+func (t *Tier) probesAnswered(s *session.Session, kv string) {
+	for _, p := range t.pulls[kv] {
+		if p.uses(s) {
+			t.markStale(p)
+		}
+	}
+}
+
+// uses reports whether one of p's sources is served by s.
+func (p *pull) uses(s *session.Session) bool {
+	for _, src := range p.sources {
+		if src.s == s {
+			return true
+		}
+	}
+	return false
+}
