@@ -62,7 +62,8 @@ type agent struct {
 }
 
 type agentConfig struct {
-	progressThread bool
+	progressThread  bool
+	progressDelayUs uint64 // the progress thread's poll timeout; 0 = none (it spins)
 }
 
 func newAgent(name string, cfg agentConfig) (*agent, error) {
@@ -70,6 +71,7 @@ func newAgent(name string, cfg agentConfig) (*agent, error) {
 	defer C.free(unsafe.Pointer(cName))
 	ccfg := C.nixl_agent_config{
 		enable_prog_thread: C.bool(cfg.progressThread),
+		pthr_delay_us:      C.uint64_t(cfg.progressDelayUs),
 		thread_sync:        C.PKV_NIXL_THREAD_SYNC_NONE,
 	}
 	a := &agent{name: name}

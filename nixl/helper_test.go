@@ -132,7 +132,8 @@ func runGoPeer() int {
 		_ = out.Encode(peerMsg{Error: err.Error()})
 		return 1
 	}
-	tr, err := New(Options{Region: data.Region{Mem: mem, RowLen: uint64(rowLen)}})
+	tr, err := New(Options{Region: data.Region{Mem: mem, RowLen: uint64(rowLen)},
+		NoProgressThread: os.Getenv("PEER_NO_PROGRESS_THREAD") == "1"})
 	if err != nil {
 		_ = out.Encode(peerMsg{Error: err.Error()})
 		return 1

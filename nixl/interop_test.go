@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -12,12 +13,47 @@ import (
 // PythonEnv names the Python (with vLLM and nixl) used for interop tests.
 const pythonEnv = "PEERKV_TEST_PYTHON"
 
-func TestTwoProcessesGoToGo(t *testing.T) {
-	requireNIXL(t)
+// goPeer starts the test binary as a Go peer in another process.
+func goPeer(t *testing.T, env ...string) *peerProc {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"=peer",
 		fmt.Sprintf("PEER_ROWS=%d", testRows), fmt.Sprintf("PEER_ROW_LEN=%d", testRowLen), "PEER_SEED=22")
-	exchangeWithPeer(t, startPeer(t, cmd), 22)
+	cmd.Env = append(cmd.Env, env...)
+	return startPeer(t, cmd)
+}
+
+// TestTwoProcessesGoToGo also runs with UCX on tcp alone, where a WRITE
+// lands only if the target's progress thread (asleep in poll() between
+// passes, see ProgressDelay) wakes for it.
+func TestTwoProcessesGoToGo(t *testing.T) {
+	requireNIXL(t)
+	t.Run("default", func(t *testing.T) { exchangeWithPeer(t, goPeer(t), 22) })
+	t.Run("UCX_TLS=tcp", func(t *testing.T) {
+		t.Setenv("UCX_TLS", "tcp") // both processes: UCX reads it at agent creation
+		exchangeWithPeer(t, goPeer(t), 22)
+	})
+}
+
+// TestWriteIntoPeerWithoutProgressThreadStalls is the control for the
+// above: with no progress thread in the target, nothing progresses its UCX
+// worker (a one-sided WRITE makes no call there), so a write into it never
+// completes. This is why the progress thread stays on and sleeps instead.
+func TestWriteIntoPeerWithoutProgressThreadStalls(t *testing.T) {
+	requireNIXL(t)
+	t.Setenv("UCX_TLS", "tcp") // a tcp put needs the target to read its socket
+	p := goPeer(t, "PEER_NO_PROGRESS_THREAD=1")
+	local := newTestTransport(t, 11)
+	info, err := p.hello.peerInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := local.AddPeer("remote", info); err != nil {
+		t.Fatalf("AddPeer(remote): %v", err)
+	}
+	err = writeAndWait(local, "remote", []uint64{0}, []uint64{0}, 3*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "not complete after") {
+		t.Fatalf("a write into a peer without a progress thread should stall; got %v", err)
+	}
 }
 
 // TestInteropWithVLLMNixlTransport runs stock vLLM's Python NixlTransport in

@@ -67,7 +67,7 @@ func (t *Transport) run(started chan<- error) {
 
 func (t *Transport) init() error {
 	o := &t.opts
-	a, err := newAgent(o.AgentName, agentConfig{progressThread: !o.NoProgressThread})
+	a, err := newAgent(o.AgentName, o.agentConfig())
 	if err != nil {
 		return fmt.Errorf("nixl transport: %w", err)
 	}

@@ -22,6 +22,11 @@ import (
 // transfers, as vLLM's NixlTransport does; UCX_* environment variables win.
 const DefaultUCXEngineConfig = "TLS=^rc_gda"
 
+// DefaultProgressDelay is the progress thread's poll timeout: idle, the
+// thread wakes 100 times a second (well under 1 % of a core) instead of
+// spinning; traffic wakes it at once.
+const DefaultProgressDelay = 10 * time.Millisecond
+
 // Options configure a NIXL transport.
 type Options struct {
 	Region  data.Region // the host's primary region, registered once as DRAM
@@ -34,8 +39,19 @@ type Options struct {
 	NumThreads      int      // UCX num_threads; 0 = 4 (vLLM's default), <0 = NIXL's default
 	UCXEngineConfig string   // UCX engine_config; "" = DefaultUCXEngineConfig, "-" = none
 	// NoProgressThread turns NIXL's progress thread off (Python nixl and
-	// vLLM keep it on); status polls then drive progress.
+	// vLLM keep it on). Our own writes still progress (status polls drive
+	// them), but nothing progresses the UCX worker for peers writing into
+	// us (wire-up, transports that need the target, such as tcp), so this
+	// is for tests only.
 	NoProgressThread bool
+	// ProgressDelay is how long NIXL's progress thread sleeps in poll() on
+	// the UCX workers' event fds between passes (NIXL's pthr_delay_us; it
+	// rounds up to whole milliseconds). Traffic for a worker wakes it at
+	// once; the delay only bounds a wake-up UCX fails to signal. 0 =
+	// DefaultProgressDelay; < 0 = NIXL's default 0, which makes the thread
+	// poll without sleeping: a whole core, even with no peer (Python nixl
+	// and vLLM run it so).
+	ProgressDelay time.Duration
 
 	InitTimeout     time.Duration // agent creation, registration and descriptor prep; 0 = 30s
 	CallTimeout     time.Duration // wait for the owner goroutine to take a call; 0 = 10s
@@ -56,6 +72,9 @@ func (o *Options) fillDefaults() {
 	if o.AgentName == "" {
 		o.AgentName = newUUID()
 	}
+	if o.ProgressDelay == 0 {
+		o.ProgressDelay = DefaultProgressDelay
+	}
 	if o.InitTimeout <= 0 {
 		o.InitTimeout = 30 * time.Second
 	}
@@ -68,6 +87,15 @@ func (o *Options) fillDefaults() {
 	if o.CloseTimeout <= 0 {
 		o.CloseTimeout = 10 * time.Second
 	}
+}
+
+// agentConfig is the agent's progress-thread configuration.
+func (o *Options) agentConfig() agentConfig {
+	cfg := agentConfig{progressThread: !o.NoProgressThread}
+	if o.ProgressDelay > 0 {
+		cfg.progressDelayUs = max(1, uint64(o.ProgressDelay.Microseconds())) // 0 would spin
+	}
+	return cfg
 }
 
 func (o *Options) backendParams(backend string) map[string]string {

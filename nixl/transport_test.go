@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -332,4 +333,61 @@ func withoutUCXErrorEnv(env []string) []string {
 		}
 	}
 	return kept
+}
+
+// TestIdleProgressThreadSleeps checks that connected agents with no
+// transfer cost next to no CPU: NIXL's progress thread sleeps in poll()
+// (ProgressDelay) instead of spinning. The control, NIXL's own default
+// (ProgressDelay < 0, what Python nixl runs), spins, proving the figure
+// catches a spinning thread.
+func TestIdleProgressThreadSleeps(t *testing.T) {
+	requireNIXL(t)
+	idleCPU := func(delay time.Duration) float64 {
+		a, err := New(Options{Region: mmapRegion(t, testRows, testRowLen, 1), ProgressDelay: delay})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		b, err := New(Options{Region: mmapRegion(t, testRows, testRowLen, 2), ProgressDelay: delay})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		for _, w := range []struct {
+			from, to *Transport
+			name     string
+		}{{a, b, "b"}, {b, a, "a"}} {
+			if err := w.from.AddPeer(w.name, infoOf(w.to)); err != nil {
+				t.Fatal(err)
+			}
+			if err := writeAndWait(w.from, w.name, []uint64{0}, []uint64{1}, 20*time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(100 * time.Millisecond) // connection set-up settles
+		before, start := processCPU(t), time.Now()
+		time.Sleep(time.Second)
+		return 100 * (processCPU(t) - before).Seconds() / time.Since(start).Seconds()
+	}
+	sleeping := idleCPU(0)
+	spinning := idleCPU(-1)
+	for try := 1; try < 3 && spinning < 5*sleeping+5; try++ { // a loaded host may starve the spinning thread
+		spinning = max(spinning, idleCPU(-1))
+	}
+	t.Logf("idle CPU, two connected agents: %.1f %% of a core with the default ProgressDelay, %.1f %% spinning", sleeping, spinning)
+	if sleeping > 10 {
+		t.Errorf("idle agents used %.1f %% of a core; the progress thread should sleep", sleeping)
+	}
+	if spinning < 5*sleeping+5 {
+		t.Errorf("control: spinning progress threads used only %.1f %% of a core (sleeping ones %.1f %%)", spinning, sleeping)
+	}
+}
+
+// processCPU is this process's user and system CPU time, every thread.
+func processCPU(t *testing.T) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -43,7 +43,10 @@ def _child_env(hash_seed: str) -> dict[str, str]:
     }
 
 
-def _serve(conn, env: dict[str, str]) -> None:
+def prepare_engine_process(env: dict[str, str], short_deadlines: bool = True) -> None:
+    """The per-process setup a node runs before it builds tiers (env from
+    _child_env), for a process that hosts managers itself; short_deadlines=False
+    keeps vLLM's own p2p deadlines. Call it before vLLM, nixl or UCX are imported."""
     os.environ.update(env)  # before vLLM, nixl or UCX are imported
     import importlib
 
@@ -51,11 +54,17 @@ def _serve(conn, env: dict[str, str]) -> None:
     from vllm.v1.core.kv_cache_utils import init_none_hash
 
     init_none_hash(get_hash_fn_by_name("sha256"))
+    if not short_deadlines:
+        return
     for module_name, constants in VLLM_P2P_DEADLINES.items():
         module = importlib.import_module(module_name)
         for name, value in constants.items():
             assert hasattr(module, name), f"vLLM moved {module_name}.{name}"
             setattr(module, name, value)
+
+
+def _serve(conn, env: dict[str, str]) -> None:
+    prepare_engine_process(env)
     peerkv_node.serve(conn)
 
 

@@ -25,7 +25,6 @@ import (
 	"flag"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -35,12 +34,11 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/data/shmdata"
 	"github.com/peerkv/peerkv/core/data/tcpdata"
 	"github.com/peerkv/peerkv/nixl"
+	"github.com/peerkv/peerkv/tests/bench/internal/benchproc"
 )
 
 const (
@@ -76,24 +74,9 @@ func main() {
 	}
 }
 
-// region maps the rows outside the Go heap, as a host's region is (NIXL
-// registers it): a memfd mapped shared, like vLLM's /dev/shm region, so the
-// same-host path can grant it. The fd stays open for the process's life.
+// region maps the rows outside the Go heap, as a host's region is.
 func (p params) region() (data.Region, error) {
-	rowLen := uint64(p.rowMiB) << 20
-	size := p.rows * int(rowLen)
-	fd, err := unix.MemfdCreate("peerkv-datapath", unix.MFD_CLOEXEC)
-	if err != nil {
-		return data.Region{}, fmt.Errorf("memfd_create: %w", err)
-	}
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		return data.Region{}, fmt.Errorf("ftruncate: %w", err)
-	}
-	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return data.Region{}, fmt.Errorf("mmap: %w", err)
-	}
-	return data.Region{Mem: mem, RowLen: rowLen}, nil
+	return benchproc.Region("peerkv-datapath", p.rows, uint64(p.rowMiB)<<20)
 }
 
 func (p params) shm(id string, region data.Region) (*shmdata.Transport, error) {
@@ -160,68 +143,6 @@ func runChild(p params) error {
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// child is the receiver process, driven over its stdin and stdout.
-type child struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	lines chan string
-}
-
-func startChild() (*child, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(self, os.Args[1:]...)
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	c := &child{cmd: cmd, stdin: stdin, lines: make(chan string, 4)}
-	go func() {
-		defer close(c.lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			c.lines <- sc.Text()
-		}
-	}()
-	return c, nil
-}
-
-func (c *child) readLine() (string, error) {
-	select {
-	case line, ok := <-c.lines:
-		if !ok {
-			return "", fmt.Errorf("child exited early")
-		}
-		return line, nil
-	case <-time.After(childTimeout):
-		return "", fmt.Errorf("child silent for %v", childTimeout)
-	}
-}
-
-// stop closes the child's stdin and waits for it, killing it if it hangs.
-func (c *child) stop() {
-	_ = c.stdin.Close()
-	done := make(chan struct{})
-	go func() { _ = c.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(childTimeout):
-		_ = c.cmd.Process.Kill()
-		<-done
-	}
-}
-
 func runParent(p params) error {
 	src, err := p.region()
 	if err != nil {
@@ -230,13 +151,13 @@ func runParent(p params) error {
 	fillRandom(src.Mem)
 	want := strconv.FormatUint(uint64(crc32.Checksum(src.Mem, crcTable)), 16)
 
-	ch, err := startChild()
+	ch, err := benchproc.Start(childTimeout, childEnv+"=1")
 	if err != nil {
 		return fmt.Errorf("start child: %w", err)
 	}
-	defer ch.stop()
+	defer ch.Stop()
 	info := data.PeerInfo{NumRows: src.NumRows(), RowLen: src.RowLen}
-	line, err := ch.readLine()
+	line, err := ch.ReadLine()
 	if err != nil {
 		return err
 	}
@@ -245,7 +166,7 @@ func runParent(p params) error {
 		return fmt.Errorf("child said %q, expected its addresses and same-host offer: %v", line, err)
 	}
 	info.SameHost = offer
-	if line, err = ch.readLine(); err != nil {
+	if line, err = ch.ReadLine(); err != nil {
 		return err
 	}
 	nixlWhy := ""
@@ -279,12 +200,12 @@ func runParent(p params) error {
 		rates[path.name] = rate
 		fmt.Printf("datapath: %s %dx%dMiB: %.2f GB/s; memcpy 1-thread: %.2f GB/s; ratio %.2f\n",
 			path.name, p.rows, p.rowMiB, rate, mem, rate/mem)
-		if err := ch.verify(want); err != nil {
+		if err := verify(ch, want); err != nil {
 			return fmt.Errorf("%s: %w", path.name, err)
 		}
 		fmt.Println("verified")
 	}
-	ch.stop() // its region is not needed for the upstream run
+	ch.Stop() // its region is not needed for the upstream run
 	compareWithUpstream(p, rates)
 	return nil
 }
@@ -347,11 +268,11 @@ func measurePath(open func() (data.Transport, error), info data.PeerInfo, p para
 }
 
 // verify asks the child to compare its region's checksum with want.
-func (c *child) verify(want string) error {
-	if _, err := fmt.Fprintf(c.stdin, "verify %s\n", want); err != nil {
+func verify(c *benchproc.Child, want string) error {
+	if err := c.Println("verify " + want); err != nil {
 		return fmt.Errorf("ask child to verify: %w", err)
 	}
-	answer, err := c.readLine()
+	answer, err := c.ReadLine()
 	if err != nil {
 		return err
 	}
