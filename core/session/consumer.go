@@ -103,6 +103,8 @@ func (c *consumer) prune(id string) {
 
 // RegisterLookup answers one probe of a P2P consumer: HIT/MISS once the peer
 // answered, RETRY (registering the key for this step's lookup) until then.
+// The session keeps key (no copy: one per key a step adds up): the caller
+// must never change it.
 func (s *Session) RegisterLookup(kvRequestID string, key []byte) (hit, known bool) {
 	c := &s.consumer
 	r := c.request(kvRequestID)
@@ -115,7 +117,7 @@ func (s *Session) RegisterLookup(kvRequestID string, key []byte) (hit, known boo
 	}
 	if _, seen := r.probes[string(key)]; !seen {
 		r.probes[string(key)] = probeUnsent
-		r.unsent = append(r.unsent, append([]byte(nil), key...))
+		r.unsent = append(r.unsent, key)
 		c.flush[kvRequestID] = struct{}{}
 	}
 	return false, false

@@ -85,6 +85,9 @@ func (t *Tier) LookupMany(batch []RequestKeys, out []LookupResult) error {
 	i := 0
 	for _, rk := range batch {
 		r := t.requests[rk.ReqID]
+		if r != nil && r.pull != nil {
+			r.pull.reserve(len(rk.Keys))
+		}
 		for _, k := range rk.Keys {
 			out[i] = t.lookupKey(r, k)
 			i++

@@ -22,6 +22,7 @@ type pull struct {
 	// leading keys are HIT.
 	order   []*keyAnswer
 	byKey   map[string]*keyAnswer
+	spare   []keyAnswer // allocated ahead for the keys of one host call (reserve)
 	settled int
 	// failed: a load failed, so every lookup answers MISS and the host
 	// recomputes. It belongs to this request alone: a later request reusing
@@ -112,12 +113,29 @@ func (p *pull) lookup(key []byte) LookupResult {
 	}
 	a := p.byKey[string(key)]
 	if a == nil {
-		a = &keyAnswer{pos: len(p.order), key: append([]byte(nil), key...), last: Retry}
+		if len(p.spare) == 0 {
+			p.spare = make([]keyAnswer, 1)
+		}
+		a, p.spare = &p.spare[0], p.spare[1:]
+		*a = keyAnswer{pos: len(p.order), key: append([]byte(nil), key...), last: Retry}
 		p.byKey[string(key)] = a
 		p.order = append(p.order, a)
 	}
 	a.told = p.answer(a)
 	return a.told
+}
+
+// reserve makes room for n more keys at once: one host call asks a whole
+// request's keys, and a step asks thousands.
+func (p *pull) reserve(n int) {
+	if !p.probe || n <= len(p.spare) {
+		return
+	}
+	p.spare = make([]keyAnswer, n)
+	if len(p.byKey) == 0 {
+		p.byKey = make(map[string]*keyAnswer, n)
+		p.order = make([]*keyAnswer, 0, n)
+	}
 }
 
 func (p *pull) answer(a *keyAnswer) LookupResult {

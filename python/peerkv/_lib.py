@@ -129,6 +129,16 @@ SIGNATURES: dict[str, tuple[type | None, tuple]] = {
 }
 
 
+# Calls that may wait (bounded, but for seconds: drain, shutdown, destroy) or
+# do real work (create binds sockets and may start NIXL) release the GIL.
+# Every other call returns in microseconds and never waits on the network,
+# so it keeps the GIL: releasing it costs more than the call, since getting
+# it back can wait a whole switch interval (5 ms) behind another thread.
+RELEASES_GIL = frozenset(
+    {"peerkv_create", "peerkv_drain", "peerkv_shutdown", "peerkv_destroy", "peerkv_info"}
+)
+
+
 def library_path() -> Path:
     """Where the library is: $PEERKV_LIBRARY, else next to this package."""
     override = os.environ.get(LIBRARY_ENV)
@@ -186,10 +196,10 @@ def _configure_environment() -> None:
     os.environ.setdefault("UCX_HANDLE_ERRORS", "none")
 
 
-def _declare(cdll: ctypes.CDLL) -> None:
+def _declare(cdll: ctypes.CDLL, holding_gil: ctypes.PyDLL) -> None:
     for name, (restype, argtypes) in SIGNATURES.items():
         try:
-            fn = getattr(cdll, name)
+            fn = getattr(cdll if name in RELEASES_GIL else holding_gil, name)
         except AttributeError as exc:
             raise LibraryLoadError(
                 f"{cdll._name} does not export {name}: it was built from "
@@ -197,6 +207,7 @@ def _declare(cdll: ctypes.CDLL) -> None:
             ) from exc
         fn.restype = restype
         fn.argtypes = argtypes
+        setattr(cdll, name, fn)
 
 
 def _check_abi(cdll: ctypes.CDLL) -> None:
@@ -227,9 +238,10 @@ def lib() -> ctypes.CDLL:
             _configure_environment()
             try:
                 cdll = ctypes.CDLL(str(path), mode=os.RTLD_LAZY)
+                holding_gil = ctypes.PyDLL(str(path), mode=os.RTLD_LAZY)  # the same handle
             except OSError as exc:
                 raise LibraryLoadError(f"cannot load {path}: {exc}") from exc
-            _declare(cdll)
+            _declare(cdll, holding_gil)
             _check_abi(cdll)
             _loaded_pid = os.getpid()
             _lib = cdll

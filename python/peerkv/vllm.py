@@ -386,10 +386,14 @@ class PeerKVTier(SecondaryTierManager):
             if not keys or state.fixed is not None:
                 continue  # finished or failed since
             positions, order = state.positions, state.order
-            for key in keys:
-                if key not in positions:
-                    positions[key] = len(order)
-                    order.append(key)
+            if positions.keys().isdisjoint(keys):  # the usual case: all new, no duplicates
+                positions.update(zip(keys, range(len(order), len(order) + len(keys))))
+                order.extend(keys)
+            else:  # asked again after a load: keeps its position
+                for key in keys:
+                    if key not in positions:
+                        positions[key] = len(order)
+                        order.append(key)
             requests.append((state, keys))
         if not requests:
             return
@@ -400,12 +404,9 @@ class PeerKVTier(SecondaryTierManager):
             for state, _ in requests:
                 state.fail()
             return
-        i = 0
+        codes = map(_RESULTS.__getitem__, results[:])  # one iterator over every request's keys
         for state, keys in requests:
-            answers = state.answers
-            for key in keys:
-                answers[key] = _RESULTS[results[i]]
-                i += 1
+            state.answers.update(zip(keys, codes))
 
     def _apply_answers(self) -> None:
         """Answers the library changed since the last step."""
