@@ -73,6 +73,12 @@ int32_t peerkv_take_answers(peerkv_handle h, uint8_t *buf, size_t len, size_t *n
   return pkvgo_take_answers(h, buf, len, n_out, err, errlen);
 }
 
+int32_t peerkv_probe(peerkv_handle h, const char *peer, double timeout_s, char *buf,
+                     size_t len, size_t *needed, char *err, size_t errlen) {
+  REFUSE_FORKED(err, errlen);
+  return pkvgo_probe(h, (char *)peer, timeout_s, buf, len, needed, err, errlen);
+}
+
 int32_t peerkv_news(peerkv_handle h, const volatile uint64_t **words, char *err,
                     size_t errlen) {
   REFUSE_FORKED(err, errlen);

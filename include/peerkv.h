@@ -218,6 +218,21 @@ int32_t peerkv_lookup_many(peerkv_handle h, size_t n_requests, const char *const
 int32_t peerkv_take_answers(peerkv_handle h, uint8_t *buf, size_t len, size_t *n_out,
                             char *err, size_t errlen);
 
+/* Probes peer ("host:port") with a handshake only (ABI 1.1; `peerkv doctor`):
+ * opens a session, waits up to timeout_s for the handshake to finish or
+ * fail, then closes it orderly (the peer sees a connect and a goodbye). Writes
+ * a JSON object into buf (size protocol of peerkv_stats; a retry probes
+ * again): "peer", "handshake" (bool), "connect" (the peer's connect as it
+ * arrived: peer_id, block_len, num_blocks, config_fingerprint, hash_seed,
+ * peerkv, peerkv_version, data_transport; absent when a peerkv peer refused
+ * ours first, as it tells a refused stranger no values), "refused" (the
+ * fields of our connect a peerkv peer named as differing), "cause" and
+ * "reason" (why the handshake failed), "rtt_ms". A failed handshake is a
+ * result, not an error; PEERKV_ERR_INVALID_ARGUMENT if this handle has a
+ * session with peer already. */
+int32_t peerkv_probe(peerkv_handle h, const char *peer, double timeout_s, char *buf,
+                     size_t len, size_t *needed, char *err, size_t errlen);
+
 /* Points *words at PEERKV_NEWS_COUNT counters the host may read at any time
  * without calling in: each grows when something of its kind is queued for
  * the host (and all once when the peer shuts down or is poisoned). A count

@@ -3,6 +3,7 @@ package protocol
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/ugorji/go/codec"
@@ -56,6 +57,13 @@ type (
 	}
 	wireTypeOnly struct {
 		Type Type `codec:"type"`
+	}
+	wireDisconnect struct {
+		Type   Type         `codec:"type"`
+		PeerKV *wireRefusal `codec:"peerkv"`
+	}
+	wireRefusal struct {
+		Refused string `codec:"refused"`
 	}
 	wireLookup struct {
 		Type        Type     `codec:"type"`
@@ -152,9 +160,17 @@ func toWire(m Message) (wire any, size int, err error) {
 			return &wirePeerID{TypeConnectAck, v.PeerID}, header + len(v.PeerID), nil
 		}
 	case *Disconnect:
-		if v != nil {
+		if v == nil {
+			break
+		}
+		if len(v.Refused) == 0 {
 			return &wireTypeOnly{TypeDisconnect}, header, nil
 		}
+		if len(v.Refused) > MaxRefused {
+			return nil, 0, fmt.Errorf("encode disconnect: %d refused fields, limit %d", len(v.Refused), MaxRefused)
+		}
+		refused := strings.Join(v.Refused, ",")
+		return &wireDisconnect{TypeDisconnect, &wireRefusal{refused}}, 2*header + len(refused), nil
 	case *Lookup:
 		if v != nil {
 			keys, n := nonNilKeys(v.Keys)

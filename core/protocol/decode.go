@@ -3,6 +3,7 @@ package protocol
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // field enumerates every key peerkv reads. Values of other keys are skipped
@@ -224,7 +225,7 @@ func (f *parsed) message() (Message, error) {
 		}
 		return &ConnectAck{PeerID: id}, nil
 	case TypeDisconnect:
-		return &Disconnect{}, nil
+		return f.disconnect()
 	case TypeLookup:
 		return f.lookup()
 	case TypeLookupResp:
@@ -260,6 +261,46 @@ func describeType(t Type) string {
 		s = s[:64] + "..."
 	}
 	return fmt.Sprintf("%q", s)
+}
+
+// disconnect reads a peerkv peer's refused fields (names only); a stock
+// vLLM disconnect has none.
+func (f *parsed) disconnect() (Message, error) {
+	d := &Disconnect{}
+	t, err := f.value(fPeerKV)
+	if err != nil {
+		return d, nil
+	}
+	if t.Kind != kindMap {
+		return nil, f.fail(fPeerKV, "expected map, got %s", t.describe())
+	}
+	for range t.Len {
+		k, _ := f.r.next()
+		v, _ := f.r.next()
+		if k.Kind != kindStr || string(k.Bytes) != "refused" {
+			_ = f.r.skip(k, 2) // scan already checked the nesting
+			_ = f.r.skip(v, 2)
+			continue
+		}
+		path := CapabilitiesKey + ".refused"
+		if v.Kind != kindStr {
+			return nil, f.failPath(path, "expected str, got %s", v.describe())
+		}
+		if err := checkWireString(v.Bytes); err != nil {
+			return nil, f.failPath(path, "%v", err)
+		}
+		names := strings.Split(string(v.Bytes), ",")
+		if len(names) > MaxRefused {
+			return nil, f.failPath(path, "%d names, limit %d", len(names), MaxRefused)
+		}
+		for _, n := range names {
+			if n == "" || len(n) > 32 {
+				return nil, f.failPath(path, "a name of %d bytes (1..32)", len(n))
+			}
+		}
+		d.Refused = names
+	}
+	return d, nil
 }
 
 func (f *parsed) connect() (Message, error) {

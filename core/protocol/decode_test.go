@@ -367,3 +367,29 @@ func TestDecodeBoundsBinaryFields(t *testing.T) {
 	_, err = Decode(build(t, kv{"type", "peerkv_proof"}, kv{"peer_id", "a:1"}, kv{"proof", make([]byte, MaxDigestBytes+1)}), Limits{})
 	require.ErrorIs(t, err, ErrMalformed)
 }
+
+func TestDisconnectCarriesRefusedFieldNamesOnlyToPeerKV(t *testing.T) {
+	plain, err := Encode(&Disconnect{})
+	require.NoError(t, err)
+	assert.Equal(t, build(t, kv{"type", "disconnect"}), plain, "a stock disconnect is vLLM's, byte for byte")
+	frame, err := Encode(&Disconnect{Refused: []string{"block_len", "hash_seed"}})
+	require.NoError(t, err)
+	m, err := Decode(frame, Limits{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"block_len", "hash_seed"}, m.(*Disconnect).Refused)
+	m, err = Decode(plain, Limits{})
+	require.NoError(t, err)
+	assert.Empty(t, m.(*Disconnect).Refused)
+
+	for name, refusal := range map[string]any{
+		"not a map":   "x",
+		"not a str":   map[string]any{"refused": 3},
+		"empty name":  map[string]any{"refused": "a,,b"},
+		"long name":   map[string]any{"refused": strings.Repeat("x", 33)},
+		"too many":    map[string]any{"refused": strings.Repeat("a,", MaxRefused) + "a"},
+		"control chr": map[string]any{"refused": "a\x00"},
+	} {
+		_, err := Decode(build(t, kv{"type", "disconnect"}, kv{"peerkv", refusal}), Limits{})
+		assert.ErrorIs(t, err, ErrMalformed, name)
+	}
+}

@@ -84,7 +84,15 @@ type ConnectAck struct {
 }
 
 // Disconnect announces that the sender is closing the session.
-type Disconnect struct{}
+type Disconnect struct {
+	// Refused names the fields of the receiver's connect that the sender
+	// refused ("block_len", "fingerprint", "hash_seed"), never their
+	// values; sent only to peerkv peers, under CapabilitiesKey.
+	Refused []string
+}
+
+// MaxRefused bounds Disconnect.Refused (and each name to 32 bytes).
+const MaxRefused = 8
 
 // Lookup asks a producer which keys it holds (symmetric P2P).
 type Lookup struct {

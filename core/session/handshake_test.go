@@ -207,3 +207,36 @@ func TestASessionWithdrawsItsSameHostGrantWhenItCloses(t *testing.T) {
 	s.Close("done")
 	assert.Equal(t, od.offers, od.withdrawn, "no grant outlives its session")
 }
+
+func TestRejectionNamesEveryRefusedFieldToPeerKVPeersOnly(t *testing.T) {
+	caps := &protocol.Capabilities{Version: 1, Nonce: []byte{}}
+	for name, c := range map[string]*protocol.Capabilities{"peerkv": caps, "stock": nil} {
+		t.Run(name, func(t *testing.T) {
+			b := newOwner(t, "127.0.0.1:1002")
+			s := b.open("127.0.0.1:1001", false)
+			s.Handle(&protocol.Connect{PeerID: "127.0.0.1:1001", AgentMetadata: []byte{}, NumBlocks: 8,
+				BlockLen: testRowLen * 2, HashSeed: "another seed", PeerKV: c})
+			require.True(t, s.Dead())
+			sent := b.take()
+			require.Len(t, sent, 1)
+			d := sent[0].(*protocol.Disconnect)
+			if c != nil {
+				assert.Equal(t, []string{"block_len", "hash_seed"}, d.Refused)
+			} else {
+				assert.Empty(t, d.Refused, "a stock peer gets vLLM's plain disconnect")
+			}
+			assert.Contains(t, b.logs[len(b.logs)-1], "block_len mismatch")
+			assert.Contains(t, b.logs[len(b.logs)-1], "hash seed mismatch")
+			seen, ok := s.Seen()
+			require.True(t, ok)
+			assert.Equal(t, uint64(testRowLen*2), seen.BlockLen)
+		})
+	}
+	// The dialer learns which fields, not the values.
+	a := newOwner(t, "127.0.0.1:1001")
+	s := a.open("127.0.0.1:1002", true)
+	s.Handle(&protocol.Disconnect{Refused: []string{"hash_seed"}})
+	require.True(t, s.Dead())
+	assert.Equal(t, []string{"hash_seed"}, s.Refused())
+	assert.Contains(t, s.DeathReason(), "our hash_seed differ")
+}

@@ -14,6 +14,7 @@ import (
 	"crypto/hmac"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/peerkv/peerkv/core/config"
@@ -88,6 +89,8 @@ type Session struct {
 	orderly bool
 	// rejectCause is set when the handshake failed: one of RejectionCauses.
 	rejectCause string
+	refused     []string     // the fields of our connect the peer refused, as it named them
+	seen        *PeerConnect // the peer's connect as it arrived, before our checks
 
 	consumer consumer
 	producer producer
@@ -214,8 +217,14 @@ func (s *Session) dispatch(m protocol.Message) error {
 			s.markDead("it closed the session")
 		} else {
 			s.rejectCause = CauseRefusedByPeer
-			s.markDead("it refused our connect (its log names why: block_len, config fingerprint, hash seed, " +
-				"auth secret, or its session limits)")
+			s.refused = msg.Refused
+			if len(msg.Refused) > 0 {
+				s.markDead(fmt.Sprintf("it refused our connect: our %s differ from its own (its log has the values)",
+					strings.Join(msg.Refused, ", ")))
+			} else {
+				s.markDead("it refused our connect (its log names why: block_len, config fingerprint, hash seed, " +
+					"auth secret, or its session limits)")
+			}
 		}
 		return nil
 	}
@@ -255,6 +264,45 @@ func (s *Session) dispatch(m protocol.Message) error {
 	return nil
 }
 
+// checkFields refuses a connect whose block_len, fingerprint or hash seed
+// differ from ours, naming every one that does: in the log with both
+// values, and to a peerkv peer by name only (a stranger learns no value).
+func (s *Session) checkFields(c *protocol.Connect) error {
+	cfg := s.env.Cfg
+	var causes, names, why []string
+	if c.BlockLen != s.env.Region.RowLen {
+		causes, names = append(causes, CauseBlockLen), append(names, "block_len")
+		why = append(why, fmt.Sprintf("block_len mismatch: peer %d bytes per row, local %d (peers must run the same "+
+			"model, dtype, block size and parallel layout)", c.BlockLen, s.env.Region.RowLen))
+	}
+	if cfg.ConfigFingerprint != "" && c.ConfigFingerprint != "" && c.ConfigFingerprint != cfg.ConfigFingerprint {
+		causes, names = append(causes, CauseFingerprint), append(names, "config_fingerprint")
+		why = append(why, fmt.Sprintf("config fingerprint mismatch: peer %q, local %q (model, dtype, block size or "+
+			"KV layout differ)", c.ConfigFingerprint, cfg.ConfigFingerprint))
+	}
+	if c.HashSeed != cfg.HashSeed {
+		causes, names = append(causes, CauseHashSeed), append(names, "hash_seed")
+		why = append(why, fmt.Sprintf("hash seed mismatch: peer %q, local %q (set the same PYTHONHASHSEED on every "+
+			"peer, or leave it unset everywhere with a sha256 prefix-cache hash)", c.HashSeed, cfg.HashSeed))
+	}
+	if len(causes) == 0 {
+		return nil
+	}
+	reason := strings.Join(why, "; ")
+	s.env.Logf("ERROR", "rejecting peer %s: %s", s.peerID, reason)
+	s.failHandshake(causes[0])
+	if s.dead {
+		return nil
+	}
+	goodbye := &protocol.Disconnect{}
+	if c.PeerKV != nil {
+		goodbye.Refused = names
+	}
+	_ = s.env.Send(s.peerID, goodbye)
+	s.markDead("rejected its connect: " + reason)
+	return nil
+}
+
 // reject refuses the peer for cause: one line logged, goodbye sent,
 // session dead.
 func (s *Session) reject(cause, format string, args ...any) error {
@@ -278,19 +326,15 @@ func (s *Session) onConnect(c *protocol.Connect) error {
 	if s.state != awaitingPeerConnect {
 		return errors.New("duplicate connect")
 	}
+	s.seen = &PeerConnect{At: s.env.Now(), PeerID: c.PeerID, BlockLen: c.BlockLen, NumBlocks: c.NumBlocks,
+		ConfigFingerprint: c.ConfigFingerprint, HashSeed: c.HashSeed, PeerKV: c.PeerKV != nil}
+	if c.PeerKV != nil {
+		s.seen.CapsVersion, s.seen.DataTransport = c.PeerKV.Version, c.PeerKV.DataTransport
+	}
+	if err := s.checkFields(c); err != nil || s.dead {
+		return err
+	}
 	cfg := s.env.Cfg
-	if c.BlockLen != s.env.Region.RowLen {
-		return s.reject(CauseBlockLen, "block_len mismatch: peer %d bytes per row, local %d (peers must run the same model, "+
-			"dtype, block size and parallel layout)", c.BlockLen, s.env.Region.RowLen)
-	}
-	if cfg.ConfigFingerprint != "" && c.ConfigFingerprint != "" && c.ConfigFingerprint != cfg.ConfigFingerprint {
-		return s.reject(CauseFingerprint, "config fingerprint mismatch: peer %q, local %q (model, dtype, block size or KV layout differ)",
-			c.ConfigFingerprint, cfg.ConfigFingerprint)
-	}
-	if c.HashSeed != cfg.HashSeed {
-		return s.reject(CauseHashSeed, "hash seed mismatch: peer %q, local %q (set the same PYTHONHASHSEED on every peer, "+
-			"or leave it unset everywhere with a sha256 prefix-cache hash)", c.HashSeed, cfg.HashSeed)
-	}
 	// vLLM sends its own id as both; a mismatch is a confused or lying peer.
 	if c.PeerID != s.peerID {
 		return s.reject(CauseIdentity, "its connect names %q but its connection identity is %q", c.PeerID, s.peerID)

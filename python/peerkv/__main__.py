@@ -11,11 +11,12 @@ import argparse
 import importlib
 import sys
 
-# name -> module; add `doctor`, `serve` here.
+# name -> module.
 SUBCOMMANDS = {
     "proxy": "peerkv.proxy",
     "info": "peerkv.info_cli",
     "check-config": "peerkv.check_config",
+    "doctor": "peerkv.doctor",
 }
 
 

@@ -76,6 +76,7 @@ SIGNATURES: dict[str, tuple[type | None, tuple]] = {
     ),
     "peerkv_take_answers": (c_int32, (c_int64, c_void_p, c_size_t, _p_size, *_ERR)),
     "peerkv_news": (c_int32, (c_int64, POINTER(c_void_p), *_ERR)),
+    "peerkv_probe": (c_int32, (c_int64, c_char_p, c_double, c_void_p, c_size_t, _p_size, *_ERR)),
     "peerkv_submit_load": (
         c_int32,
         (c_int64, c_char_p, c_int64, c_void_p, c_size_t, c_size_t, c_void_p, *_ERR),
@@ -135,7 +136,7 @@ SIGNATURES: dict[str, tuple[type | None, tuple]] = {
 # so it keeps the GIL: releasing it costs more than the call, since getting
 # it back can wait a whole switch interval (5 ms) behind another thread.
 RELEASES_GIL = frozenset(
-    {"peerkv_create", "peerkv_drain", "peerkv_shutdown", "peerkv_destroy", "peerkv_info"}
+    {"peerkv_create", "peerkv_drain", "peerkv_shutdown", "peerkv_destroy", "peerkv_info", "peerkv_probe"}
 )
 
 

@@ -314,6 +314,18 @@ class Peer:
                     return out
                 out.extend(_parse_answers(ctypes.string_at(self._answers_buf, n)))
 
+    def probe(self, peer: str, timeout_s: float = 5.0) -> dict[str, Any]:
+        """A handshake-only probe of peer ("host:port"); see peerkv_probe."""
+        err = ctypes.create_string_buffer(_ERR_CAP)
+        buf = ctypes.create_string_buffer(16 << 10)
+        needed = c_size_t()
+        rc = self._lib.peerkv_probe(
+            self._h(), peer.encode(), timeout_s, buf, len(buf), byref(needed), err, _ERR_CAP
+        )
+        if rc != OK:
+            raise self._error(rc, err)
+        return json.loads(buf.value.decode())
+
     def news(self) -> Any:
         """The library's news counts, NEWS_COUNT integers read without a call
         (index with NEWS_*); None where the library cannot provide them. The

@@ -276,6 +276,7 @@ class PeerKVTier(SecondaryTierManager):
         create_options = _vllm_config.create_options(offloading_spec, identity, library_options)
         self._key_len: int = create_options["key_len"]
         self._hash_seed: str = create_options["hash_seed"]
+        self._config_fingerprint: str = create_options["config_fingerprint"]
         self._local_id = _identity(create_options)
         for line in warnings:
             logger.warning("peerkv %s: %s", self._local_id, line)
@@ -306,11 +307,12 @@ class PeerKVTier(SecondaryTierManager):
         self._forward_logs()  # how the Go runtime was sized, which paths serve
         self._waker = self._start_engine_waker(offloading_spec)
         logger.info(
-            "PeerKVTier %s: %d rows x %d bytes, key_len %d, data paths %s",
+            "PeerKVTier %s: %d rows x %d bytes (block_len), key_len %d, config fingerprint %s, data paths %s",
             self._local_id,
             rows,
             row_len,
             self._key_len,
+            self._config_fingerprint or "none",
             started.get("data_paths", "?"),
         )
 

@@ -317,6 +317,11 @@ class _Node:
         tier = self.managers[name].secondary_tiers[0]
         return tier._peer.stats()
 
+    def identity(self, name: str) -> dict[str, Any]:
+        """What the tier's connect advertises, for tests that must match it."""
+        tier = self.managers[name].secondary_tiers[0]
+        return {"hash_seed": tier._hash_seed, "config_fingerprint": tier._config_fingerprint}
+
     def count_library_calls(self, name: str) -> None:
         """From now on, count the calls the tier makes into its library (by
         Peer method); count_library_calls_taken returns and resets them."""
