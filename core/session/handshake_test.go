@@ -238,5 +238,5 @@ func TestRejectionNamesEveryRefusedFieldToPeerKVPeersOnly(t *testing.T) {
 	s.Handle(&protocol.Disconnect{Refused: []string{"hash_seed"}})
 	require.True(t, s.Dead())
 	assert.Equal(t, []string{"hash_seed"}, s.Refused())
-	assert.Contains(t, s.DeathReason(), "our hash_seed differ")
+	assert.Contains(t, s.DeathReason(), "naming as different from its own: hash_seed")
 }

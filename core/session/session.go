@@ -219,7 +219,7 @@ func (s *Session) dispatch(m protocol.Message) error {
 			s.rejectCause = CauseRefusedByPeer
 			s.refused = msg.Refused
 			if len(msg.Refused) > 0 {
-				s.markDead(fmt.Sprintf("it refused our connect: our %s differ from its own (its log has the values)",
+				s.markDead(fmt.Sprintf("it refused our connect, naming as different from its own: %s (its log has the values)",
 					strings.Join(msg.Refused, ", ")))
 			} else {
 				s.markDead("it refused our connect (its log names why: block_len, config fingerprint, hash seed, " +
