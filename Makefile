@@ -191,6 +191,7 @@ bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upst
 	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/p2p_latency.py 2>/dev/null
 	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/scheduler_calls.py
 	$(GO) run ./tests/bench/control
+	$(GO) run ./tests/bench/zmqfloor
 	$(GO) run ./tests/bench/multisource
 	$(GO) run ./tests/bench/idle
 	$(GO) run ./tests/bench/scale

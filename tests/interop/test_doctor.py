@@ -33,7 +33,7 @@ def doctor(port, *args):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "UCX_HANDLE_ERRORS": "none",
            "PEERKV_NIXL_LIB": nixl_capi_library()}
     out = subprocess.run(
-        [sys.executable, "-m", "peerkv", "doctor", f"{HOST}:{port}", "--json", "--timeout", "5", *args],
+        [sys.executable, "-m", "peerkv", "doctor", f"{HOST}:{port}", "--json", "--timeout", "20", *args],
         capture_output=True, text=True, timeout=90, env=env,
     )
     assert out.stdout, out.stderr

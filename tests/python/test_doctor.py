@@ -29,7 +29,7 @@ def peer(library):
 
 def doctor(port, *args):
     out = subprocess.run(
-        [sys.executable, "-m", "peerkv", "doctor", f"{HOST}:{port}", "--json", "--timeout", "3", *args],
+        [sys.executable, "-m", "peerkv", "doctor", f"{HOST}:{port}", "--json", "--timeout", "20", *args],
         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert out.stdout, out.stderr

@@ -23,6 +23,9 @@ type peerConn struct {
 	monitor  *zmq.Socket
 	deadline time.Time // for the handshake; zero once up
 
+	// The pump's epoll registrations; -1 when not watched.
+	monitorFd, dealerFd int
+
 	// pending holds frames libzmq refused (queue full), oldest first; they
 	// go out when the DEALER polls writable. stalledSince bounds the wait.
 	pending      [][]byte
@@ -47,7 +50,7 @@ func heartbeat(sock *zmq.Socket, o Options) error {
 // is attached before connect so no event is missed; monitorAddr must be
 // unique per DEALER because libzmq frees inproc names asynchronously.
 func openPeer(ctx *zmq.Context, localID, peerID string, ep endpoint, monitorAddr string, o Options) (pc *peerConn, err error) {
-	pc = &peerConn{id: peerID, deadline: time.Now().Add(o.ConnectTimeout)}
+	pc = &peerConn{id: peerID, deadline: time.Now().Add(o.ConnectTimeout), monitorFd: -1, dealerFd: -1}
 	defer func() {
 		if err != nil {
 			pc.close(0)

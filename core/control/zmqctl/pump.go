@@ -10,12 +10,13 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"golang.org/x/sys/unix"
 
 	"github.com/peerkv/peerkv/core/control"
 )
 
 const (
-	// idlePoll caps a poll with nothing pending; wake-ups come from the
+	// idlePoll caps a wait with nothing pending; wake-ups come from the
 	// waker, so this is only a safety net and costs ~nothing.
 	idlePoll = time.Second
 	// backlogPoll is the retry period while the Events channel is full.
@@ -24,21 +25,44 @@ const (
 	routerBatch = 256
 )
 
-// pump owns every socket of a Transport and runs on one goroutine.
+// fdKind says what a polled file descriptor belongs to.
+type fdKind uint8
+
+const (
+	fdRouter fdKind = iota + 1
+	fdWaker
+	fdMonitor
+	fdDealer // a stalled DEALER, watched for room
+)
+
+type fdTarget struct {
+	kind fdKind
+	pc   *peerConn
+}
+
+// pump owns every socket of a Transport and runs on one goroutine. It waits
+// in epoll_wait on the sockets' ZMQ_FD descriptors (no libzmq call while it
+// waits), so registering a peer costs one epoll_ctl and a wake-up touches
+// only what became ready. Outside the ROUTER reads it works under t.mu, which
+// also hands idle DEALERs to Send's direct path (see Transport.enqueue).
 type pump struct {
 	t        *Transport
 	ctx      *zmq.Context
 	router   *zmq.Socket
-	wakeRecv *zmq.Socket
+	routerFd int
 
-	peers     map[string]*peerConn
-	byMonitor map[*zmq.Socket]*peerConn
-	byDealer  map[*zmq.Socket]*peerConn // stalled DEALERs polled for POLLOUT
-	monitorN  uint64
+	peers map[string]*peerConn // guarded by t.mu
+	// timed holds the peers with a running deadline (handshake or stalled
+	// queue), so the walk per iteration is over those only.
+	timed    map[*peerConn]struct{}
+	monitorN uint64
 
-	poller      *zmq.Poller
-	routerIndex int
-	pollerStale bool
+	epfd                    int
+	fds                     map[int32]fdTarget
+	events                  []unix.EpollEvent
+	ready                   []fdTarget // monitors and DEALERs that polled ready
+	wakeFd                  int
+	routerArmed, routerMore bool
 
 	backlog []control.Event // events waiting for room in t.events
 }
@@ -51,8 +75,9 @@ func newPump(t *Transport, bind endpoint) (p *pump, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("new zmq context: %w", err)
 	}
-	p = &pump{t: t, ctx: ctx, pollerStale: true,
-		peers: map[string]*peerConn{}, byMonitor: map[*zmq.Socket]*peerConn{}, byDealer: map[*zmq.Socket]*peerConn{}}
+	p = &pump{t: t, ctx: ctx, epfd: -1, routerMore: true,
+		peers: map[string]*peerConn{}, timed: map[*peerConn]struct{}{}, fds: map[int32]fdTarget{},
+		events: make([]unix.EpollEvent, 64)}
 	defer func() {
 		if err != nil {
 			p.closeSockets()
@@ -73,11 +98,47 @@ func newPump(t *Transport, bind endpoint) (p *pump, err error) {
 	if err = p.router.Bind(bind.addr); err != nil {
 		return p, fmt.Errorf("bind %s: %w", bind.addr, err)
 	}
-	wakeAddr := fmt.Sprintf("inproc://peerkv-zmqctl-wake-%p", p)
-	if t.wake, p.wakeRecv, err = newWaker(ctx, wakeAddr); err != nil {
+	if p.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		return p, fmt.Errorf("epoll_create1: %w", err)
+	}
+	if t.wake, err = newWaker(); err != nil {
 		return p, fmt.Errorf("waker: %w", err)
 	}
+	p.wakeFd = t.wake.fd
+	if err = p.watch(p.wakeFd, fdTarget{kind: fdWaker}, unix.EPOLLIN); err != nil {
+		return p, err
+	}
+	if p.routerFd, err = p.router.GetFd(); err != nil {
+		return p, fmt.Errorf("router fd: %w", err)
+	}
+	// Edge-triggered: the ROUTER is read until EAGAIN (routerMore says when
+	// it was not), and under back-pressure it is simply not read.
+	if err = p.watch(p.routerFd, fdTarget{kind: fdRouter}, unix.EPOLLIN|unix.EPOLLET); err != nil {
+		return p, err
+	}
 	return p, nil
+}
+
+// watch adds fd to the epoll set. A ZMQ_FD is readable when the socket has
+// commands to process; the reader must then ask libzmq (recv, ZMQ_EVENTS)
+// until it says there is nothing left, which also resets the fd.
+func (p *pump) watch(fd int, target fdTarget, events uint32) error {
+	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: events, Fd: int32(fd)}); err != nil {
+		return fmt.Errorf("epoll add: %w", err)
+	}
+	p.fds[int32(fd)] = target
+	return nil
+}
+
+func (p *pump) unwatch(fd int) {
+	if fd < 0 {
+		return
+	}
+	if _, ok := p.fds[int32(fd)]; !ok {
+		return
+	}
+	delete(p.fds, int32(fd))
+	_ = unix.EpollCtl(p.epfd, unix.EPOLL_CTL_DEL, fd, nil)
 }
 
 func (p *pump) configureRouter(bind endpoint) error {
@@ -99,7 +160,11 @@ func (p *pump) configureRouter(bind endpoint) error {
 
 func (p *pump) run() {
 	t := p.t
+	locked := false
 	defer func() {
+		if locked {
+			t.mu.Unlock()
+		}
 		if r := recover(); r != nil {
 			err := fmt.Errorf("zmqctl: %s: pump panicked: %v", t.localID, r)
 			t.log.Error("control transport died", "panic", r, "stack", string(debug.Stack()))
@@ -109,82 +174,120 @@ func (p *pump) run() {
 		close(t.events)
 		close(t.done)
 	}()
-	for !t.closing.Load() {
+	for {
 		if t.opts.pumpHook != nil {
 			t.opts.pumpHook()
 		}
+		t.mu.Lock()
+		locked = true
+		if t.closing.Load() {
+			t.mu.Unlock()
+			locked = false
+			return
+		}
 		p.flushBacklog()
-		if err := p.pollOnce(); err != nil {
+		p.handleReady()
+		p.runCommands(t.takeCommandsLocked())
+		now := time.Now()
+		p.expireDeadlines(now)
+		timeout := p.pollTimeout(now)
+		t.mu.Unlock()
+		locked = false
+		if err := p.wait(timeout); err != nil {
 			t.log.Error("control transport died", "err", err)
 			t.fail(err)
 			return
 		}
-		p.runCommands(t.takeCommands())
-		p.expireDeadlines(time.Now())
+		if p.routerMore && len(p.backlog) == 0 {
+			p.readRouter()
+		}
 	}
 }
 
-// pollOnce waits for ROUTER input, a wake-up, a monitor event or the next
-// deadline, and handles what became readable.
-func (p *pump) pollOnce() error {
-	if p.pollerStale {
-		p.rebuildPoller()
-	}
-	routerEvents := zmq.POLLIN
-	if len(p.backlog) > 0 {
-		routerEvents = 0 // back-pressure: leave frames in libzmq
-	}
-	if _, err := p.poller.Update(p.routerIndex, routerEvents); err != nil {
-		return fmt.Errorf("poller update: %w", err)
-	}
-	// zmq_poll blocks in cgo while this goroutine's P stays attached; a
-	// goroutine we just woke (an Events reader) would wait in that P's run
-	// queue until sysmon retakes it (20 µs to 10 ms). Yield first.
+// wait blocks in epoll_wait for a wake-up, ROUTER input, a monitor event,
+// room on a stalled DEALER or the next deadline, and notes what is ready.
+func (p *pump) wait(timeout time.Duration) error {
+	// epoll_wait is a blocking syscall: sysmon hands this goroutine's P to
+	// another thread only after 20 µs to 10 ms, and a goroutine we just
+	// readied (an Events reader) would wait in its run queue. Yield first.
 	runtime.Gosched()
-	ready, err := p.poller.Poll(p.pollTimeout(time.Now()))
-	if err != nil {
-		return fmt.Errorf("poll: %w", err)
+	ms := -1
+	if timeout >= 0 {
+		ms = int((timeout + time.Millisecond - 1) / time.Millisecond) // round up: no busy loop
 	}
-	for _, r := range ready {
-		switch r.Socket {
-		case p.router:
-			p.readRouter()
-		case p.wakeRecv:
-			p.drainWaker()
+	n, err := unix.EpollWait(p.epfd, p.events, ms)
+	if err != nil {
+		if errors.Is(err, unix.EINTR) {
+			return nil
+		}
+		return fmt.Errorf("epoll_wait: %w", err)
+	}
+	woken := false
+	for _, ev := range p.events[:n] {
+		target, ok := p.fds[ev.Fd]
+		if !ok {
+			continue
+		}
+		switch target.kind {
+		case fdRouter:
+			p.routerMore = true
+		case fdWaker:
+			p.t.wake.drain()
+			woken = true
 		default:
-			if pc := p.byMonitor[r.Socket]; pc != nil {
-				p.readMonitor(pc)
-			} else if pc := p.byDealer[r.Socket]; pc != nil && p.peers[pc.id] == pc {
-				p.flushPeer(pc)
-			}
+			p.ready = append(p.ready, target)
 		}
 	}
-	// Cleared after draining and before takeCommands: see waker.consumed.
-	p.t.wake.consumed()
+	if woken {
+		// Cleared after draining and before takeCommands: see waker.consumed.
+		p.t.wake.consumed()
+	}
 	return nil
 }
 
-func (p *pump) rebuildPoller() {
-	p.poller = zmq.NewPoller()
-	p.routerIndex = p.poller.Add(p.router, zmq.POLLIN)
-	p.poller.Add(p.wakeRecv, zmq.POLLIN)
-	clear(p.byDealer)
-	for mon, pc := range p.byMonitor {
-		p.poller.Add(mon, zmq.POLLIN)
-		if !pc.stalledSince.IsZero() {
-			p.poller.Add(pc.dealer, zmq.POLLOUT)
-			p.byDealer[pc.dealer] = pc
+// handleReady serves the monitors and stalled DEALERs that polled ready.
+func (p *pump) handleReady() {
+	for i, r := range p.ready {
+		p.ready[i] = fdTarget{}
+		if p.peers[r.pc.id] != r.pc || r.pc.monitor == nil {
+			continue // gone since
+		}
+		switch r.kind {
+		case fdMonitor:
+			p.readMonitor(r.pc)
+		case fdDealer:
+			if r.pc.stalledSince.IsZero() {
+				continue
+			}
+			// ZMQ_EVENTS processes the DEALER's commands, resetting its fd.
+			if ev, err := r.pc.dealer.GetEvents(); err != nil {
+				p.peerDown(r.pc, fmt.Errorf("%w: events: %v", ErrSocket, err))
+			} else if ev&zmq.POLLOUT != 0 {
+				p.flushPeer(r.pc)
+			}
 		}
 	}
-	p.pollerStale = false
+	p.ready = p.ready[:0]
+}
+
+// retime keeps pc in the timed set while it has a deadline.
+func (p *pump) retime(pc *peerConn) {
+	if pc.deadline.IsZero() && pc.stalledSince.IsZero() {
+		delete(p.timed, pc)
+	} else {
+		p.timed[pc] = struct{}{}
+	}
 }
 
 func (p *pump) pollTimeout(now time.Time) time.Duration {
 	if len(p.backlog) > 0 {
 		return backlogPoll
 	}
+	if p.routerMore {
+		return 0
+	}
 	timeout := idlePoll
-	for _, pc := range p.peers {
+	for pc := range p.timed {
 		if !pc.deadline.IsZero() {
 			timeout = min(timeout, pc.deadline.Sub(now))
 		}
@@ -192,18 +295,10 @@ func (p *pump) pollTimeout(now time.Time) time.Duration {
 			timeout = min(timeout, pc.stalledSince.Add(p.t.opts.SendTimeout).Sub(now))
 		}
 	}
-	// pebbe rounds down to milliseconds, and 0 would not block at all.
-	return max(timeout, time.Millisecond)
+	return max(timeout, 0)
 }
 
-func (p *pump) drainWaker() {
-	for {
-		if _, err := p.wakeRecv.RecvBytes(zmq.DONTWAIT); err != nil {
-			return
-		}
-	}
-}
-
+// readRouter runs without t.mu: only the pump touches the ROUTER.
 func (p *pump) readRouter() {
 	for range routerBatch {
 		if len(p.backlog) > 0 {
@@ -211,7 +306,9 @@ func (p *pump) readRouter() {
 		}
 		msg, err := recvRouterMessage(p.router)
 		if err != nil {
-			if !isAgain(err) {
+			if isAgain(err) {
+				p.routerMore = false // drained: the next message raises an edge
+			} else {
 				p.t.log.Warn("router receive failed", "err", err)
 			}
 			return
@@ -241,6 +338,7 @@ func (p *pump) readMonitor(pc *peerConn) {
 			return
 		case event&zmq.EVENT_HANDSHAKE_SUCCEEDED != 0 && !pc.deadline.IsZero():
 			pc.deadline = time.Time{}
+			p.retime(pc)
 			p.t.counters.peersUp.Add(1)
 			p.t.log.Debug("peer connected", "peer", pc.id)
 		}
@@ -263,11 +361,27 @@ func (p *pump) runCommands(batch []command) {
 	}
 }
 
+// sendDirect is Send's path around the queue, called with t.mu held: it
+// hands frame to an open, unstalled DEALER (only the pump polls a stalled
+// one) and reports whether libzmq took it. On EAGAIN or an error the frame
+// takes the queue and the pump stalls or drops the peer as usual.
+func (p *pump) sendDirect(peerID string, frame []byte) bool {
+	pc := p.peers[peerID]
+	if pc == nil || len(pc.pending) > 0 || !pc.stalledSince.IsZero() {
+		return false
+	}
+	if _, err := pc.dealer.SendBytes(frame, zmq.DONTWAIT); err != nil {
+		return false
+	}
+	p.t.counters.framesOut.Add(1)
+	return true
+}
+
 func (p *pump) send(c command) {
 	pc := p.peer(c.peerID, c.ep)
 	if pc == nil {
 		p.t.counters.droppedOut.Add(1)
-		p.t.released(c.peerID, 1)
+		p.t.releasedLocked(c.peerID, 1)
 		return
 	}
 	pc.pending = append(pc.pending, c.frame)
@@ -282,14 +396,15 @@ func (p *pump) flushPeer(pc *peerConn) {
 	sent := 0
 	defer func() {
 		p.t.counters.framesOut.Add(uint64(sent))
-		p.t.released(pc.id, sent)
+		p.t.releasedLocked(pc.id, sent)
 	}()
 	for len(pc.pending) > 0 {
 		_, err := pc.dealer.SendBytes(pc.pending[0], zmq.DONTWAIT)
 		if isAgain(err) {
 			if pc.stalledSince.IsZero() {
 				pc.stalledSince = time.Now()
-				p.pollerStale = true // start watching POLLOUT
+				p.retime(pc)
+				p.watchDealer(pc) // start watching for room
 			}
 			return
 		}
@@ -304,8 +419,25 @@ func (p *pump) flushPeer(pc *peerConn) {
 	pc.pending = nil
 	if !pc.stalledSince.IsZero() {
 		pc.stalledSince = time.Time{}
-		p.pollerStale = true
+		p.retime(pc)
+		p.unwatch(pc.dealerFd)
+		pc.dealerFd = -1
 	}
+}
+
+// watchDealer polls a stalled DEALER's fd; level-triggered, as ZMQ_EVENTS
+// resets it each time it fires. Without an fd the deadline still bounds
+// the stall.
+func (p *pump) watchDealer(pc *peerConn) {
+	fd, err := pc.dealer.GetFd()
+	if err == nil {
+		err = p.watch(fd, fdTarget{kind: fdDealer, pc: pc}, unix.EPOLLIN)
+	}
+	if err != nil {
+		p.t.log.Warn("cannot watch stalled dealer", "peer", pc.id, "err", err)
+		return
+	}
+	pc.dealerFd = fd
 }
 
 // peer returns the open DEALER to peerID, opening one if needed; on failure
@@ -322,18 +454,37 @@ func (p *pump) peer(peerID string, ep endpoint) *peerConn {
 		return nil
 	}
 	p.peers[peerID] = pc
-	p.byMonitor[pc.monitor] = pc
-	p.pollerStale = true
+	p.retime(pc)
 	p.t.counters.openPeers.Add(1)
+	if err := p.watchMonitor(pc); err != nil {
+		p.peerDown(pc, fmt.Errorf("%w: %v", ErrSocket, err))
+		return nil
+	}
 	p.t.log.Debug("dialing peer", "peer", peerID, "addr", ep.addr)
 	return pc
+}
+
+// watchMonitor polls the monitor's fd, then reads what is already there:
+// the monitor's pipe was attached by connect, not by a command, so the
+// events written before its first read raise no fd wake-up of their own.
+func (p *pump) watchMonitor(pc *peerConn) error {
+	fd, err := pc.monitor.GetFd()
+	if err != nil {
+		return fmt.Errorf("monitor fd: %w", err)
+	}
+	if err := p.watch(fd, fdTarget{kind: fdMonitor, pc: pc}, unix.EPOLLIN); err != nil {
+		return err
+	}
+	pc.monitorFd = fd
+	p.readMonitor(pc)
+	return nil
 }
 
 // expireDeadlines reports peers whose handshake or stalled send queue
 // outlived its deadline.
 func (p *pump) expireDeadlines(now time.Time) {
 	o := p.t.opts
-	for _, pc := range p.peers {
+	for pc := range p.timed {
 		switch {
 		case !pc.deadline.IsZero() && now.After(pc.deadline):
 			p.peerDown(pc, fmt.Errorf("%w: no ZMTP handshake within %v", ErrConnectTimeout, o.ConnectTimeout))
@@ -358,13 +509,13 @@ func (p *pump) reportDown(peerID string, err error) {
 // of it; those already in libzmq's queue get up to linger to go out.
 func (p *pump) forget(pc *peerConn, linger time.Duration) {
 	p.t.counters.droppedOut.Add(uint64(len(pc.pending)))
-	p.t.released(pc.id, len(pc.pending))
+	p.t.releasedLocked(pc.id, len(pc.pending))
 	pc.pending = nil
 	delete(p.peers, pc.id)
-	delete(p.byMonitor, pc.monitor)
-	delete(p.byDealer, pc.dealer)
+	delete(p.timed, pc)
+	p.unwatch(pc.monitorFd) // before the sockets close and free their fds
+	p.unwatch(pc.dealerFd)
 	pc.close(linger)
-	p.pollerStale = true
 	p.t.counters.openPeers.Add(-1)
 }
 
@@ -402,7 +553,9 @@ func (p *pump) shutdown() {
 		}
 	}()
 	p.t.stopAccepting()
+	p.t.mu.Lock()
 	p.closeSockets()
+	p.t.mu.Unlock()
 	if err := p.ctx.Term(); err != nil {
 		p.t.log.Warn("zmq context term failed", "err", err)
 	}
@@ -416,10 +569,12 @@ func (p *pump) closeSockets() {
 	if p.t.wake != nil {
 		p.t.wake.close()
 	}
-	for _, s := range []*zmq.Socket{p.wakeRecv, p.router} {
-		if s != nil {
-			s.Close()
-		}
+	if p.router != nil {
+		p.router.Close()
+	}
+	if p.epfd >= 0 {
+		_ = unix.Close(p.epfd)
+		p.epfd = -1
 	}
 }
 

@@ -20,6 +20,7 @@ type Transport struct {
 
 	events chan control.Event
 	wake   *waker
+	pump   *pump         // its peers and idle DEALERs are guarded by mu
 	done   chan struct{} // closed when the pump has exited
 
 	mu       sync.Mutex
@@ -93,6 +94,7 @@ func New(localID, bindHost string, port int, opts Options) (*Transport, error) {
 		return nil, fmt.Errorf("zmqctl: %s: %w", bind.addr, err)
 	}
 	t.log.Info("control transport bound", "addr", bind.addr)
+	t.pump = p
 	go p.run()
 	return t, nil
 }
@@ -113,7 +115,7 @@ func (t *Transport) Connect(peerID string) error {
 
 // Send queues a copy of frame for peerID, opening a DEALER if needed.
 func (t *Transport) Send(peerID string, frame []byte) error {
-	return t.enqueue(cmdSend, peerID, bytes.Clone(frame))
+	return t.enqueue(cmdSend, peerID, frame) // copied there unless libzmq took it
 }
 
 // Disconnect closes the DEALER to peerID. Frames libzmq already holds keep
@@ -139,7 +141,19 @@ func (t *Transport) enqueue(kind commandKind, peerID string, frame []byte) error
 			t.counters.droppedOut.Add(1)
 			return fmt.Errorf("zmqctl: %w: %s (%d frames waiting)", ErrSendQueueFull, peerID, t.opts.SendHWM)
 		}
+		// The direct path: with nothing queued ahead of it and the peer's
+		// DEALER open and not stalled, hand the frame to libzmq here. The
+		// pump touches that DEALER only under mu and never while it waits,
+		// so mu is the full memory barrier libzmq asks of a socket that
+		// changes threads. Anything else takes the queue.
+		if len(t.commands) == 0 && t.queued[peerID] == 0 && t.pump.sendDirect(peerID, frame) {
+			t.mu.Unlock()
+			return nil
+		}
 		t.queued[peerID]++
+	}
+	if frame != nil {
+		frame = bytes.Clone(frame)
 	}
 	t.commands = append(t.commands, command{kind: kind, peerID: peerID, ep: ep, frame: frame})
 	t.mu.Unlock()
@@ -147,23 +161,19 @@ func (t *Transport) enqueue(kind commandKind, peerID string, frame []byte) error
 	return nil
 }
 
-// takeCommands hands the queued commands to the pump.
-func (t *Transport) takeCommands() []command {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+// takeCommandsLocked hands the queued commands to the pump; mu is held.
+func (t *Transport) takeCommandsLocked() []command {
 	batch := t.commands
 	t.commands = nil
 	return batch
 }
 
-// released is called by the pump for frames libzmq accepted or that were
-// discarded, making room for more Sends to peerID.
-func (t *Transport) released(peerID string, frames int) {
+// releasedLocked is called by the pump, under mu, for queued frames libzmq
+// accepted or that were discarded, making room for more Sends to peerID.
+func (t *Transport) releasedLocked(peerID string, frames int) {
 	if frames == 0 {
 		return
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.queued[peerID] -= frames; t.queued[peerID] <= 0 {
 		delete(t.queued, peerID)
 	}

@@ -1,70 +1,69 @@
 package zmqctl
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"sync/atomic"
 
 	zmq "github.com/pebbe/zmq4"
+	"golang.org/x/sys/unix"
 )
 
-// waker lets any goroutine interrupt the pump's zmq_poll. The sending PAIR
-// is shared under a mutex (libzmq allows a socket to move between threads
-// with a full memory barrier); pending coalesces wake-ups so a burst of
-// Sends costs one inproc message.
+// waker lets any goroutine interrupt the pump's epoll_wait: an eventfd the
+// pump watches, written by whoever queued a command. pending coalesces
+// wake-ups so a burst of commands costs one write; mu keeps a write from
+// racing with close (a closed fd number may be reused).
 type waker struct {
 	pending atomic.Bool
 
-	mu   sync.Mutex
-	send *zmq.Socket // nil once closed
+	mu sync.Mutex
+	fd int // -1 once closed
 }
 
-// newWaker returns the waker and the receiving socket the pump polls.
-func newWaker(ctx *zmq.Context, addr string) (*waker, *zmq.Socket, error) {
-	recv, err := newSocket(ctx, zmq.PAIR)
+func newWaker() (*waker, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
-		return nil, nil, err
+		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	if err := recv.Bind(addr); err != nil {
-		recv.Close()
-		return nil, nil, fmt.Errorf("bind %s: %w", addr, err)
-	}
-	send, err := newSocket(ctx, zmq.PAIR)
-	if err != nil {
-		recv.Close()
-		return nil, nil, err
-	}
-	if err := send.Connect(addr); err != nil {
-		send.Close()
-		recv.Close()
-		return nil, nil, fmt.Errorf("connect %s: %w", addr, err)
-	}
-	return &waker{send: send}, recv, nil
+	return &waker{fd: fd}, nil
 }
 
-// wake interrupts the pump's poll unless a wake-up is already pending.
+var wakeOne = binary.NativeEndian.AppendUint64(nil, 1)
+
+// wake interrupts the pump's wait unless a wake-up is already pending.
 func (w *waker) wake() {
 	if !w.pending.CompareAndSwap(false, true) {
 		return
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.send != nil {
-		// DONTWAIT: a full pipe already guarantees a wake-up.
-		_, _ = w.send.SendBytes([]byte{1}, zmq.DONTWAIT)
+	if w.fd >= 0 {
+		// EAGAIN (counter saturated) already guarantees a wake-up.
+		_, _ = unix.Write(w.fd, wakeOne)
 	}
 }
 
-// consumed is called by the pump after draining the receiving socket and
-// before reading the command queue, so no command can miss its wake-up.
+// drain resets the eventfd; the pump calls it when the fd polled readable.
+func (w *waker) drain() {
+	var buf [8]byte
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.fd >= 0 {
+		_, _ = unix.Read(w.fd, buf[:])
+	}
+}
+
+// consumed is called by the pump after draining the eventfd and before
+// reading the command queue, so no command can miss its wake-up.
 func (w *waker) consumed() { w.pending.Store(false) }
 
 func (w *waker) close() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.send != nil {
-		w.send.Close()
-		w.send = nil
+	if w.fd >= 0 {
+		_ = unix.Close(w.fd)
+		w.fd = -1
 	}
 }
 
