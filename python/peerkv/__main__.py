@@ -17,6 +17,8 @@ SUBCOMMANDS = {
     "info": "peerkv.info_cli",
     "check-config": "peerkv.check_config",
     "doctor": "peerkv.doctor",
+    "serve": "peerkv.serve_cli",
+    "bench": "peerkv.bench_cli",
 }
 
 

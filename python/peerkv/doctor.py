@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from peerkv._standalone import free_port as _free_port
+from peerkv._standalone import local_address as _local_address
+from peerkv._standalone import split_endpoint as _split
 
 HELP = "probe a live peer (peerkv or stock vLLM) with a handshake and name every mismatch"
 EPILOG = """examples:
@@ -51,28 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the handshake (default 5)")
     parser.add_argument("--json", action="store_true", help="print the probe result as JSON")
-
-
-def _split(endpoint: str) -> tuple[str, int]:
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"{endpoint!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
-def _local_address(host: str, port: int) -> str:
-    """The address of this machine the peer can reach us at (it dials back)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect((host, port))  # UDP: picks the route, sends nothing
-        return s.getsockname()[0]
-
-
-def _free_port(address: str) -> int:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def _tier_options(text: str | None) -> dict[str, Any]:
