@@ -352,7 +352,7 @@ func (t *Tier) admit(peerID, addr string) string {
 	// Connects that never finish cannot take more than a share of the
 	// slots: beyond it the oldest stalled one yields, or the newcomer waits.
 	if limit := max(8, t.cfg.MaxPeers/4); handshaking >= limit {
-		t.evictStalledHandshake(t.now())
+		t.evictStalledHandshake(t.now(), fmt.Sprintf("%d handshakes are running (at most %d at once)", handshaking, limit))
 		if n := t.countHandshaking(); n >= limit {
 			return fmt.Sprintf("%d sessions are still handshaking (at most %d at once)", n, limit)
 		}
@@ -361,7 +361,7 @@ func (t *Tier) admit(peerID, addr string) string {
 		t.evictIdle(t.now(), true)
 	}
 	if len(t.sessions) >= t.cfg.MaxPeers {
-		t.evictStalledHandshake(t.now())
+		t.evictStalledHandshake(t.now(), "every session slot is taken (max_peers)")
 	}
 	if len(t.sessions) >= t.cfg.MaxPeers {
 		return fmt.Sprintf("%d sessions already (max_peers)", len(t.sessions))
@@ -386,7 +386,7 @@ func (t *Tier) countHandshaking() int {
 
 // evictStalledHandshake frees the slot of the oldest session whose
 // handshake has not finished after handshakeGrace.
-func (t *Tier) evictStalledHandshake(now time.Time) {
+func (t *Tier) evictStalledHandshake(now time.Time, why string) {
 	var oldest *session.Session
 	for _, s := range t.sessions {
 		// Sessions we dialed carry our own loads: never ours to give up.
@@ -398,7 +398,7 @@ func (t *Tier) evictStalledHandshake(now time.Time) {
 		}
 	}
 	if oldest != nil {
-		oldest.Close(fmt.Sprintf("handshake unfinished after %v while every session slot is taken", now.Sub(oldest.OpenedAt()).Round(time.Millisecond)))
+		oldest.Close(fmt.Sprintf("handshake unfinished after %v while %s", now.Sub(oldest.OpenedAt()).Round(time.Millisecond), why))
 		t.settle()
 	}
 }
