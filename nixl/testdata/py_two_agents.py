@@ -1,4 +1,4 @@
-"""Feasibility probe (docs/nixl.md, step 1a): two plain Python nixl agents in
+"""Feasibility probe (docs/nixl.md, "Troubleshooting"): two plain Python nixl agents in
 two processes, DRAM WRITE from the initiator's buffer into the target's.
 
   python py_two_agents.py target DIR &  python py_two_agents.py initiator DIR
