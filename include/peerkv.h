@@ -213,8 +213,9 @@ int32_t peerkv_lookup_many(peerkv_handle h, size_t n_requests, const char *const
  * A position indexes the request's keys in the order it first asked about
  * them (across peerkv_lookup_many calls; keys asked again keep theirs).
  * *n_out receives the bytes written (0: nothing changed). Records that do
- * not fit stay queued for the next call; when not even the first fits, the
- * call fails with PEERKV_ERR_BUFFER_TOO_SMALL and *n_out is the size needed. */
+ * not fit stay queued for the next call (and move the news count again);
+ * call until *n_out is 0. When not even the first fits, the call fails with
+ * PEERKV_ERR_BUFFER_TOO_SMALL and *n_out is the size needed. */
 int32_t peerkv_take_answers(peerkv_handle h, uint8_t *buf, size_t len, size_t *n_out,
                             char *err, size_t errlen);
 

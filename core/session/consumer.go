@@ -243,8 +243,10 @@ func (c *consumer) onLookupResp(m *protocol.LookupResp) {
 		r.asked[0].timed = true // the first answer since the oldest open lookup went out
 		c.s.env.LookupAnswered(c.s.env.Now().Sub(r.asked[0].at))
 	}
+	changed := false
 	for i, k := range m.Keys {
 		if p, ok := r.probes[string(k)]; ok && p < probeHit {
+			changed = true
 			if m.Hits[i] {
 				r.probes[string(k)] = probeHit
 			} else {
@@ -253,7 +255,9 @@ func (c *consumer) onLookupResp(m *protocol.LookupResp) {
 		}
 	}
 	r.dropAnswered()
-	c.s.report(Report{Kind: ProbesAnswered, KVID: m.KVRequestID})
+	if changed { // an empty or repeated answer changes nothing to re-evaluate
+		c.s.report(Report{Kind: ProbesAnswered, KVID: m.KVRequestID})
+	}
 }
 
 func (c *consumer) onTransferDone(m *protocol.TransferDone) {

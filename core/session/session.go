@@ -295,7 +295,8 @@ func (s *Session) checkFields(c *protocol.Connect) error {
 		return nil
 	}
 	goodbye := &protocol.Disconnect{}
-	if c.PeerKV != nil {
+	if c.PeerKV != nil && cfg.AuthSecret == "" {
+		// With a secret, a dialer that has not proved it yet learns nothing.
 		goodbye.Refused = names
 	}
 	_ = s.env.Send(s.peerID, goodbye)

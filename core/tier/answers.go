@@ -146,6 +146,8 @@ func (t *Tier) TakeAnswers(fits func(AnswerChange) bool) []AnswerChange {
 	}
 	if len(t.answered) == 0 {
 		t.answered = nil
+	} else {
+		t.news.bump(NewsAnswers) // what did not fit is news still
 	}
 	return out
 }
@@ -201,6 +203,19 @@ func (t *Tier) refresh(p *pull) {
 	for _, src := range p.sources {
 		if src.down == "" && src.s != nil {
 			src.s.FlushLookup(src.KVRequestID)
+		}
+	}
+}
+
+// failCachedPulls tells a caching host that every request it still holds
+// answers for fails (the peer stopped): lookup would answer MISS now, and a
+// key it was told RETRY must not wait for an answer that cannot come.
+// Called with t.mu held, as the peer closes.
+func (t *Tier) failCachedPulls() {
+	for _, r := range t.requests {
+		if p := r.pull; p != nil && p.told.cached && !p.told.ended && !p.told.failed {
+			p.told.failed = true
+			t.queueAnswers(p)
 		}
 	}
 }

@@ -212,3 +212,45 @@ func TestLookupManyRejectsBadKeysAndChangesNothing(t *testing.T) {
 	assert.Empty(t, cons.TakeAnswers(func(tier.AnswerChange) bool { return true }))
 	require.NoError(t, cons.FinishRequest("c"))
 }
+
+// A peer that stops (shutdown, or a panic on one of its goroutines) tells a
+// caching host that every request still waiting fails: a key it was told
+// RETRY would otherwise wait for an answer that can no longer come.
+func TestCachedRequestsFailWhenThePeerStops(t *testing.T) {
+	r := newMultiRig(t, 1)
+	r.srcs[0].paused = true // the answer never comes
+	h := newCachingHost(t, r.cons)
+	_, err := r.cons.StartRequest("c", urls(r.srcs[0]))
+	require.NoError(t, err)
+	require.Equal(t, tier.LookupsAsk, r.cons.LookupMode("c"))
+	assert.Equal(t, []tier.LookupResult{tier.Retry}, h.step("c", keys(0)))
+	require.NoError(t, r.cons.Shutdown())
+	h.collect()
+	assert.True(t, h.failed["c"], "the request recomputes")
+	assert.Equal(t, []tier.LookupResult{tier.Miss}, h.step("c", keys(0)))
+}
+
+// What does not fit in one take stays queued and is news again.
+func TestAnswersLeftQueuedAreNewsAgain(t *testing.T) {
+	r := newMultiRig(t, 1)
+	r.srcs[0].hold(0)
+	h := newCachingHost(t, r.cons)
+	_, err := r.cons.StartRequest("a", urls(r.srcs[0]))
+	require.NoError(t, err)
+	r.cons.LookupMode("a")
+	h.step("a", keys(0))
+	refuse := func(tier.AnswerChange) bool { return false }
+	require.Eventually(t, func() bool {
+		r.serveAll()
+		before := r.cons.News(tier.NewsAnswers)
+		r.cons.TakeAnswers(refuse) // a host whose buffer fits nothing
+		return r.cons.News(tier.NewsAnswers) > before
+	}, 5*time.Second, 2*time.Millisecond, "a change left queued moves the news count again")
+	h.seen = 0
+	h.collect()
+	assert.Equal(t, tier.Hit, h.answers["a"][string(key(0))])
+	before := r.cons.News(tier.NewsAnswers)
+	assert.Empty(t, r.cons.TakeAnswers(refuse))
+	assert.Equal(t, before, r.cons.News(tier.NewsAnswers), "nothing left: no news")
+	r.finish("a")
+}

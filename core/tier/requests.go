@@ -254,6 +254,7 @@ func (t *Tier) shutdown() error {
 	}
 	clear(t.lookups)
 	t.inbound = inboundQueue{}
+	t.failCachedPulls()
 	t.news.bumpAll()
 	t.notify.signal() // once: the host collects the failed jobs and stops waiting
 	t.mu.Unlock()

@@ -594,6 +594,7 @@ func (t *Tier) poison(cause error) {
 	clear(t.lookups)
 	t.inbound = inboundQueue{}
 	if first { // wake the host once: collect the failed jobs; new work fails
+		t.failCachedPulls()
 		t.news.bumpAll()
 		t.notify.signal()
 	}

@@ -130,14 +130,12 @@ SIGNATURES: dict[str, tuple[type | None, tuple]] = {
 }
 
 
-# Calls that may wait (bounded, but for seconds: drain, shutdown, destroy) or
-# do real work (create binds sockets and may start NIXL) release the GIL.
-# Every other call returns in microseconds and never waits on the network,
-# so it keeps the GIL: releasing it costs more than the call, since getting
-# it back can wait a whole switch interval (5 ms) behind another thread.
-RELEASES_GIL = frozenset(
-    {"peerkv_create", "peerkv_drain", "peerkv_shutdown", "peerkv_destroy", "peerkv_info", "peerkv_probe"}
-)
+# Calls that never take the peer's state lock keep the GIL: releasing it
+# costs more than they do (getting it back can wait a switch interval behind
+# another thread). Every other call releases it: the lock can be held for a
+# moment by the library's own threads (a data-path call under way), and a
+# thread waiting for it while holding the GIL would stall the whole process.
+KEEPS_GIL = frozenset({"peerkv_abi_version", "peerkv_version", "peerkv_take_logs", "peerkv_news"})
 
 
 def library_path() -> Path:
@@ -200,7 +198,7 @@ def _configure_environment() -> None:
 def _declare(cdll: ctypes.CDLL, holding_gil: ctypes.PyDLL) -> None:
     for name, (restype, argtypes) in SIGNATURES.items():
         try:
-            fn = getattr(cdll if name in RELEASES_GIL else holding_gil, name)
+            fn = getattr(holding_gil if name in KEEPS_GIL else cdll, name)
         except AttributeError as exc:
             raise LibraryLoadError(
                 f"{cdll._name} does not export {name}: it was built from "

@@ -388,9 +388,10 @@ class PeerKVTier(SecondaryTierManager):
             if not keys or state.fixed is not None:
                 continue  # finished or failed since
             positions, order = state.positions, state.order
-            if positions.keys().isdisjoint(keys):  # the usual case: all new, no duplicates
-                positions.update(zip(keys, range(len(order), len(order) + len(keys))))
-                order.extend(keys)
+            if positions.keys().isdisjoint(keys):  # the usual case: all new
+                new = dict.fromkeys(keys)  # in order, once each, as the library counts them
+                positions.update(zip(new, range(len(order), len(order) + len(new))))
+                order.extend(new)
             else:  # asked again after a load: keeps its position
                 for key in keys:
                     if key not in positions:
@@ -461,8 +462,9 @@ class PeerKVTier(SecondaryTierManager):
             return
         if is_load:
             # The fetch closes the round at the sources: what they answered
-            # starts over for a key looked up again.
-            state.answers = {}
+            # starts over for a key looked up again (keys asked this step
+            # and not yet sent stay RETRY: they are sent at step end).
+            state.answers = dict.fromkeys(state.unsent, LookupResult.RETRY)
         submit = self._peer.submit_load if is_load else self._peer.submit_store
         try:
             submit(job.req_context.req_id, job.job_id, list(job.keys), job.chunk_ids)
@@ -545,6 +547,11 @@ class PeerKVTier(SecondaryTierManager):
         if self._outstanding or self._inbound_ctx or self._inbound_more or self._to_send:
             return True
         news, seen = self._news, self._seen
+        if isinstance(news, _AlwaysNew):  # no news page: ask the library
+            try:
+                return self._peer.has_pending_work()
+            except PeerKVError:
+                return False
         return (
             news[_NEWS_RESULTS] != seen[_NEWS_RESULTS]
             or news[_NEWS_ANSWERS] != seen[_NEWS_ANSWERS]
