@@ -275,6 +275,36 @@ static int p2p_hit(size_t i) {
   return 1;
 }
 
+/* The end of a P2P pull of P2P_N keys: the answers are as p2p_hit says,
+ * the hits load intact, nothing is left on either side. */
+static void p2p_load_hits_and_end(child_t *b, const char *req, const uint8_t *keys, const int32_t *results) {
+  uint8_t hit_keys[P2P_N * KEY_LEN];
+  int64_t hit_slots[P2P_N];
+  size_t n_hits = 0;
+  for (size_t i = 0; i < P2P_N; i++) {
+    int32_t want = p2p_hit(i) ? PEERKV_LOOKUP_HIT : PEERKV_LOOKUP_MISS;
+    CHECK(results[i] == want, "key %zu: %d, want %d", i, results[i], want);
+    if (results[i] == PEERKV_LOOKUP_HIT) {
+      memcpy(hit_keys + n_hits * KEY_LEN, keys + i * KEY_LEN, KEY_LEN);
+      hit_slots[n_hits] = 32 + (int64_t)n_hits;
+      n_hits++;
+    }
+  }
+  step("load the hits only");
+  int64_t job = submit(&peer, 1, req, hit_keys, hit_slots, n_hits);
+  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
+  verify_rows(&peer, hit_keys, hit_slots, n_hits);
+  finish(&peer, req);
+  step("leak check");
+  peer_check_clean(&peer, 5);
+  send_line(b->to, "done");
+  char line[128];
+  expect_line(&peer, b->from, "clean", line, sizeof line);
+  send_line(b->to, "bye");
+  join_side_b(b);
+  peer_close(&peer);
+}
+
 static void p2p_partial_b(void) {
   step("open source");
   peer_open(&peer, ROWS, ROW_LEN, "");
@@ -332,31 +362,7 @@ static void p2p_partial_a(void) {
   expect_all(results, P2P_N, PEERKV_LOOKUP_RETRY, "first P2P lookup");
   step("lookups settle into HIT and MISS");
   peer_lookup_settled(&peer, "p2p-1", keys, P2P_N, results, 10);
-  uint8_t hit_keys[P2P_N * KEY_LEN];
-  int64_t hit_slots[P2P_N];
-  size_t n_hits = 0;
-  for (size_t i = 0; i < P2P_N; i++) {
-    int32_t want = p2p_hit(i) ? PEERKV_LOOKUP_HIT : PEERKV_LOOKUP_MISS;
-    CHECK(results[i] == want, "key %zu: %d, want %d", i, results[i], want);
-    if (results[i] == PEERKV_LOOKUP_HIT) {
-      memcpy(hit_keys + n_hits * KEY_LEN, keys + i * KEY_LEN, KEY_LEN);
-      hit_slots[n_hits] = 32 + (int64_t)n_hits;
-      n_hits++;
-    }
-  }
-  step("load the hits only");
-  int64_t job = submit(&peer, 1, "p2p-1", hit_keys, hit_slots, n_hits);
-  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
-  verify_rows(&peer, hit_keys, hit_slots, n_hits);
-  finish(&peer, "p2p-1");
-  step("leak check");
-  peer_check_clean(&peer, 5);
-  send_line(b.to, "done");
-  char line[128];
-  expect_line(&peer, b.from, "clean", line, sizeof line);
-  send_line(b.to, "bye");
-  join_side_b(&b);
-  peer_close(&peer);
+  p2p_load_hits_and_end(&b, "p2p-1", keys, results);
 }
 
 /* ---- the same pull by a host that caches answers (ABI 1.1) ---- */
@@ -437,31 +443,7 @@ static void p2p_cached_a(void) {
       apply_answers(buf, n, "p2p-c", told, P2P_N);
     } while (n > 0);
   }
-  uint8_t hit_keys[P2P_N * KEY_LEN];
-  int64_t hit_slots[P2P_N];
-  size_t n_hits = 0;
-  for (size_t i = 0; i < P2P_N; i++) {
-    int32_t want = p2p_hit(i) ? PEERKV_LOOKUP_HIT : PEERKV_LOOKUP_MISS;
-    CHECK(told[i] == want, "key %zu: %d, want %d", i, told[i], want);
-    if (told[i] == PEERKV_LOOKUP_HIT) {
-      memcpy(hit_keys + n_hits * KEY_LEN, keys + i * KEY_LEN, KEY_LEN);
-      hit_slots[n_hits] = 32 + (int64_t)n_hits;
-      n_hits++;
-    }
-  }
-  step("load the hits only");
-  int64_t job = submit(&peer, 1, "p2p-c", hit_keys, hit_slots, n_hits);
-  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
-  verify_rows(&peer, hit_keys, hit_slots, n_hits);
-  finish(&peer, "p2p-c");
-  step("leak check");
-  peer_check_clean(&peer, 5);
-  send_line(b.to, "done");
-  char line[128];
-  expect_line(&peer, b.from, "clean", line, sizeof line);
-  send_line(b.to, "bye");
-  join_side_b(&b);
-  peer_close(&peer);
+  p2p_load_hits_and_end(&b, "p2p-c", keys, told);
 }
 
 /* ---- remote_decoder + remote_kv_source on one request ---- */

@@ -27,7 +27,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -36,7 +35,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/node"
 	"github.com/peerkv/peerkv/core/tier"
 	"github.com/peerkv/peerkv/tests/bench/internal/benchproc"
@@ -90,27 +88,10 @@ func (p params) open(transport string) (*tier.Tier, error) {
 		return nil, err
 	}
 	prefix, _ := filepath.Abs(p.pythonPrefix)
-	var lastErr error
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
-		cfg, err := config.FromJSON([]byte(fmt.Sprintf(
-			`{"host":"127.0.0.1","port":%d,"data_transport":%q,"key_len":%d,"hash_seed":"bench","python_prefix":%q}`,
-			port, transport, keyLen, prefix)))
-		if err != nil {
-			return nil, err
-		}
-		t, err := node.Open(cfg, region)
-		if err == nil || errors.Is(err, node.ErrUnavailable) {
-			return t, err
-		}
-		lastErr = err // the port was taken meanwhile
-	}
-	return nil, lastErr
+	return benchproc.Open(region, func(port int) string {
+		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_transport":%q,"key_len":%d,"hash_seed":"bench","python_prefix":%q}`,
+			port, transport, keyLen, prefix)
+	})
 }
 
 func port(t *tier.Tier) string { return t.LocalID()[strings.LastIndexByte(t.LocalID(), ':')+1:] }

@@ -24,7 +24,6 @@ import (
 	"flag"
 	"fmt"
 	"hash/crc32"
-	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -34,10 +33,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/data"
-	"github.com/peerkv/peerkv/core/node"
 	"github.com/peerkv/peerkv/core/tier"
+	"github.com/peerkv/peerkv/tests/bench/internal/benchproc"
 )
 
 const (
@@ -96,27 +94,10 @@ func fill(row []byte, i int) {
 
 // open starts a peer on 127.0.0.1 at a free port, TCP data path only.
 func (p params) open(region data.Region) (*tier.Tier, error) {
-	var lastErr error
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
-		cfg, err := config.FromJSON([]byte(fmt.Sprintf(
-			`{"host":"127.0.0.1","port":%d,"data_transport":"tcp","key_len":%d,"hash_seed":"bench","load_timeout_s":120,"lookup_timeout_s":30}`,
-			port, keyLen)))
-		if err != nil {
-			return nil, err
-		}
-		t, err := node.Open(cfg, region)
-		if err == nil {
-			return t, nil
-		}
-		lastErr = err // the port was taken meanwhile
-	}
-	return nil, lastErr
+	return benchproc.Open(region, func(port int) string {
+		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_transport":"tcp","key_len":%d,"hash_seed":"bench","load_timeout_s":120,"lookup_timeout_s":30}`,
+			port, keyLen)
+	})
 }
 
 // runProducer holds every row and serves lookups until stdin closes.
