@@ -62,8 +62,9 @@ def test_a_stock_peer_is_described_and_its_handshake_completes(stock):
 
 def test_stock_mismatches_are_named_with_both_values(stock):
     _, port = stock
-    status, result = doctor(port, "--block-len", str(ROW_BYTES * 2), "--hash-seed", "not-the-seed")
+    status, result = doctor(port, "--block-len", str(ROW_BYTES * 2), "--hash-seed", "not-the-seed",
+                            "--config-fingerprint", "0123456789abcdef")
     assert status == 1
     fields = [line.split(":")[0] for line in result["mismatches"]]
-    assert fields == ["block_len", "hash_seed"]
+    assert fields == ["block_len", "config_fingerprint", "hash_seed"]
     assert str(ROW_BYTES) in result["mismatches"][0] and str(ROW_BYTES * 2) in result["mismatches"][0]
