@@ -427,6 +427,8 @@ class PeerKVTier(SecondaryTierManager):
             if change.failed:
                 state.fail()
                 continue
+            if state.fixed is not None:
+                continue  # failed here already; a PD decoder has no positions
             order, answers = state.order, state.answers
             for pos, code in zip(change.positions, change.results):
                 answers[order[pos]] = _RESULTS[code]
