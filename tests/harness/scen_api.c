@@ -11,6 +11,9 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "harness.h"
 
@@ -238,18 +241,28 @@ static void bad_input(void) {
   EXPECT(peerkv_answer_inbound(peer.h, 1, results, 0, -1, bad_slots, 2, &finished, e, ERRLEN),
          PEERKV_ERR_INVALID_ARGUMENT, e);
 
-  step("a load whose source is unreachable fails within its deadline; its id is busy until then");
+  step("a load whose source never answers fails within its deadline; its id is busy until then");
+  /* A listener that accepts TCP but never speaks: the load waits for the
+   * handshake deadline, so its id is certainly still in flight below (a
+   * closed port would fail it at once). */
+  int silent = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in silent_addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t silent_len = sizeof silent_addr;
+  CHECK(silent >= 0 && bind(silent, (struct sockaddr *)&silent_addr, sizeof silent_addr) == 0 && listen(silent, 8) == 0 &&
+            getsockname(silent, (struct sockaddr *)&silent_addr, &silent_len) == 0,
+        "silent listener: %s", strerror(errno));
   char params[256];
   snprintf(params, sizeof params,
            "{\"remote_prefiller\":{\"kv_request_id\":\"kv-x\",\"remote_host\":\"127.0.0.1\",\"remote_port\":%d}}",
-           peer.port == 65535 ? 65534 : peer.port + 1);
+           ntohs(silent_addr.sin_port));
   EXPECT(peerkv_request_start(peer.h, "dead-src", params, &policy, e, ERRLEN), PEERKV_OK, e);
   int64_t job = peer_new_job(&peer, 1, 0, 2);
   EXPECT(peerkv_submit_load(peer.h, "dead-src", job, keys, KEY_LEN, 2, slots, e, ERRLEN), PEERKV_OK, e);
   EXPECT(peerkv_submit_load(peer.h, "dead-src", job, keys, KEY_LEN, 2, slots, e, ERRLEN), PEERKV_ERR_DUPLICATE, e);
-  job_t *j = peer_wait_job(&peer, job, 1 + 2 + 1 + 2);
+  job_t *j = peer_wait_job(&peer, job, 5 + 2 + 1 + 2); /* handshake + load + abort-ack deadlines, slack */
   CHECK(j->success == 0 && j->bytes == 0, "load from a dead source: success=%d bytes=%lld", j->success,
         (long long)j->bytes);
+  close(silent);
   EXPECT(peerkv_request_finish(peer.h, "dead-src", e, ERRLEN), PEERKV_OK, e);
   EXPECT(peerkv_request_finish(peer.h, "never-started", e, ERRLEN), PEERKV_OK, e);
 
