@@ -195,7 +195,7 @@ bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upst
 	$(GO) run ./tests/bench/multisource
 	$(GO) run ./tests/bench/idle
 	$(GO) run ./tests/bench/scale
-	$(GO) test -run '^$$' -bench . -benchmem ./core/protocol ./core/control/zmqctl
+	$(GO) test -run '^$$' -bench . -benchmem ./core/protocol ./core/control/zmqctl ./core/data/tcpdata ./core/tier
 
 .PHONY: soak
 soak: ## soak run (not part of make test): 3 in-process peers, PD + P2P with random faults; SOAK_ARGS e.g. -requests 2000 -duration 2m

@@ -70,7 +70,7 @@ func (c *cluster) wrappedPeer(n int, wrap *countingData, mutate ...func(*config.
 
 // rawPeer speaks the wire by hand through the in-memory control hub.
 type rawPeer struct {
-	t  *testing.T
+	t  testing.TB
 	tr *memctl.Transport
 	id string
 }

@@ -13,8 +13,7 @@ import (
 // requests x 64 keys at one source (figure "step, first ask" of
 // tests/bench/scheduler_calls.py, library side).
 func BenchmarkLookupManyFirstAsk(b *testing.B) {
-	t := &testing.T{}
-	c := newCluster(t)
+	c := newCluster(b)
 	prod, cons := c.peer(1), c.peer(2)
 	const reqs, per = 256, 64
 	ks := make([][]byte, per)

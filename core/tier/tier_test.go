@@ -26,19 +26,19 @@ const (
 )
 
 type cluster struct {
-	t    *testing.T
+	t    testing.TB
 	ctl  *memctl.Hub
 	data *memdata.Hub
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t testing.TB) *cluster {
 	return &cluster{t: t, ctl: memctl.NewHub(), data: memdata.NewHub()}
 }
 
 // peer is one tier plus the host-side bookkeeping a test needs.
 type peer struct {
 	*tier.Tier
-	t      *testing.T
+	t      testing.TB
 	id     string
 	region data.Region
 	seen   map[int64]tier.JobResult // every job reported, to prove exactly-once
