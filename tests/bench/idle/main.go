@@ -29,7 +29,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -236,28 +235,12 @@ func serve(p params, transport string) error {
 
 // cpuNow is this process's CPU time and each thread's, in USER_HZ ticks.
 func cpuNow() (time.Duration, map[string]int64, error) {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
-		return 0, nil, err
-	}
-	total := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	total, list, err := benchproc.CPU()
 	threads := map[string]int64{}
-	tids, _ := os.ReadDir("/proc/self/task")
-	for _, tid := range tids {
-		stat, err := os.ReadFile(filepath.Join("/proc/self/task", tid.Name(), "stat"))
-		if err != nil {
-			continue // the thread ended
-		}
-		// Fields after the ")" closing comm: state is 3, utime 14, stime 15.
-		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(f) < 13 {
-			continue
-		}
-		utime, _ := strconv.ParseInt(f[11], 10, 64)
-		stime, _ := strconv.ParseInt(f[12], 10, 64)
-		threads[tid.Name()] = utime + stime
+	for _, th := range list {
+		threads[th.ID] = th.Ticks
 	}
-	return total, threads, nil
+	return total, threads, err
 }
 
 func runParent(p params) error {

@@ -925,32 +925,17 @@ type cpu struct {
 	zmqTick int64
 }
 
-const userHZ = 100 // /proc/<pid>/task/<tid>/stat ticks
-
 func cpuNow() cpu {
 	var c cpu
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err == nil {
-		c.total = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	total, threads, err := benchproc.CPU()
+	if err != nil {
+		return c
 	}
-	tasks, _ := os.ReadDir("/proc/self/task")
-	for _, task := range tasks {
-		stat, err := os.ReadFile("/proc/self/task/" + task.Name() + "/stat")
-		if err != nil {
-			continue // the thread ended
+	c.total = total
+	for _, th := range threads {
+		if strings.HasPrefix(th.Name, "ZMQbg") {
+			c.zmqTick += th.Ticks
 		}
-		open, end := strings.IndexByte(string(stat), '('), strings.LastIndexByte(string(stat), ')')
-		if open < 0 || end < open || !strings.HasPrefix(string(stat[open+1:end]), "ZMQbg") {
-			continue
-		}
-		// Fields after the ")" closing comm: state is 3, utime 14, stime 15.
-		f := strings.Fields(string(stat[end+1:]))
-		if len(f) < 13 {
-			continue
-		}
-		u, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		c.zmqTick += u + st
 	}
 	return c
 }
@@ -958,5 +943,5 @@ func cpuNow() cpu {
 // since is "<cores> <zmq cores>": CPU used since c0 over wall, in cores.
 func (c cpu) since(c0 cpu, wall time.Duration) string {
 	return fmt.Sprintf("%.3f %.3f", (c.total-c0.total).Seconds()/wall.Seconds(),
-		float64(c.zmqTick-c0.zmqTick)/userHZ/wall.Seconds())
+		float64(c.zmqTick-c0.zmqTick)/benchproc.UserHZ/wall.Seconds())
 }
