@@ -202,15 +202,19 @@ func TestIdlePeerMakesNoNews(t *testing.T) {
 }
 
 func TestLookupManyRejectsBadKeysAndChangesNothing(t *testing.T) {
-	c := newCluster(t)
-	prod, cons := c.peer(1), c.peer(2)
-	_, err := cons.StartRequest("c", p2pParams("kv-bad", prod))
+	r := newMultiRig(t, 1)
+	_, err := r.cons.StartRequest("c", urls(r.srcs[0]))
 	require.NoError(t, err)
-	require.Error(t, cons.LookupMany([]tier.RequestKeys{{ReqID: "c", Keys: [][]byte{key(1), []byte("short")}}},
+	require.Equal(t, tier.LookupsAsk, r.cons.LookupMode("c"))
+	require.Error(t, r.cons.LookupMany([]tier.RequestKeys{{ReqID: "c", Keys: [][]byte{key(1), []byte("short")}}},
 		make([]tier.LookupResult, 2)))
-	require.Error(t, cons.LookupMany([]tier.RequestKeys{{ReqID: "c", Keys: keys(1)}}, make([]tier.LookupResult, 2)))
-	assert.Empty(t, cons.TakeAnswers(func(tier.AnswerChange) bool { return true }))
-	require.NoError(t, cons.FinishRequest("c"))
+	require.Error(t, r.cons.LookupMany([]tier.RequestKeys{{ReqID: "c", Keys: keys(1)}}, make([]tier.LookupResult, 2)))
+	// Nothing was registered: a step end sends no lookup, and no answer is queued.
+	require.NoError(t, r.cons.OnScheduleEnd())
+	time.Sleep(50 * time.Millisecond)
+	assert.Zero(t, r.srcs[0].Stats().InboundLookups)
+	assert.Empty(t, r.cons.TakeAnswers(func(tier.AnswerChange) bool { return true }))
+	r.finish("c")
 }
 
 // A peer that stops (shutdown, or a panic on one of its goroutines) tells a

@@ -254,15 +254,6 @@ class Peer:
             self._check(rc)
             return self._lookup_results[:n]
 
-    def lookup_one(self, req_id: str, key: bytes) -> int:
-        with self._lock:
-            rc = self._lib.peerkv_lookup(
-                self._h(), req_id.encode(), key, len(key), 1,
-                self._lookup_results, self._err, _ERR_CAP,
-            )
-            self._check(rc)
-            return self._lookup_results[0]
-
     def lookup_mode(self, req_id: str) -> int:
         """LOOKUPS_MISS, _HIT or _ASK for a started request; from now on its
         changed answers are reported to take_answers."""
