@@ -126,7 +126,15 @@ func TestPanicInAGoroutinePoisonsThePeerAndFailsItsJobs(t *testing.T) {
 			}
 			_, err = dec.StartRequest("d", pdParams("kv-panic-pulled", prod))
 			require.NoError(t, err)
-			require.NoError(t, dec.SubmitLoad("d", 1, keys(1), []int64{0}))
+			// The decoder may already be the victim of a registration panic
+			// (it registers as soon as the handshake is done): then it takes
+			// no new work, and has no load to report.
+			loaded := true
+			if err := dec.SubmitLoad("d", 1, keys(1), []int64{0}); err != nil {
+				require.Equal(t, "registration", where)
+				require.ErrorIs(t, err, tier.ErrInternal)
+				loaded = false
+			}
 			if where == "loop" {
 				tier.PanicNext(where)
 			}
@@ -144,7 +152,9 @@ func TestPanicInAGoroutinePoisonsThePeerAndFailsItsJobs(t *testing.T) {
 			if victim == prod {
 				job = 2
 			}
-			assert.False(t, victim.waitJob(job, 3*time.Second).Success, "its outstanding job is reported, failed")
+			if victim == prod || loaded {
+				assert.False(t, victim.waitJob(job, 3*time.Second).Success, "its outstanding job is reported, failed")
+			}
 			assert.Contains(t, victim.Stats().Poisoned, "panicked")
 			_, err = victim.StartRequest("next", nil)
 			assert.ErrorIs(t, err, tier.ErrInternal)
