@@ -40,9 +40,20 @@ def doctor(port, *args):
     return out.returncode, json.loads(out.stdout)
 
 
+def doctor_stepping(node, port, *args):
+    """The doctor, while the stock engine steps as a serving engine does:
+    vLLM 0.32's stock tier has no tier-poll thread and answers peers only
+    from engine steps (an idle 0.32 engine never answers a probe)."""
+    node.submit("step", "v", 1500)  # about 8 s of steps, longer than the probes
+    try:
+        return doctor(port, *args)
+    finally:
+        node.result("step", timeout=120)
+
+
 def test_a_stock_peer_is_described_and_its_handshake_completes(stock):
     node, port = stock
-    status, result = doctor(port, "--block-len", str(ROW_BYTES))
+    status, result = doctor_stepping(node, port, "--block-len", str(ROW_BYTES))
     assert status == 0, result
     assert result["handshake"]
     connect = result["connect"]
@@ -55,15 +66,15 @@ def test_a_stock_peer_is_described_and_its_handshake_completes(stock):
     req = "after-doctor-" + new_kv_id()[:8]
     assert node.call("store", "v", req, None, random_keys(2), random_rows(2)) == 2
     node.call("finish", "v", req)
-    status, again = doctor(port, "--block-len", str(ROW_BYTES), "--hash-seed", connect["hash_seed"],
-                           "--config-fingerprint", connect["config_fingerprint"])
+    status, again = doctor_stepping(node, port, "--block-len", str(ROW_BYTES), "--hash-seed", connect["hash_seed"],
+                                    "--config-fingerprint", connect["config_fingerprint"])
     assert status == 0 and again["handshake"] and "adopted" not in again, again
 
 
 def test_stock_mismatches_are_named_with_both_values(stock):
-    _, port = stock
-    status, result = doctor(port, "--block-len", str(ROW_BYTES * 2), "--hash-seed", "not-the-seed",
-                            "--config-fingerprint", "0123456789abcdef")
+    node, port = stock
+    status, result = doctor_stepping(node, port, "--block-len", str(ROW_BYTES * 2), "--hash-seed", "not-the-seed",
+                                     "--config-fingerprint", "0123456789abcdef")
     assert status == 1
     fields = [line.split(":")[0] for line in result["mismatches"]]
     assert fields == ["block_len", "config_fingerprint", "hash_seed"]
