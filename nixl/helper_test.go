@@ -53,7 +53,7 @@ func useRepoVenv() {
 
 // requireNIXL skips (or, with PEERKV_REQUIRE_NIXL=1, fails) a test when NIXL
 // cannot be loaded here, with the reason Available gives.
-func requireNIXL(t *testing.T) {
+func requireNIXL(t testing.TB) {
 	t.Helper()
 	if ok, reason := Available(); !ok {
 		if os.Getenv("PEERKV_REQUIRE_NIXL") == "1" {

@@ -22,7 +22,13 @@ const (
 
 func newTestTransport(t *testing.T, seed int) *Transport {
 	t.Helper()
-	tr, err := New(Options{Region: mmapRegion(t, testRows, testRowLen, seed)})
+	return newSizedTransport(t, testRows, testRowLen, seed)
+}
+
+// newSizedTransport is newTestTransport over numRows rows of rowLen bytes.
+func newSizedTransport(t testing.TB, numRows, rowLen, seed int) *Transport {
+	t.Helper()
+	tr, err := New(Options{Region: mmapRegion(t, numRows, rowLen, seed)})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -59,7 +59,13 @@ type end struct {
 
 func newEnd(t *testing.T, hub *memdata.Hub, id string) *end {
 	t.Helper()
-	region := data.Region{Mem: make([]byte, 8*rowLen), RowLen: rowLen}
+	return newEndOfRows(t, hub, id, 8)
+}
+
+// newEndOfRows is newEnd over a region of numRows rows.
+func newEndOfRows(t testing.TB, hub *memdata.Hub, id string, numRows int) *end {
+	t.Helper()
+	region := data.Region{Mem: make([]byte, numRows*rowLen), RowLen: rowLen}
 	tcp, err := tcpdata.New(tcpdata.Options{LocalID: id, Region: region, ListenHost: "127.0.0.1"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tcp.Close() })
@@ -94,7 +100,7 @@ func fill(r data.Region, row uint64, b byte) {
 	}
 }
 
-func completion(t *testing.T, tr data.Transport) data.Completion {
+func completion(t testing.TB, tr data.Transport) data.Completion {
 	t.Helper()
 	select {
 	case c := <-tr.Completions():

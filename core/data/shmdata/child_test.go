@@ -108,12 +108,12 @@ func runChild(spec string) int {
 
 // child is a consumer process driven over its stdin and stdout.
 type child struct {
-	t     *testing.T
+	t     testing.TB
 	stdin *os.File
 	lines chan string
 }
 
-func startChild(t *testing.T, id string, rows, rowLen, skip int) *child {
+func startChild(t testing.TB, id string, rows, rowLen, skip int) *child {
 	t.Helper()
 	self, err := os.Executable()
 	require.NoError(t, err)

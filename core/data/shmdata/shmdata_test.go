@@ -24,7 +24,7 @@ const (
 
 // producer is a transport in this process over a memfd region whose rows
 // hold a pattern that differs per row.
-func producer(t *testing.T, id string, rows, rowLen int, logf ...func(string, ...any)) (*Transport, data.Region) {
+func producer(t testing.TB, id string, rows, rowLen int, logf ...func(string, ...any)) (*Transport, data.Region) {
 	t.Helper()
 	region, _, fd, err := memfdRegion(rows, rowLen, 0)
 	require.NoError(t, err)
@@ -45,7 +45,7 @@ func producer(t *testing.T, id string, rows, rowLen int, logf ...func(string, ..
 	return tr, region
 }
 
-func completion(t *testing.T, tr *Transport, id uint64) error {
+func completion(t testing.TB, tr *Transport, id uint64) error {
 	t.Helper()
 	select {
 	case c := <-tr.Completions():
