@@ -161,18 +161,18 @@ test-vllm032: setup-engine $(LIB) ## tests/python and tests/interop again on vLL
 	@$(MAKE) --no-print-directory test-python test-interop PYTHON=$(ENGINE_PYTHON)
 
 # Real `vllm serve` engines on CPU (tests/engine): minutes, one cluster per run.
-test-engine: setup-engine $(LIB) ## real vllm serve engines on CPU: P2P (idle/busy/partial), PD both orders, chains, mixed with stock p2p, faults
+test-engine: setup-engine $(LIB) ## real vllm serve engines on CPU: P2P (idle/busy/partial, two sources), PD both orders, chains, faults
 	rc=0; PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) -m pytest -v -p no:cacheprovider --ignore=tests/engine/test_mixed.py tests/engine || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
-# Real engines with stock vLLM's p2p tier beside peerkv's (not in make test:
-# flaky on two cores, see tests/engine/test_mixed.py).
-test-engine-mixed: setup-engine $(LIB) ## real engines, mixed cluster: stock vLLM pulling from peerkv, PD both ways (not in make test)
+# Real engines with stock vLLM's p2p tier: a session of its own with just two
+# engines (see tests/engine/conftest.py).
+test-engine-mixed: setup-engine $(LIB) ## real engines, mixed cluster: peerkv and stock vLLM's p2p tier, P2P and PD both ways over NIXL
 	PEERKV_ENGINE_STOCK=1 PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) -m pytest -v -p no:cacheprovider tests/engine/test_mixed.py
 
 # Every stage in order, each timed; the first failure stops the run. A file a
 # stage leaves in /dev/shm (offload regions, vLLM's queues) fails the run too.
-TEST_STAGES := all vet test-go fuzz-short test-harness test-python test-interop test-vllm032 test-engine test-wheel
+TEST_STAGES := all vet test-go fuzz-short test-harness test-python test-interop test-vllm032 test-engine test-engine-mixed test-wheel
 test: setup-python ## everything: build + visibility gate, vet, go test -race, fuzz (5 s per target), C harness (plain + ASan), pytest and interop on vLLM 0.33 and 0.32, real engines, the portable wheel installed where Go/gcc/libzmq are hidden
 	@start=$$(date +%s); mark=$$(mktemp); trap 'rm -f "$$mark"' EXIT; \
 	for stage in $(TEST_STAGES); do \
@@ -195,7 +195,7 @@ bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upst
 	$(GO) run ./tests/bench/multisource
 	$(GO) run ./tests/bench/idle
 	$(GO) run ./tests/bench/scale
-	$(GO) test -run '^$$' -bench . -benchmem ./core/protocol ./core/control/zmqctl ./core/data/tcpdata ./core/tier
+	$(GO) test -run '^$$' -bench . -benchmem ./core/protocol ./core/control/zmqctl ./core/data/tcpdata ./core/data/shmdata ./core/data/multipath ./nixl ./core/tier
 
 .PHONY: soak
 soak: ## soak run (not part of make test): 3 in-process peers, PD + P2P with random faults; SOAK_ARGS e.g. -requests 2000 -duration 2m

@@ -4,9 +4,12 @@ through peerkv's reference proxy.
 
 The engines start once per session (about a minute each on two cores):
 
-    A, B, C   peerkv tier (PeerKVTier), each pinned to a core
-    S         stock vLLM "p2p" tier, for the mixed-cluster scenarios only
-              (test_mixed.py with PEERKV_ENGINE_STOCK=1: make test-engine-mixed)
+    A, B, C   peerkv tier (PeerKVTier), each pinned to a core (make test-engine)
+    A, S      with PEERKV_ENGINE_STOCK=1 (make test-engine-mixed, test_mixed.py):
+              A beside S, an engine with stock vLLM's "p2p" tier. Only these
+              two run then: stock's tier keeps its engine stepping, a core
+              busy, all the time, and beside three more engines on two cores
+              the mixed scenarios were flaky.
 
 Scenarios stay independent by using prompts no engine has seen
 (engines.unique_prompt), so nothing needs resetting between them. At the end
@@ -43,15 +46,14 @@ class Cluster:
         LOGS.mkdir(parents=True, exist_ok=True)
         core = engines.core_for
         self.a = engines.Engine("A", model, LOGS, core=core(0))
-        self.b = engines.Engine("B", model, LOGS, core=core(1))
-        self.c = engines.Engine("C", model, LOGS, core=core(2))
-        self.all = [self.a, self.b, self.c]
-        # Stock vLLM's engine (test_mixed.py, `make test-engine-mixed`) only
-        # when asked: its tier keeps it stepping, a core busy, all the time.
-        self.s = None
+        self.b = self.c = self.s = None
         if os.environ.get("PEERKV_ENGINE_STOCK") == "1":
-            self.s = engines.Engine("S", model, LOGS, tier="p2p", core=core(3))
-            self.all.append(self.s)
+            self.s = engines.Engine("S", model, LOGS, tier="p2p", core=core(1))
+            self.all = [self.a, self.s]
+        else:
+            self.b = engines.Engine("B", model, LOGS, core=core(1))
+            self.c = engines.Engine("C", model, LOGS, core=core(2))
+            self.all = [self.a, self.b, self.c]
 
     def start(self) -> None:
         started = time.monotonic()

@@ -1,16 +1,16 @@
-"""A mixed cluster: peerkv's tier and stock vLLM's "p2p" tier in real
-engines, rows over NIXL: stock vLLM pulling from peerkv, and PD both ways.
+"""A mixed cluster: peerkv's tier (engine A) and stock vLLM's "p2p" tier
+(engine S) in real engines, rows over NIXL: P2P pulls both ways and PD both
+ways. Run with PEERKV_ENGINE_STOCK=1 (`make test-engine-mixed`, a stage of
+`make test`), which starts only A and S (see conftest.py).
 
-Not part of `make test` (run `make test-engine-mixed`): with a stock engine
-busy-stepping beside three peerkv engines on two cores these scenarios were
-flaky. peerkv pulling P2P from a stock 0.32 engine is not here at all: in the
-full suite (four engines on two cores) it failed 2 runs in 4 — once the stock engine
-dropped the session, once the pulled KV gave other greedy tokens — while it
-passed 10 of 10 with the two engines alone. That direction is proven byte for
-byte by tests/interop (stock producer -> peerkv consumer over NIXL) until the
-cause is found."""
+A request's reference output is computed with a `cache_salt` of its own: the
+salt changes every block hash, so the reference neither reads nor leaves KV
+under the hashes the scenario pulls, and it can run on the very engine that
+pulls afterwards."""
 
 from __future__ import annotations
+
+import uuid
 
 import pytest
 
@@ -27,19 +27,30 @@ def _needs_stock_engine(cluster):
                     pytrace=False)
 
 
+def computed_alone(engine: engines.Engine, prompt: str) -> dict:
+    """The engine's output for prompt with nothing reused."""
+    out = engine.complete(prompt, cache_salt=f"reference-{uuid.uuid4().hex}")
+    assert engines.cached_tokens(out) == 0, "a salted reference reused KV"
+    return out
+
+
 def test_stock_vllm_pulls_from_peerkv(cluster):
     pull_and_check(cluster, cluster.a, cluster.s, engines.unique_prompt("a2s", 700), "mix-a2s")
 
 
+def test_peerkv_pulls_from_stock_vllm(cluster):
+    pull_and_check(cluster, cluster.s, cluster.a, engines.unique_prompt("s2a", 700), "mix-s2a")
+
+
 def test_pd_stock_prefiller_peerkv_decoder(cluster, proxy_factory):
-    proxy = proxy_factory("--prefiller", engine_arg(cluster.s), "--engine", engine_arg(cluster.b))
-    prompt = engines.unique_prompt("pdsb", 700)
-    reference = cluster.c.complete(prompt)
+    proxy = proxy_factory("--prefiller", engine_arg(cluster.s), "--engine", engine_arg(cluster.a))
+    prompt = engines.unique_prompt("pdsa", 700)
+    reference = computed_alone(cluster.a, prompt)
     check_decoder_reused_the_prompt(engines.complete(proxy.url, prompt), reference)
 
 
 def test_pd_peerkv_prefiller_stock_decoder(cluster, proxy_factory):
     proxy = proxy_factory("--prefiller", engine_arg(cluster.a), "--engine", engine_arg(cluster.s))
     prompt = engines.unique_prompt("pdas", 700)
-    reference = cluster.c.complete(prompt)
+    reference = computed_alone(cluster.s, prompt)
     check_decoder_reused_the_prompt(engines.complete(proxy.url, prompt), reference)
