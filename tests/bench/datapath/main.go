@@ -12,6 +12,7 @@
 //	verified
 //	datapath: shm 256x2MiB: 9.1 GB/s; memcpy 1-thread: 9.8 GB/s; ratio 0.93
 //	verified
+//	datapath: raw TCP floor (2 plain loopback connections, ...): 3.4 GB/s; ratio to memcpy 0.35; tcp ÷ floor 0.91
 //
 // Figures are medians; GB is 10^9 bytes. NIXL is searched in -python-prefix
 // (default: the repository's .venv) like the library does.
@@ -123,6 +124,11 @@ func runChild(p params) error {
 		defer nx.Close()
 		fmt.Printf("nixl %s\n", base64.StdEncoding.EncodeToString(nx.AgentMetadata()))
 	}
+	raw, err := serveRawTCP(region)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("raw %s\n", raw)
 
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
@@ -178,6 +184,14 @@ func runParent(p params) error {
 		return fmt.Errorf("child's NIXL metadata: %w", err)
 	}
 
+	if line, err = ch.ReadLine(); err != nil {
+		return err
+	}
+	rawAddr, found := strings.CutPrefix(line, "raw ")
+	if !found {
+		return fmt.Errorf("child said %q, expected its raw TCP address", line)
+	}
+
 	mem := median(measureMemcpy(src.Mem, p.iters))
 	rates := map[string]float64{}
 	paths := []struct {
@@ -204,6 +218,15 @@ func runParent(p params) error {
 			return fmt.Errorf("%s: %w", path.name, err)
 		}
 		fmt.Println("verified")
+	}
+	raw, err := measureRawTCP(rawAddr, src.Mem, p)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("datapath: raw TCP floor (%d plain loopback connections, writev from the region, read into the child's): %.2f GB/s; ratio to memcpy %.2f; tcp ÷ floor %.2f\n",
+		max(1, p.streams), raw, raw/mem, rates["tcp"]/raw)
+	if err := verify(ch, want); err != nil {
+		return fmt.Errorf("raw TCP: %w", err)
 	}
 	ch.Stop() // its region is not needed for the upstream run
 	compareWithUpstream(p, rates)
