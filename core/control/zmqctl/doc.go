@@ -50,7 +50,28 @@
 // rejected peer must hear why); peers found dead and Close use linger 0.
 // Each DEALER's monitor is stopped before its reader or the DEALER closes:
 // libzmq's I/O thread sends monitor events with a blocking send, and one
-// raised with no reader left would stall every socket of the context.
+// raised with no reader left would stall every socket of the context,
+// which all Transports of the process share (below). Close returns with
+// the ROUTER's port free: it unbinds and waits for libzmq to report the
+// listener closed, so a peer restarted in the same process can bind it
+// again (Term did that when each Transport had its own context).
+//
+// # Context
+//
+// All Transports of a process share one ZMQ context (context.go), so a
+// process runs one libzmq I/O thread and one reaper thread, not a pair per
+// peer (the scale bench has 8 peers per process). New acquires it, and
+// creates it if no Transport holds one; the last Transport to close
+// terminates it, so a process that closed all its Transports runs no
+// libzmq thread, and a later New starts a fresh context. What one
+// Transport does must therefore never block the context: the monitor
+// order above, linger 0 on every socket (libzmq's own monitor sockets
+// too: ZMQ_BLOCKY off), monitor endpoints numbered process-wide (inproc
+// names live in the context). A DEALER closed by Disconnect keeps
+// lingering in the context after its Transport has closed; the last
+// Transport's Close waits for it, at most its DisconnectLinger. A forked
+// child cannot use its parent's context (libzmq's threads are not there):
+// New fails in it.
 //
 // # Back-pressure
 //

@@ -50,7 +50,9 @@ type Options struct {
 	Curve *CurveKeys
 	// EventBuffer is the capacity of the Events channel.
 	EventBuffer int
-	// CloseTimeout bounds how long Close waits for the pump to exit.
+	// CloseTimeout bounds how long Close waits for the pump to exit (plus
+	// the lingering DEALERs the last Transport of a process waits for; see
+	// Transport.Close).
 	CloseTimeout time.Duration
 	Logger       *slog.Logger
 

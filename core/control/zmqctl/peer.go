@@ -48,7 +48,8 @@ func heartbeat(sock *zmq.Socket, o Options) error {
 
 // openPeer creates the monitored DEALER and starts connecting. The monitor
 // is attached before connect so no event is missed; monitorAddr must be
-// unique per DEALER because libzmq frees inproc names asynchronously.
+// unique in the context (nextMonitorAddr) because libzmq frees inproc
+// names asynchronously.
 func openPeer(ctx *zmq.Context, localID, peerID string, ep endpoint, monitorAddr string, o Options) (pc *peerConn, err error) {
 	pc = &peerConn{id: peerID, deadline: time.Now().Add(o.ConnectTimeout), monitorFd: -1, dealerFd: -1}
 	defer func() {
@@ -106,9 +107,11 @@ func (pc *peerConn) close(linger time.Duration) {
 // thread sends monitor events with a blocking send, so an event raised
 // after the reading PAIR is closed (the remote dropping the connection
 // while we tear down) would block that thread forever and stall every other
-// socket of the context: no later connection would finish its handshake.
+// socket of the context, which every Transport of the process shares: no
+// later connection would finish its handshake. The monitor is stopped even
+// when its reader was never opened; stopping none is a no-op.
 func (pc *peerConn) stopWatching() {
-	if pc.dealer != nil && pc.monitor != nil {
+	if pc.dealer != nil {
 		_ = pc.dealer.Monitor("", 0)
 	}
 	if pc.monitor != nil {

@@ -50,12 +50,12 @@ type pump struct {
 	ctx      *zmq.Context
 	router   *zmq.Socket
 	routerFd int
+	bound    bool // the ROUTER holds its port
 
 	peers map[string]*peerConn // guarded by t.mu
 	// timed holds the peers with a running deadline (handshake or stalled
 	// queue), so the walk per iteration is over those only.
-	timed    map[*peerConn]struct{}
-	monitorN uint64
+	timed map[*peerConn]struct{}
 
 	epfd                    int
 	fds                     map[int32]fdTarget
@@ -67,13 +67,13 @@ type pump struct {
 	backlog []control.Event // events waiting for room in t.events
 }
 
-// newPump creates the context, binds the ROUTER and sets up the waker. It
-// runs before the pump goroutine starts; the go statement hands the sockets
-// over with the memory barrier libzmq requires.
+// newPump acquires the process's ZMQ context, binds the ROUTER and sets up
+// the waker. It runs before the pump goroutine starts; the go statement
+// hands the sockets over with the memory barrier libzmq requires.
 func newPump(t *Transport, bind endpoint) (p *pump, err error) {
-	ctx, err := zmq.NewContext()
+	ctx, err := processContext.acquire(t.opts.DisconnectLinger)
 	if err != nil {
-		return nil, fmt.Errorf("new zmq context: %w", err)
+		return nil, err
 	}
 	p = &pump{t: t, ctx: ctx, epfd: -1, routerMore: true,
 		peers: map[string]*peerConn{}, timed: map[*peerConn]struct{}{}, fds: map[int32]fdTarget{},
@@ -81,14 +81,10 @@ func newPump(t *Transport, bind endpoint) (p *pump, err error) {
 	defer func() {
 		if err != nil {
 			p.closeSockets()
-			_ = ctx.Term()
+			_ = processContext.release(ctx)
 			p = nil
 		}
 	}()
-	// Sockets made by libzmq itself (monitors) get linger 0 too.
-	if err = ctx.SetBlocky(false); err != nil {
-		return p, fmt.Errorf("set context blocky: %w", err)
-	}
 	if p.router, err = newSocket(ctx, zmq.ROUTER); err != nil {
 		return p, err
 	}
@@ -98,6 +94,7 @@ func newPump(t *Transport, bind endpoint) (p *pump, err error) {
 	if err = p.router.Bind(bind.addr); err != nil {
 		return p, fmt.Errorf("bind %s: %w", bind.addr, err)
 	}
+	p.bound = true
 	if p.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		return p, fmt.Errorf("epoll_create1: %w", err)
 	}
@@ -446,9 +443,7 @@ func (p *pump) peer(peerID string, ep endpoint) *peerConn {
 	if pc := p.peers[peerID]; pc != nil {
 		return pc
 	}
-	p.monitorN++
-	monitorAddr := fmt.Sprintf("inproc://peerkv-zmqctl-monitor-%d", p.monitorN)
-	pc, err := openPeer(p.ctx, p.t.localID, peerID, ep, monitorAddr, p.t.opts)
+	pc, err := openPeer(p.ctx, p.t.localID, peerID, ep, nextMonitorAddr(), p.t.opts)
 	if err != nil {
 		p.reportDown(peerID, fmt.Errorf("%w: %v", ErrSocket, err))
 		return nil
@@ -544,8 +539,9 @@ func (p *pump) flushBacklog() {
 	p.backlog = nil
 }
 
-// shutdown closes every socket and terminates the context. It must not
-// panic out of the pump's deferred cleanup.
+// shutdown closes every socket and releases the shared context (the last
+// Transport's release terminates it). It must not panic out of the pump's
+// deferred cleanup.
 func (p *pump) shutdown() {
 	defer func() {
 		if r := recover(); r != nil {
@@ -553,28 +549,34 @@ func (p *pump) shutdown() {
 		}
 	}()
 	p.t.stopAccepting()
-	p.t.mu.Lock()
 	p.closeSockets()
-	p.t.mu.Unlock()
-	if err := p.ctx.Term(); err != nil {
-		p.t.log.Warn("zmq context term failed", "err", err)
+	// Not reached when closing panicked: a socket left open would hold the
+	// last Transport's Term forever, so the context is kept instead.
+	if err := processContext.release(p.ctx); err != nil {
+		p.t.log.Warn("zmq context release failed", "err", err)
 	}
 	p.t.log.Info("control transport closed")
 }
 
 func (p *pump) closeSockets() {
-	for _, pc := range p.peers {
-		p.forget(pc, 0) // as vLLM: closing does not wait for peers
-	}
+	p.closePeers()
+	p.closeRouter()
 	if p.t.wake != nil {
 		p.t.wake.close()
-	}
-	if p.router != nil {
-		p.router.Close()
 	}
 	if p.epfd >= 0 {
 		_ = unix.Close(p.epfd)
 		p.epfd = -1
+	}
+}
+
+// closePeers runs under t.mu, which Send's direct path takes to use a
+// DEALER.
+func (p *pump) closePeers() {
+	p.t.mu.Lock()
+	defer p.t.mu.Unlock()
+	for _, pc := range p.peers {
+		p.forget(pc, 0) // as vLLM: closing does not wait for peers
 	}
 }
 

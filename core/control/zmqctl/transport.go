@@ -179,20 +179,24 @@ func (t *Transport) releasedLocked(peerID string, frames int) {
 	}
 }
 
-// Close stops the pump, which closes every socket (linger 0) and terminates
-// the ZMQ context, then closes Events. A DEALER closed by a recent
-// Disconnect may hold it for up to Options.DisconnectLinger. Idempotent.
+// Close stops the pump, which closes every socket (linger 0), frees the
+// port and releases the process's ZMQ context, then closes Events. The
+// last Transport of the process to close terminates the context, which
+// waits for DEALERs that any Transport closed by a recent Disconnect, each
+// for up to its Options.DisconnectLinger; Close allows for that on top of
+// Options.CloseTimeout. Idempotent.
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
 		t.stopAccepting()
 		t.wake.wake()
 	})
-	timer := time.NewTimer(t.opts.CloseTimeout)
+	bound := t.opts.CloseTimeout + processContext.lingerBound()
+	timer := time.NewTimer(bound)
 	defer timer.Stop()
 	select {
 	case <-t.done:
 	case <-timer.C:
-		return fmt.Errorf("zmqctl: %s: pump did not stop within %v", t.localID, t.opts.CloseTimeout)
+		return fmt.Errorf("zmqctl: %s: pump did not stop within %v", t.localID, bound)
 	}
 	if f := t.failure.Load(); f != nil {
 		return *f

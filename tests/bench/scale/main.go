@@ -30,7 +30,7 @@
 //
 //	scale: 64 peers / 8 processes: lookup p50 34.87 ms p99 187.11 ms; 2 peers: p50 0.71 ms p99 4.03 ms; p99 ratio 46.46 (goal <= 2)
 //	scale: per session: 98.8 KiB RSS, 5.00 fds (one process, 8 peers, 504 sessions: ...)
-//	scale: ZMQ contexts per process: [8] with 8 peers each (...)
+//	scale: ZMQ contexts per process: [1] with 8 peers each (...)
 package main
 
 import (
@@ -185,7 +185,7 @@ func runParent(p params) error {
 	for _, m := range large.after {
 		ctxs[m.zmqContexts]++
 	}
-	fmt.Printf("scale: ZMQ contexts per process: %v with %d peers each (libzmq reaper threads; goal 1): each zmqctl.Transport makes its own context (newPump in core/control/zmqctl/pump.go), with its own I/O and reaper threads\n",
+	fmt.Printf("scale: ZMQ contexts per process: %v with %d peers each (libzmq reaper threads; goal 1): the zmqctl.Transports of a process share one context (sharedContext in core/control/zmqctl/context.go), with one I/O and one reaper thread\n",
 		slices.Sorted(maps.Keys(ctxs)), p.perProc)
 	problems := append(small.problems, large.problems...)
 	if len(problems) == 0 {
