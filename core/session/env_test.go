@@ -23,7 +23,7 @@ const (
 // sends and reports, registers peers with a memdata transport at once, and
 // owns a clock the test moves.
 type fakeOwner struct {
-	t        *testing.T
+	t        testing.TB
 	env      *Env
 	now      time.Time
 	sent     []protocol.Message
@@ -38,9 +38,10 @@ type fakeOwner struct {
 	logs     []string
 	nextID   int64
 	session  *Session
+	hub      *memdata.Hub
 }
 
-func newOwner(t *testing.T, localID string, mutate ...func(*config.Config)) *fakeOwner {
+func newOwner(t testing.TB, localID string, mutate ...func(*config.Config)) *fakeOwner {
 	cfg := config.Config{
 		Host: "127.0.0.1", Port: 1, HashSeed: "42", KeyLen: testKeyLen,
 		MaxPeers: 8, MaxRequestsPerPeer: 64, MaxKeysPerPeer: 1024,
@@ -50,7 +51,8 @@ func newOwner(t *testing.T, localID string, mutate ...func(*config.Config)) *fak
 	}
 	o := &fakeOwner{t: t, now: time.Unix(1_790_000_000, 0), loads: map[int64]bool{}, stores: map[int64]bool{}}
 	region := data.Region{Mem: make([]byte, testRows*testRowLen), RowLen: testRowLen}
-	dt := memdata.NewHub().Transport(localID, region, nil)
+	o.hub = memdata.NewHub()
+	dt := o.hub.Transport(localID, region, nil)
 	t.Cleanup(func() { _ = dt.Close() })
 	o.env = &Env{
 		LocalID: localID, Cfg: cfg, Region: region, Data: dt,
@@ -69,8 +71,18 @@ func newOwner(t *testing.T, localID string, mutate ...func(*config.Config)) *fak
 	return o
 }
 
+// reachData makes the session's data writes to peerID start (by default
+// they fail to start: the peer is in no hub of ours). They succeed into
+// the peer's first rows rows and fail beyond them.
+func (o *fakeOwner) reachData(peerID string, rows int) {
+	region := data.Region{Mem: make([]byte, rows*testRowLen), RowLen: testRowLen}
+	peer := o.hub.Transport(peerID, region, nil)
+	o.t.Cleanup(func() { _ = peer.Close() })
+	require.NoError(o.t, o.env.Data.AddPeer(peerID, data.PeerInfo{NumRows: testRows, RowLen: testRowLen}))
+}
+
 // roundTrip encodes and decodes m as the wire would.
-func roundTrip(t *testing.T, m protocol.Message) protocol.Message {
+func roundTrip(t testing.TB, m protocol.Message) protocol.Message {
 	b, err := protocol.Encode(m)
 	require.NoError(t, err)
 	out, err := protocol.Decode(b, protocol.Limits{KeyLen: testKeyLen})
@@ -120,10 +132,21 @@ func (o *fakeOwner) StoreDone(jobID int64, ok bool) {
 	o.stores[jobID] = ok
 }
 
-func (o *fakeOwner) tick(d time.Duration) { o.now = o.now.Add(d); o.session.Tick(o.now) }
+// tick moves the clock and ticks the session, whose producer totals must
+// still match a recount.
+func (o *fakeOwner) tick(d time.Duration) {
+	o.now = o.now.Add(d)
+	o.session.Tick(o.now)
+	checkHoldings(o.t, o.session)
+}
+
+// open starts the owner's session; the test's end checks its producer
+// totals against a recount.
 func (o *fakeOwner) open(peerID string, dialed bool) *Session {
-	o.session = New(o.env, peerID, "127.0.0.1", dialed)
-	return o.session
+	s := New(o.env, peerID, "127.0.0.1", dialed)
+	o.session = s
+	o.t.Cleanup(func() { checkHoldings(o.t, s) })
+	return s
 }
 
 // pair is two sessions, A dialing B, whose messages the test delivers.
@@ -132,7 +155,7 @@ type pair struct {
 	sa, sb *Session
 }
 
-func newPair(t *testing.T, mutate ...func(*config.Config)) *pair {
+func newPair(t testing.TB, mutate ...func(*config.Config)) *pair {
 	p := &pair{a: newOwner(t, "127.0.0.1:1001", mutate...), b: newOwner(t, "127.0.0.1:1002", mutate...)}
 	p.sa = p.a.open("127.0.0.1:1002", true)
 	p.sb = p.b.open("127.0.0.1:1001", false)

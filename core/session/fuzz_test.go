@@ -14,8 +14,11 @@ import (
 // FuzzSession drives one handshaked session with a sequence of wire
 // messages from the peer interleaved with host calls and clock ticks, all
 // chosen by the input. Whatever the sequence: no panic, no job reported
-// twice (the fake owner fails the test), and after Close every job the
-// host handed the session is reported exactly once.
+// twice (the fake owner fails the test), the producer's running totals
+// match a recount after every step, and after Close every job the host
+// handed the session is reported exactly once. Data writes into the peer's
+// first half of rows succeed, later ones fail, so transfers run and end
+// either way while the input goes on.
 func FuzzSession(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 7, 1, 9, 9, 9})
 	f.Add([]byte{7, 0, 0, 1, 0, 0, 9, 4, 3, 3})
@@ -30,6 +33,7 @@ func FuzzSession(f *testing.F) {
 		p.pump()
 		require.True(t, p.sb.Ready())
 		s, o := p.sb, p.b
+		o.reachData(s.PeerID(), testRows/2)
 		submitted := map[int64]bool{} // job -> is a load
 		next := int64(0)
 		at := 0
@@ -105,12 +109,16 @@ func FuzzSession(f *testing.F) {
 			case 12:
 				drainCompletions(s, o)
 			}
+			checkHoldings(t, s)
 			if s.Dead() {
 				break
 			}
 		}
 		drainCompletions(s, o)
+		checkHoldings(t, s)
 		s.Close("fuzz end")
+		checkHoldings(t, s)
+		require.Zero(t, s.producer.held, "a closed session holds nothing")
 		for job, isLoad := range submitted {
 			reported := o.stores
 			if isLoad {

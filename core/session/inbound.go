@@ -32,7 +32,7 @@ type InboundLookup struct {
 	lateAnswer bool // ended while checked out: the host's answer ends it
 
 	s        *Session
-	keys     [][]byte
+	keys     [][]byte // never changes once filed: holdings.go counts its share once
 	resolved map[string]bool
 	pending  [][]byte
 	deadline time.Time
@@ -100,7 +100,7 @@ func (p *producer) onLookup(m *protocol.Lookup) error {
 			l.pending = append(l.pending, k)
 		}
 	}
-	p.request(m.KVRequestID).lookups[id] = l
+	p.request(m.KVRequestID).addLookup(l)
 	p.s.report(Report{Kind: InboundReady, Lookup: l})
 	return nil
 }
@@ -163,7 +163,7 @@ func (p *producer) respond(l *InboundLookup) {
 	l.state = inboundDone
 	l.pending = nil
 	if req := p.requests[l.KVRequestID]; req != nil {
-		delete(req.lookups, l.ID)
+		req.dropLookup(l.ID)
 	}
 	p.prune(l.KVRequestID)
 }
@@ -177,7 +177,7 @@ func (p *producer) dropLookups(kvID string) {
 	}
 	for id, l := range req.lookups {
 		l.state = inboundDone
-		delete(req.lookups, id)
+		req.dropLookup(id)
 		p.s.report(Report{Kind: InboundFinished, Lookup: l})
 	}
 }

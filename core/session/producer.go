@@ -25,15 +25,11 @@ type storeJob struct {
 	carried int // transfers in flight reading its rows
 }
 
-type producerRequest struct {
-	rounds  map[uint64]*round
-	lookups map[int64]*InboundLookup
-}
-
 // producer is the role that serves rows to the peer.
 type producer struct {
 	s         *Session
 	requests  map[string]*producerRequest
+	held      holdings // over requests, kept by holdings.go
 	transfers map[uint64]*transfer
 	jobs      map[int64]*storeJob
 }
@@ -63,21 +59,13 @@ func (s *Session) TransfersInFlight() bool { return len(s.producer.transfers) > 
 func (p *producer) request(id string) *producerRequest {
 	r := p.requests[id]
 	if r == nil {
-		r = &producerRequest{rounds: map[uint64]*round{}, lookups: map[int64]*InboundLookup{}}
+		r = newProducerRequest(&p.held)
 		p.requests[id] = r
 	}
 	return r
 }
 
-func (p *producer) round(id string, seq uint64) *round {
-	req := p.request(id)
-	r := req.rounds[seq]
-	if r == nil {
-		r = newRound()
-		req.rounds[seq] = r
-	}
-	return r
-}
+func (p *producer) round(id string, seq uint64) *round { return p.request(id).round(seq) }
 
 // prune drops a request once it holds no round and no lookup; tombstones
 // keep it until expireRounds forgets them.
@@ -103,12 +91,11 @@ func (s *Session) AddStoredBlocks(kvID string, keys [][]byte, rows []uint64, job
 	}
 	var local, remote []uint64
 	for i, k := range keys {
-		if dst, ok := r.wanted[string(k)]; ok {
-			delete(r.wanted, string(k))
+		if dst, ok := r.takeWanted(string(k)); ok {
 			local = append(local, rows[i])
 			remote = append(remote, dst)
 		} else {
-			r.available[string(k)] = supply{job: jobID, row: rows[i]}
+			r.offer(string(k), supply{job: jobID, row: rows[i]})
 		}
 	}
 	if len(local) > 0 && r.state == roundFetched {
@@ -151,13 +138,12 @@ func (p *producer) onFetch(m *protocol.Fetch) error {
 	var local, remote []uint64
 	jobs := map[int64]int{}
 	for i, k := range m.Keys {
-		if sup, ok := rd.available[string(k)]; ok {
-			delete(rd.available, string(k))
+		if sup, ok := rd.takeSupply(string(k)); ok {
 			local = append(local, sup.row)
 			remote = append(remote, m.BlockIndexes[i])
 			jobs[sup.job]++
 		} else {
-			rd.wanted[string(k)] = m.BlockIndexes[i]
+			rd.want(string(k), m.BlockIndexes[i])
 		}
 	}
 	switch {
@@ -325,7 +311,7 @@ func (p *producer) releaseUncarried(r *round, ok bool) {
 		p.reportJob(j, ok)
 		delete(r.jobs, j)
 	}
-	clear(r.available)
+	r.dropSupply()
 }
 
 func (p *producer) reportJob(j int64, ok bool) {
@@ -354,8 +340,7 @@ func (p *producer) finalize(kvID string, seq uint64, sendDone bool) {
 		p.reportJob(j, ok)
 	}
 	clear(r.jobs)
-	clear(r.available)
-	clear(r.wanted)
+	r.dropKeys()
 	if sendDone && r.fetchSeen && r.state != roundAborting {
 		p.s.send(&protocol.TransferDone{KVRequestID: kvID, Success: ok, RoundSeq: seq})
 	}
@@ -363,7 +348,7 @@ func (p *producer) finalize(kvID string, seq uint64, sendDone bool) {
 		r.fetchSeen = true // keep the tombstone; a repeated fetch is a protocol error
 		return
 	}
-	delete(req.rounds, seq)
+	req.dropRound(seq)
 }
 
 func (p *producer) tick(now time.Time) {
@@ -380,12 +365,7 @@ func (p *producer) tick(now time.Time) {
 			r = req.rounds[sj.round]
 		}
 		if r != nil {
-			// Drop its supply so a late fetch cannot read rows the host reuses.
-			for k, sup := range r.available {
-				if sup.job == j {
-					delete(r.available, k)
-				}
-			}
+			r.dropSupplyOf(j) // so a late fetch cannot read rows the host reuses
 			delete(r.jobs, j)
 			r.supplyClosed = true
 		}
@@ -415,7 +395,7 @@ func (p *producer) expireRounds(now time.Time) {
 			switch {
 			case r.inflight > 0:
 			case r.state == roundDead && now.Sub(r.since) >= cfg.ReapedIDRetention:
-				delete(req.rounds, seq)
+				req.dropRound(seq)
 				ended = true
 			case r.state == roundFetched && now.Sub(r.since) >= cfg.UnboundStoreTimeout:
 				p.s.env.Logf("WARNING", "peer %s: fetch kv_request_id=%s round=%d still missed %d rows after %v; failing it (raise unbound_store_timeout_s if prefills outlast it)",
@@ -437,48 +417,36 @@ func (p *producer) expireRounds(now time.Time) {
 // a tombstone or an inbound lookup) under kvID with keys more keys ("" when
 // it may). Entries of every kv id count against max_requests_per_peer, and
 // an entry holds at least one key's worth, so neither empty lookups nor
-// tombstones of made-up rounds grow without bound. The sums walk this
-// peer's state only, itself bounded by the same caps.
+// tombstones of made-up rounds grow without bound. It reads running totals
+// (holdings.go): every frame costs the same however much the peer holds.
 func (p *producer) overCap(kvID string, keys int) string {
 	cfg := p.s.env.Cfg
 	if _, known := p.requests[kvID]; !known && len(p.requests) >= cfg.MaxRequestsPerPeer {
 		return fmt.Sprintf("the peer already holds %d kv ids here (max_requests_per_peer)", len(p.requests))
 	}
-	entries, held := 0, 0
-	for _, req := range p.requests {
-		entries += len(req.rounds) + len(req.lookups)
-		for _, r := range req.rounds {
-			held += max(1, len(r.wanted)+len(r.available))
-		}
-		for _, l := range req.lookups {
-			held += max(1, len(l.keys))
-		}
-	}
-	if entries >= cfg.MaxRequestsPerPeer {
-		return fmt.Sprintf("the peer already holds %d rounds and lookups here (max_requests_per_peer)", entries)
+	if p.held.entries >= cfg.MaxRequestsPerPeer {
+		return fmt.Sprintf("the peer already holds %d rounds and lookups here (max_requests_per_peer)", p.held.entries)
 	}
 	keys = max(1, keys)
-	if held+keys > cfg.MaxKeysPerPeer {
-		return fmt.Sprintf("the peer's %d keys would exceed the %d it may hold here (max_keys_per_peer)", held+keys, cfg.MaxKeysPerPeer)
+	if p.held.keys+keys > cfg.MaxKeysPerPeer {
+		return fmt.Sprintf("the peer's %d keys would exceed the %d it may hold here (max_keys_per_peer)", p.held.keys+keys, cfg.MaxKeysPerPeer)
 	}
 	return ""
 }
 
 // Holds reports the kv ids and keys the peer makes this producer hold.
 func (s *Session) Holds() (kvIDs, keysWanted int) {
-	for _, req := range s.producer.requests {
-		kvIDs++
-		for _, r := range req.rounds {
-			keysWanted += len(r.wanted)
-		}
-	}
-	return kvIDs, keysWanted
+	return len(s.producer.requests), s.producer.held.wanted
 }
 
-// close reports every job as failed and every lookup as finished.
+// close reports every job as failed and every lookup as finished, and
+// forgets every round.
 func (p *producer) close() {
-	for kvID := range p.requests {
+	for kvID, req := range p.requests {
 		p.dropLookups(kvID)
+		for seq := range req.rounds {
+			req.dropRound(seq)
+		}
 	}
 	for j := range p.jobs {
 		p.reportJob(j, false)

@@ -13,7 +13,7 @@ import (
 )
 
 // handshaked returns a pair past the handshake with nothing left to send.
-func handshaked(t *testing.T, mutate ...func(*config.Config)) *pair {
+func handshaked(t testing.TB, mutate ...func(*config.Config)) *pair {
 	p := newPair(t, mutate...)
 	p.pump()
 	require.True(t, p.sa.Ready())
@@ -62,6 +62,7 @@ func TestFetchesNobodySuppliesExpire(t *testing.T) {
 	p := handshaked(t, func(c *config.Config) { c.UnboundStoreTimeout = 3 * time.Second })
 	for i := range 10 {
 		p.sb.Handle(&protocol.Fetch{KVRequestID: "nobody-" + string(rune('a'+i)), Keys: [][]byte{key(i)}, BlockIndexes: []uint64{0}})
+		checkHoldings(t, p.sb)
 	}
 	kv, wanted := p.sb.Holds()
 	assert.Equal(t, 10, kv)
@@ -84,16 +85,21 @@ func TestAPeerCannotMakeUsHoldMoreThanItsShare(t *testing.T) {
 	p := handshaked(t, func(c *config.Config) { c.MaxRequestsPerPeer = 4; c.MaxKeysPerPeer = 6 })
 	for i := range 4 {
 		p.sb.Handle(&protocol.Lookup{KVRequestID: "lu-" + string(rune('a'+i)), Keys: [][]byte{key(i)}})
+		checkHoldings(t, p.sb)
 	}
 	assert.Len(t, p.b.inbound, 4)
 	p.sb.Handle(&protocol.Lookup{KVRequestID: "one-too-many", Keys: [][]byte{key(9)}})
+	checkHoldings(t, p.sb)
 	assert.Len(t, p.b.inbound, 4, "not queued for the host")
 	resp := lookupResps(p.b.take())
 	require.Len(t, resp, 1)
 	assert.Equal(t, []bool{false}, resp[0].Hits, "answered at once, as a miss")
+	assert.Contains(t, p.b.logs[len(p.b.logs)-1], "lookup kv_request_id=one-too-many answered as misses: the peer already holds 4 kv ids here (max_requests_per_peer)")
 
-	// Keys: an existing kv id asking for more keys than the cap allows.
+	// A fetch under an existing kv id: refused too, the rounds and lookups
+	// already at the cap (the keys cap: TestKeysCapCountsEveryEntry).
 	p.sb.Handle(&protocol.Fetch{KVRequestID: "lu-a", Keys: [][]byte{key(20), key(21), key(22)}, BlockIndexes: []uint64{0, 1, 2}})
+	checkHoldings(t, p.sb)
 	done := transferDones(p.b.take())
 	require.Len(t, done, 1)
 	assert.False(t, done[0].Success)
@@ -102,6 +108,7 @@ func TestAPeerCannotMakeUsHoldMoreThanItsShare(t *testing.T) {
 	// Abort tombstones for unknown rounds are capped too, and answered.
 	for i := range 100 {
 		p.sb.Handle(&protocol.AbortFetch{KVRequestID: fmt.Sprint("gone-", i), RoundSeq: 1})
+		checkHoldings(t, p.sb)
 	}
 	kv, _ := p.sb.Holds()
 	assert.Equal(t, 4, kv)
@@ -117,6 +124,7 @@ func TestAPeerCannotMakeUsHoldMoreThanItsShare(t *testing.T) {
 func TestAbortTombstonesExpire(t *testing.T) {
 	p := handshaked(t, func(c *config.Config) { c.ReapedIDRetention = 2 * time.Second })
 	p.sb.Handle(&protocol.AbortFetch{KVRequestID: "x", RoundSeq: 3})
+	checkHoldings(t, p.sb)
 	kv, _ := p.sb.Holds()
 	require.Equal(t, 1, kv)
 	p.b.tick(3 * time.Second)
@@ -173,11 +181,14 @@ func TestFloodsUnderOneKVIDAreBounded(t *testing.T) {
 	p := handshaked(t, func(c *config.Config) { c.MaxRequestsPerPeer = 8 })
 	for range 100 {
 		p.sb.Handle(&protocol.Lookup{KVRequestID: "kv", Keys: [][]byte{}})
+		checkHoldings(t, p.sb)
 	}
 	assert.Len(t, p.b.inbound, 8, "only up to the cap reach the host")
 	assert.Len(t, lookupResps(p.b.take()), 92, "the rest are answered at once")
+	assert.Contains(t, p.b.logs[len(p.b.logs)-1], "lookup kv_request_id=kv answered as misses: the peer already holds 8 rounds and lookups here (max_requests_per_peer)")
 	for i := range 100 {
 		p.sb.Handle(&protocol.AbortFetch{KVRequestID: "other", RoundSeq: uint64(i)})
+		checkHoldings(t, p.sb)
 	}
 	rounds := 0
 	for _, req := range p.sb.producer.requests {

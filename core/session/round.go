@@ -37,8 +37,11 @@ type round struct {
 	supplyClosed bool // no more supply will come
 	fetchSeen    bool // a fetch arrived (kept by a tombstone: a second is a protocol error)
 
+	// available and wanted change only through holdings.go, which keeps
+	// the peer's totals (held: nil once the round is no longer filed).
 	available map[string]supply // supply no fetch asked for yet
 	wanted    map[string]uint64 // key -> consumer row, demand awaiting supply
+	held      *holdings
 	jobs      map[int64]struct{}
 	remaining int // rows of the fetch still to write
 	inflight  int // data-path writes running
