@@ -37,7 +37,7 @@ type askedBatch struct {
 
 // consumerRequest is the state of one kv_request_id we pull from this peer.
 type consumerRequest struct {
-	probes     map[string]probe
+	probes     probeTable
 	unsent     [][]byte
 	round      uint64 // next fetch round
 	probed     bool
@@ -47,7 +47,7 @@ type consumerRequest struct {
 }
 
 func (r *consumerRequest) idle() bool {
-	return len(r.loads) == 0 && len(r.probes) == 0 && len(r.unsent) == 0
+	return len(r.loads) == 0 && r.probes.len() == 0 && len(r.unsent) == 0
 }
 
 // dropAnswered forgets the oldest batches once none of their keys awaits
@@ -55,7 +55,7 @@ func (r *consumerRequest) idle() bool {
 func (r *consumerRequest) dropAnswered() {
 	for len(r.asked) > 0 {
 		for _, k := range r.asked[0].keys {
-			if r.probes[string(k)] == probeAsked {
+			if p, _ := r.probes.get(k); p == probeAsked {
 				return
 			}
 		}
@@ -89,7 +89,7 @@ func (c *consumer) busy() bool {
 func (c *consumer) request(id string) *consumerRequest {
 	r := c.requests[id]
 	if r == nil {
-		r = &consumerRequest{probes: make(map[string]probe), loads: make(map[uint64]*load)}
+		r = &consumerRequest{loads: make(map[uint64]*load)}
 		c.requests[id] = r
 	}
 	return r
@@ -109,18 +109,25 @@ func (s *Session) RegisterLookup(kvRequestID string, key []byte) (hit, known boo
 	c := &s.consumer
 	r := c.request(kvRequestID)
 	r.probed = true
-	switch r.probes[string(key)] {
-	case probeHit:
+	switch p, seen := r.probes.get(key); {
+	case p == probeHit:
 		return true, true
-	case probeMiss:
+	case p == probeMiss:
 		return false, true
-	}
-	if _, seen := r.probes[string(key)]; !seen {
-		r.probes[string(key)] = probeUnsent
+	case !seen:
+		r.probes.add(key)
+		if len(r.unsent) == 0 {
+			c.flush[kvRequestID] = struct{}{} // a request is in flush while it has unsent keys
+		}
 		r.unsent = append(r.unsent, key)
-		c.flush[kvRequestID] = struct{}{}
 	}
 	return false, false
+}
+
+// ReserveLookups makes room for n keys about to be registered under
+// kvRequestID, if none is yet.
+func (s *Session) ReserveLookups(kvRequestID string, n int) {
+	s.consumer.request(kvRequestID).probes.reserve(n)
 }
 
 // Probed is what the peer answered for key in kvRequestID's current round,
@@ -130,7 +137,7 @@ func (s *Session) Probed(kvRequestID string, key []byte) (hit, known bool) {
 	if r == nil {
 		return false, false
 	}
-	switch r.probes[string(key)] {
+	switch p, _ := r.probes.get(key); p {
 	case probeHit:
 		return true, true
 	case probeMiss:
@@ -166,9 +173,7 @@ func (c *consumer) flushOne(id string) {
 		return
 	}
 	for _, k := range r.unsent {
-		if r.probes[string(k)] == probeUnsent {
-			r.probes[string(k)] = probeAsked
-		}
+		r.probes.move(k, probeUnsent, probeAsked)
 	}
 	r.lookupOpen = true
 	r.asked = append(r.asked, askedBatch{at: c.s.env.Now(), keys: r.unsent})
@@ -186,7 +191,7 @@ func (s *Session) RequestBlocks(jobID int64, kvRequestID string, keys [][]byte, 
 	r.loads[round] = &load{jobID: jobID, rows: rows, sentAt: s.env.Now()}
 	r.lookupOpen = false
 	r.asked = nil
-	clear(r.probes)
+	r.probes.clear()
 	r.unsent = nil
 	delete(c.flush, kvRequestID)
 	s.send(&protocol.Fetch{KVRequestID: kvRequestID, Keys: keys, BlockIndexes: rows, RoundSeq: round})
@@ -227,7 +232,7 @@ func (s *Session) FinishConsumer(kvRequestID string) {
 		r.lookupOpen = false
 		s.send(&protocol.Fetch{KVRequestID: kvRequestID, Keys: [][]byte{}, BlockIndexes: []uint64{}, RoundSeq: r.round})
 	}
-	clear(r.probes)
+	r.probes.clear()
 	r.unsent = nil
 	r.asked = nil
 	delete(c.flush, kvRequestID)
@@ -245,12 +250,12 @@ func (c *consumer) onLookupResp(m *protocol.LookupResp) {
 	}
 	changed := false
 	for i, k := range m.Keys {
-		if p, ok := r.probes[string(k)]; ok && p < probeHit {
+		if p, ok := r.probes.get(k); ok && p < probeHit {
 			changed = true
 			if m.Hits[i] {
-				r.probes[string(k)] = probeHit
+				r.probes.set(k, probeHit)
 			} else {
-				r.probes[string(k)] = probeMiss
+				r.probes.set(k, probeMiss)
 			}
 		}
 	}
@@ -315,8 +320,7 @@ func (c *consumer) tick(now time.Time) {
 		n := 0
 		for len(r.asked) > 0 && now.Sub(r.asked[0].at) >= cfg.LookupTimeout {
 			for _, k := range r.asked[0].keys {
-				if r.probes[string(k)] == probeAsked {
-					r.probes[string(k)] = probeMiss
+				if r.probes.move(k, probeAsked, probeMiss) {
 					n++
 				}
 			}
@@ -339,13 +343,7 @@ func (c *consumer) close() {
 			l := r.loads[round]
 			c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Round: round, Rows: l.rows, Fence: true})
 		}
-		failed := false
-		for _, p := range r.probes {
-			if p == probeAsked || p == probeUnsent {
-				failed = true
-			}
-		}
-		if failed {
+		if r.probes.any(probeAsked, probeUnsent) {
 			c.s.report(Report{Kind: ConsumerFailed, KVID: id})
 		}
 	}

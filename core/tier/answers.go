@@ -86,7 +86,7 @@ func (t *Tier) LookupMany(batch []RequestKeys, out []LookupResult) error {
 	for _, rk := range batch {
 		r := t.requests[rk.ReqID]
 		if r != nil && r.pull != nil {
-			r.pull.reserve(len(rk.Keys))
+			r.pull.reserve(len(rk.Keys), t.cfg.KeyLen)
 		}
 		for _, k := range rk.Keys {
 			out[i] = t.lookupKey(r, k)

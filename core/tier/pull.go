@@ -23,6 +23,7 @@ type pull struct {
 	order   []*keyAnswer
 	byKey   map[string]*keyAnswer
 	spare   []keyAnswer // allocated ahead for the keys of one host call (reserve)
+	keyBuf  []byte      // room for their copies, likewise
 	settled int
 	// failed: a load failed, so every lookup answers MISS and the host
 	// recomputes. It belongs to this request alone: a later request reusing
@@ -117,7 +118,7 @@ func (p *pull) lookup(key []byte) LookupResult {
 			p.spare = make([]keyAnswer, 1)
 		}
 		a, p.spare = &p.spare[0], p.spare[1:]
-		*a = keyAnswer{pos: len(p.order), key: append([]byte(nil), key...), last: Retry}
+		*a = keyAnswer{pos: len(p.order), key: p.copyKey(key), last: Retry}
 		p.byKey[string(key)] = a
 		p.order = append(p.order, a)
 	}
@@ -125,17 +126,37 @@ func (p *pull) lookup(key []byte) LookupResult {
 	return a.told
 }
 
-// reserve makes room for n more keys at once: one host call asks a whole
-// request's keys, and a step asks thousands.
-func (p *pull) reserve(n int) {
-	if !p.probe || n <= len(p.spare) {
+// reserve makes room for n more keys of keyLen bytes at once: one host call
+// asks a whole request's keys, and a step asks thousands.
+func (p *pull) reserve(n, keyLen int) {
+	if !p.probe {
 		return
 	}
-	p.spare = make([]keyAnswer, n)
+	if n > len(p.spare) {
+		p.spare = make([]keyAnswer, n)
+	}
+	if n*keyLen > cap(p.keyBuf)-len(p.keyBuf) {
+		p.keyBuf = make([]byte, 0, n*keyLen)
+	}
 	if len(p.byKey) == 0 {
 		p.byKey = make(map[string]*keyAnswer, n)
 		p.order = make([]*keyAnswer, 0, n)
+		for _, src := range p.sources {
+			if src.down == "" {
+				src.s.ReserveLookups(src.KVRequestID, n)
+			}
+		}
 	}
+}
+
+// copyKey is the pull's own copy of a host key, which the sessions keep too.
+func (p *pull) copyKey(key []byte) []byte {
+	if len(key) > cap(p.keyBuf)-len(p.keyBuf) {
+		return append([]byte(nil), key...)
+	}
+	n := len(p.keyBuf)
+	p.keyBuf = append(p.keyBuf, key...)
+	return p.keyBuf[n:len(p.keyBuf):len(p.keyBuf)] // full slice: no append reaches a neighbour
 }
 
 func (p *pull) answer(a *keyAnswer) LookupResult {
