@@ -32,6 +32,7 @@ type fakeOwner struct {
 	stores   map[int64]bool
 	failed   []string
 	answered []string // kv ids with probes answered (ProbesAnswered)
+	ended    bool     // the session reported its end
 	fetches  []string
 	inbound  []*InboundLookup
 	finished []*InboundLookup
@@ -115,6 +116,10 @@ func (o *fakeOwner) apply(r Report) {
 		o.finished = append(o.finished, r.Lookup)
 	case ProbesAnswered:
 		o.answered = append(o.answered, r.KVID)
+	case Ended:
+		require.False(o.t, o.ended, "session end reported twice")
+		require.True(o.t, r.Session.Dead(), "end reported before the session is dead")
+		o.ended = true
 	default:
 		o.t.Fatalf("unknown report %+v", r)
 	}

@@ -25,6 +25,8 @@ const (
 	// ProbesAnswered: the peer answered (or a deadline settled) probes of
 	// KVID; what the owner told the host about those keys may change.
 	ProbesAnswered
+	// Ended: the session ended (reported once); the owner forgets it.
+	Ended
 )
 
 // Report is one thing that happened in a session that its owner must

@@ -556,6 +556,11 @@ func (s *Session) Tick(now time.Time) {
 		s.disconnect("handshake timed out: " + why)
 		return
 	}
+	// Most of a mesh's sessions hold nothing between requests; the owner
+	// ticks every one of them.
+	if len(s.consumer.requests) == 0 && len(s.producer.requests) == 0 && len(s.producer.jobs) == 0 {
+		return
+	}
 	s.consumer.tick(now)
 	s.producer.tick(now)
 }
@@ -584,6 +589,7 @@ func (s *Session) markDead(reason string) {
 	}
 	s.dead = true
 	s.deathReason = reason
+	s.report(Report{Kind: Ended})
 }
 
 // CloseOrderly is Close as normal lifecycle (idle eviction, a peer that

@@ -40,6 +40,8 @@ func (t *Tier) apply(r session.Report) {
 				req.pull.sourceFailed(r.Session, r.KVID, "its session ended with lookups unanswered")
 			}
 		}
+	case session.Ended:
+		t.ended = append(t.ended, r.Session)
 	case session.ProbesAnswered:
 		t.probesAnswered(r.Session, r.KVID)
 	case session.FetchArrived:

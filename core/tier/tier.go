@@ -72,7 +72,8 @@ type Tier struct {
 	stale         []*pull   // pulls to re-evaluate at the end of settle
 	answered      []*pull   // pulls with changes for TakeAnswers
 	nextLookup    int64
-	pending       []session.Report // sessions' reports not yet applied (see settle)
+	pending       []session.Report   // sessions' reports not yet applied (see settle)
+	ended         []*session.Session // sessions that reported their end, for reapDead
 	stats         counters
 	obs           observations // by cause, by path, histograms (observe.go)
 
@@ -481,10 +482,13 @@ func (t *Tier) evictIdle(now time.Time, one bool) {
 // reapDead closes sessions that ended and forgets them, reporting whether
 // there were any; only settle calls it, and applies what Close reported.
 func (t *Tier) reapDead() bool {
+	ended := t.ended
+	t.ended = nil
 	reaped := false
-	for id, s := range t.sessions {
-		if !s.Dead() {
-			continue
+	for _, s := range ended {
+		id := s.PeerID()
+		if t.sessions[id] != s {
+			continue // not one of ours (a probe), or forgotten already
 		}
 		reaped = true
 		// One line per ended session, unless the session logged its own
