@@ -152,7 +152,12 @@ func (p *pump) configureRouter(bind endpoint) error {
 	if err := secureRouter(p.router, p.t.opts); err != nil {
 		return err
 	}
-	return heartbeat(p.router, p.t.opts)
+	// No heartbeat of its own: each inbound connection is reaped by the
+	// TTL its dialer's pings carry (peerkv's and vLLM's DEALERs send 10 s),
+	// and libzmq answers their pings regardless. Our pings on every
+	// inbound connection would double the timers libzmq cancels with a
+	// walk over all of them (poller_base_t::cancel_timer is O(timers)).
+	return nil
 }
 
 func (p *pump) run() {
