@@ -132,6 +132,10 @@ func (p *pull) reserve(n, keyLen int) {
 	if !p.probe {
 		return
 	}
+	n -= len(p.byKey) // the host asks again from the first key: only the rest is new
+	if n <= 0 {
+		return
+	}
 	if n > len(p.spare) {
 		p.spare = make([]keyAnswer, n)
 	}

@@ -488,7 +488,7 @@ func (t *Tier) reapDead() bool {
 	for _, s := range ended {
 		id := s.PeerID()
 		if t.sessions[id] != s {
-			continue // not one of ours (a probe), or forgotten already
+			continue // forgotten already
 		}
 		reaped = true
 		// One line per ended session, unless the session logged its own

@@ -21,11 +21,11 @@ import (
 const maxSockets = 1<<16 - 1
 
 // ioThreads is ZMQ_IO_THREADS of the shared context. libzmq cancels a
-// connection's heartbeat timer (on every pong) with a walk over all timers
-// of its I/O thread, so with every peer of a process in one context that
-// walk grows with the process's connections; two threads halve it (the
-// 64-peer scale bench: lookups/s x1.5-2, 2-peer latency unchanged), and
-// four measured no better on two cores.
+// connection's heartbeat timers (on the message after each ping) with a
+// walk over all timers of its I/O thread, so with every peer of a process
+// in one context that walk grows with the process's connections; two
+// threads halve it (the 64-peer scale bench: lookups/s x1.5-2, 2-peer
+// latency unchanged), and four measured no better on two cores.
 const ioThreads = 2
 
 // errForkedChild refuses a child that would use its parent's context:

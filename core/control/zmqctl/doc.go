@@ -27,13 +27,9 @@
 // same). A peer that restarts with the same "host:port" can therefore be
 // refused, its frames silently not routed, while the receiver still holds the
 // old connection. A cleanly closed peer is released at once; a peer that died
-// without closing its socket is reaped by the ZMTP heartbeat, so expect up to
-// ~10 s before a restarted peer with the same id is heard. DEALERs ping as
-// vLLM's do (interval 2 s, timeout 10 s, TTL 10 s); the ROUTER does not ping:
-// each inbound connection expires by the TTL its dialer's pings carry (10 s
-// from peerkv and vLLM dialers). Pinging there too would double the timers
-// libzmq's I/O thread keeps, and it cancels each with a walk over all of
-// them, which a process with many peers pays on every pong. The sender's identity must equal the string
+// without closing its socket is reaped by the ZMTP heartbeat (interval 2 s,
+// timeout 10 s, TTL 10 s, as vLLM, on the ROUTER and every DEALER), so expect
+// up to ~12 s before a restarted peer with the same id is heard. The sender's identity must equal the string
 // the receiver dialed, or the receiver sees its replies as a new peer.
 //
 // # Peer loss

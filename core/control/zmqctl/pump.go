@@ -152,12 +152,11 @@ func (p *pump) configureRouter(bind endpoint) error {
 	if err := secureRouter(p.router, p.t.opts); err != nil {
 		return err
 	}
-	// No heartbeat of its own: each inbound connection is reaped by the
-	// TTL its dialer's pings carry (peerkv's and vLLM's DEALERs send 10 s),
-	// and libzmq answers their pings regardless. Our pings on every
-	// inbound connection would double the timers libzmq cancels with a
-	// walk over all of them (poller_base_t::cancel_timer is O(timers)).
-	return nil
+	// Its own pings reap a dialer that vanished (host lost, link cut): the
+	// dialer's TTL cannot, as libzmq cancels that timer on any message and
+	// re-arms it only on the next PING, and a dead connection would hold
+	// the peer's identity from its restarted self forever.
+	return heartbeat(p.router, p.t.opts)
 }
 
 func (p *pump) run() {
