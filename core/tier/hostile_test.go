@@ -408,3 +408,38 @@ func TestHandshakingSessionsAreCapped(t *testing.T) {
 	assert.Equal(t, 16, p.Stats().Sessions)
 	assert.Contains(t, string(p.TakeLogs(1<<16)), "still handshaking")
 }
+
+// A session whose very first send (its connect) fails dies while it opens;
+// it is still forgotten, and a later request opens a fresh one.
+func TestASessionThatDiesWhileOpeningIsForgotten(t *testing.T) {
+	c := newCluster(t)
+	prod := c.peer(1)
+	cfg := fastConfig(2)
+	region := data.Region{Mem: make([]byte, numRows*rowLen), RowLen: rowLen}
+	ctl := &failingCtl{Transport: c.ctl.Transport(cfg.LocalID())}
+	tr, err := tier.New(cfg, region, tier.Deps{
+		Control: ctl,
+		NewData: func(guard data.WriteGuard, _ tier.Logf) (data.Transport, error) {
+			return c.data.Transport(cfg.LocalID(), region, guard), nil
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Shutdown() })
+	cons := &peer{Tier: tr, t: t, id: cfg.LocalID(), region: region, seen: map[int64]tier.JobResult{}}
+
+	ctl.fail.Store(true)
+	_, err = cons.StartRequest("r1", p2pParams("kv-open-1", prod))
+	require.NoError(t, err)
+	assert.Equal(t, tier.Miss, cons.lookup("r1", keys(1))[0], "no source left: computed locally")
+	st := cons.Stats()
+	assert.Equal(t, 0, st.Sessions, "the dead session is forgotten")
+	assert.Equal(t, int64(1), st.SessionsClosed)
+
+	ctl.fail.Store(false)
+	_, err = cons.StartRequest("r2", p2pParams("kv-open-2", prod))
+	require.NoError(t, err)
+	assert.Equal(t, tier.Retry, cons.lookup("r2", keys(2))[0], "asked of a fresh session")
+	st = cons.Stats()
+	assert.Equal(t, 1, st.Sessions)
+	assert.Equal(t, int64(2), st.SessionsOpened)
+}

@@ -29,6 +29,7 @@ func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
 	if len(p.Sources) > 0 {
 		r.pull = t.startPull(reqID, p.Sources)
 		t.pulls.add(r.pull)
+		t.settle() // a session that died opening (its connect unsendable) is forgotten now
 	}
 	if p.Dest != nil {
 		t.claimServing(p.Dest.KVRequestID)
