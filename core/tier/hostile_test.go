@@ -341,12 +341,10 @@ func (f *failingCtl) Send(peerID string, frame []byte) error {
 	return f.Transport.Send(peerID, frame)
 }
 
-// A session that died (its sends failed) and is replaced by the host's next
-// request still reports its jobs.
-func TestADeadSessionReplacedByANewRequestReportsItsJobs(t *testing.T) {
-	c := newCluster(t)
-	prod := c.peer(1)
-	cfg := fastConfig(2)
+// peerWithFailingSends is peer n whose control sends fail while ctl.fail is set.
+func (c *cluster) peerWithFailingSends(n int) (*peer, *failingCtl) {
+	t := c.t
+	cfg := fastConfig(n)
 	region := data.Region{Mem: make([]byte, numRows*rowLen), RowLen: rowLen}
 	ctl := &failingCtl{Transport: c.ctl.Transport(cfg.LocalID())}
 	tr, err := tier.New(cfg, region, tier.Deps{
@@ -357,9 +355,17 @@ func TestADeadSessionReplacedByANewRequestReportsItsJobs(t *testing.T) {
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tr.Shutdown() })
-	dec := &peer{Tier: tr, t: t, id: cfg.LocalID(), region: region, seen: map[int64]tier.JobResult{}}
+	return &peer{Tier: tr, t: t, id: cfg.LocalID(), region: region, seen: map[int64]tier.JobResult{}}, ctl
+}
 
-	_, err = dec.StartRequest("r1", pdParams("kv-dead-1", prod))
+// A session that died (its sends failed) and is replaced by the host's next
+// request still reports its jobs.
+func TestADeadSessionReplacedByANewRequestReportsItsJobs(t *testing.T) {
+	c := newCluster(t)
+	prod := c.peer(1)
+	dec, ctl := c.peerWithFailingSends(2)
+
+	_, err := dec.StartRequest("r1", pdParams("kv-dead-1", prod))
 	require.NoError(t, err)
 	require.NoError(t, dec.SubmitLoad("r1", 10, keys(1), []int64{0}))
 	require.Eventually(t, func() bool { return prod.Stats().ServeKeysWanted == 1 }, 3*time.Second, time.Millisecond)
@@ -414,21 +420,10 @@ func TestHandshakingSessionsAreCapped(t *testing.T) {
 func TestASessionThatDiesWhileOpeningIsForgotten(t *testing.T) {
 	c := newCluster(t)
 	prod := c.peer(1)
-	cfg := fastConfig(2)
-	region := data.Region{Mem: make([]byte, numRows*rowLen), RowLen: rowLen}
-	ctl := &failingCtl{Transport: c.ctl.Transport(cfg.LocalID())}
-	tr, err := tier.New(cfg, region, tier.Deps{
-		Control: ctl,
-		NewData: func(guard data.WriteGuard, _ tier.Logf) (data.Transport, error) {
-			return c.data.Transport(cfg.LocalID(), region, guard), nil
-		},
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tr.Shutdown() })
-	cons := &peer{Tier: tr, t: t, id: cfg.LocalID(), region: region, seen: map[int64]tier.JobResult{}}
+	cons, ctl := c.peerWithFailingSends(2)
 
 	ctl.fail.Store(true)
-	_, err = cons.StartRequest("r1", p2pParams("kv-open-1", prod))
+	_, err := cons.StartRequest("r1", p2pParams("kv-open-1", prod))
 	require.NoError(t, err)
 	assert.Equal(t, tier.Miss, cons.lookup("r1", keys(1))[0], "no source left: computed locally")
 	st := cons.Stats()
