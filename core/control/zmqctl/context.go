@@ -23,10 +23,11 @@ const maxSockets = 1<<16 - 1
 // ioThreads is ZMQ_IO_THREADS of the shared context. libzmq cancels a
 // connection's heartbeat timers (on the message after each ping) with a
 // walk over all timers of its I/O thread, so with every peer of a process
-// in one context that walk grows with the process's connections; two
-// threads halve it (the 64-peer scale bench: lookups/s x1.5-2, 2-peer
-// latency unchanged), and four measured no better on two cores.
-const ioThreads = 2
+// in one context that walk grows with the process's connections. In the
+// 64-peer scale bench (8 peers a process, interleaved runs) four threads
+// matched a context per peer (1828-3429 lookups/s against 1975-2584); two
+// were 1.5x slower, eight no faster.
+const ioThreads = 4
 
 // errForkedChild refuses a child that would use its parent's context:
 // libzmq's threads did not survive the fork, so the context is dead there.

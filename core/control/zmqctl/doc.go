@@ -59,7 +59,7 @@
 // # Context
 //
 // All Transports of a process share one ZMQ context (context.go), so a
-// process runs two libzmq I/O threads and one reaper thread, not a pair per
+// process runs four libzmq I/O threads and one reaper thread, not a pair per
 // peer (the scale bench has 8 peers per process). New acquires it, and
 // creates it if no Transport holds one; the last Transport to close
 // terminates it, so a process that closed all its Transports runs no

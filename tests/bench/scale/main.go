@@ -185,7 +185,7 @@ func runParent(p params) error {
 	for _, m := range large.after {
 		ctxs[m.zmqContexts]++
 	}
-	fmt.Printf("scale: ZMQ contexts per process: %v with %d peers each (libzmq reaper threads; goal 1): the zmqctl.Transports of a process share one context (sharedContext in core/control/zmqctl/context.go), with two I/O threads and one reaper thread\n",
+	fmt.Printf("scale: ZMQ contexts per process: %v with %d peers each (libzmq reaper threads; goal 1): the zmqctl.Transports of a process share one context (sharedContext in core/control/zmqctl/context.go), with four I/O threads and one reaper thread\n",
 		slices.Sorted(maps.Keys(ctxs)), p.perProc)
 	problems := append(small.problems, large.problems...)
 	if len(problems) == 0 {
