@@ -25,6 +25,7 @@ import (
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/node"
 	"github.com/peerkv/peerkv/core/tier"
+	"github.com/peerkv/peerkv/tests/bench/internal/benchproc"
 )
 
 const (
@@ -42,17 +43,8 @@ func main() {
 	}
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func open() (*tier.Tier, int, error) {
-	port, err := freePort()
+	port, err := benchproc.FreePort()
 	if err != nil {
 		return nil, 0, err
 	}
@@ -68,32 +60,10 @@ func key(i int) []byte {
 	return append(h[:], 0, 0, 0, 0)
 }
 
-// serve answers inbound lookups like a host: the even keys are held.
-func serve(p *tier.Tier, nextJob *int64) {
-	for {
-		in, ok, _ := p.NextInbound(nil)
-		if !ok {
-			return
-		}
-		if in.Kind != tier.InboundEvaluate {
-			continue
-		}
-		res := make([]tier.LookupResult, len(in.Keys))
-		var pins []int64
-		for i, k := range in.Keys {
-			res[i] = tier.Miss
-			if k[0]%2 == 0 {
-				res[i] = tier.Hit
-				pins = append(pins, int64(len(pins)))
-			}
-		}
-		job := int64(-1)
-		if len(pins) > 0 {
-			*nextJob++
-			job = *nextJob
-		}
-		_, _ = p.AnswerInbound(in.LookupID, res, job, pins)
-	}
+// heldEven is the producer's holdings: the even keys, each lookup's hits
+// pinned at rows 0, 1, ...
+func heldEven(k []byte, hitsBefore int) (int64, bool) {
+	return int64(hitsBefore), k[0]%2 == 0
 }
 
 func run(rounds int) error {
@@ -133,7 +103,7 @@ func run(rounds int) error {
 				break
 			}
 			_ = cons.OnScheduleEnd()
-			serve(prod, &pinJobs)
+			_ = benchproc.ServeInbound(prod, heldEven, &pinJobs)
 			// A host calls in from its own thread and holds no Go P between
 			// calls; this loop is a goroutine, so it yields as that thread
 			// would (spinning, it would hold the tier's goroutines back

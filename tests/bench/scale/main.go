@@ -702,31 +702,12 @@ func (pr *peer) collect() {
 
 // serve answers every inbound lookup: HIT (pinned) for the keys held.
 func (pr *peer) serve() {
-	for {
-		in, ok, _ := pr.t.NextInbound(nil)
-		if !ok {
-			return
-		}
-		if in.Kind != tier.InboundEvaluate {
-			continue
-		}
-		res := make([]tier.LookupResult, len(in.Keys))
-		var pins []int64
-		for i, k := range in.Keys {
-			res[i] = tier.Miss
-			if row, ok := pr.held[string(k)]; ok {
-				res[i] = tier.Hit
-				pins = append(pins, row)
-			}
-		}
-		job := int64(-1)
-		if len(pins) > 0 {
-			pr.jobs++
-			job = pr.jobs
-		}
-		if _, err := pr.t.AnswerInbound(in.LookupID, res, job, pins); err != nil {
-			pr.note("AnswerInbound: " + err.Error())
-		}
+	held := func(k []byte, _ int) (int64, bool) {
+		row, ok := pr.held[string(k)]
+		return row, ok
+	}
+	if err := benchproc.ServeInbound(pr.t, held, &pr.jobs); err != nil {
+		pr.note("AnswerInbound: " + err.Error())
 	}
 }
 

@@ -37,6 +37,7 @@ import (
 
 	"github.com/peerkv/peerkv/core/control"
 	"github.com/peerkv/peerkv/core/control/zmqctl"
+	"github.com/peerkv/peerkv/tests/bench/internal/benchproc"
 )
 
 const (
@@ -110,20 +111,11 @@ func run(rounds, peers int, python string) error {
 	return nil
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func newTransport() (*zmqctl.Transport, error) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var err error
 	for range 20 {
-		port, perr := freePort()
+		port, perr := benchproc.FreePort()
 		if perr != nil {
 			return nil, perr
 		}

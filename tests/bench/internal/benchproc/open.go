@@ -3,7 +3,6 @@ package benchproc
 import (
 	"errors"
 	"fmt"
-	"net"
 
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/data"
@@ -17,12 +16,10 @@ import (
 func Open(region data.Region, configJSON func(port int) string) (*tier.Tier, error) {
 	var lastErr error
 	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		port, err := FreePort()
 		if err != nil {
 			return nil, err
 		}
-		port := l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
 		cfg, err := config.FromJSON([]byte(configJSON(port)))
 		if err != nil {
 			return nil, fmt.Errorf("config: %w", err)
