@@ -134,6 +134,20 @@ func newProcessContext() (*zmq.Context, error) {
 	return ctx, nil
 }
 
+// transportSeq hands each Transport its I/O thread.
+var transportSeq atomic.Uint64
+
+// nextAffinity is the ZMQ_AFFINITY of a new Transport's network sockets:
+// one I/O thread of the shared context, in turn. A Transport's connections
+// then stay on one thread, as with a context of its own, so libzmq handles
+// them in order: a DEALER closed and dialed again under the same identity
+// (after a refusal, a restart) reaches the remote ROUTER after its old
+// connection is gone, not racing it on another thread (the ROUTER refuses
+// an identity it still holds).
+func nextAffinity() uint64 {
+	return 1 << ((transportSeq.Add(1) - 1) % ioThreads)
+}
+
 // monitorSeq numbers monitor endpoints process-wide: inproc names live in
 // the shared context, and libzmq frees them asynchronously, so a name is
 // never used twice.

@@ -60,8 +60,10 @@
 //
 // All Transports of a process share one ZMQ context (context.go), so a
 // process runs four libzmq I/O threads and one reaper thread, not a pair per
-// peer (the scale bench has 8 peers per process). New acquires it, and
-// creates it if no Transport holds one; the last Transport to close
+// peer (the scale bench has 8 peers per process). Each Transport's network
+// sockets stay on one of those threads (ZMQ_AFFINITY), as they did with a
+// context of its own, so libzmq handles its connections in order. New
+// acquires it, and creates it if no Transport holds one; the last Transport to close
 // terminates it, so a process that closed all its Transports runs no
 // libzmq thread, and a later New starts a fresh context. What one
 // Transport does must therefore never block the context: the monitor

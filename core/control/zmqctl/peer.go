@@ -50,7 +50,7 @@ func heartbeat(sock *zmq.Socket, o Options) error {
 // is attached before connect so no event is missed; monitorAddr must be
 // unique in the context (nextMonitorAddr) because libzmq frees inproc
 // names asynchronously.
-func openPeer(ctx *zmq.Context, localID, peerID string, ep endpoint, monitorAddr string, o Options) (pc *peerConn, err error) {
+func openPeer(ctx *zmq.Context, affinity uint64, localID, peerID string, ep endpoint, monitorAddr string, o Options) (pc *peerConn, err error) {
 	pc = &peerConn{id: peerID, deadline: time.Now().Add(o.ConnectTimeout), monitorFd: -1, dealerFd: -1}
 	defer func() {
 		if err != nil {
@@ -65,6 +65,7 @@ func openPeer(ctx *zmq.Context, localID, peerID string, ep endpoint, monitorAddr
 		what string
 		err  func() error
 	}{
+		{"affinity", func() error { return pc.dealer.SetAffinity(affinity) }},
 		{"identity", func() error { return pc.dealer.SetIdentity(localID) }},
 		{"send hwm", func() error { return pc.dealer.SetSndhwm(o.SendHWM) }},
 		{"max message size", func() error { return pc.dealer.SetMaxmsgsize(maxMsgSize(o)) }},

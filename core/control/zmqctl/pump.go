@@ -50,7 +50,8 @@ type pump struct {
 	ctx      *zmq.Context
 	router   *zmq.Socket
 	routerFd int
-	bound    bool // the ROUTER holds its port
+	affinity uint64 // the I/O thread of this Transport's network sockets (nextAffinity)
+	bound    bool   // the ROUTER holds its port
 
 	peers map[string]*peerConn // guarded by t.mu
 	// timed holds the peers with a running deadline (handshake or stalled
@@ -75,7 +76,7 @@ func newPump(t *Transport, bind endpoint) (p *pump, err error) {
 	if err != nil {
 		return nil, err
 	}
-	p = &pump{t: t, ctx: ctx, epfd: -1, routerMore: true,
+	p = &pump{t: t, ctx: ctx, affinity: nextAffinity(), epfd: -1, routerMore: true,
 		peers: map[string]*peerConn{}, timed: map[*peerConn]struct{}{}, fds: map[int32]fdTarget{},
 		events: make([]unix.EpollEvent, 64)}
 	defer func() {
@@ -139,6 +140,9 @@ func (p *pump) unwatch(fd int) {
 }
 
 func (p *pump) configureRouter(bind endpoint) error {
+	if err := p.router.SetAffinity(p.affinity); err != nil {
+		return fmt.Errorf("set router affinity: %w", err)
+	}
 	if err := p.router.SetRouterMandatory(1); err != nil {
 		return fmt.Errorf("set router mandatory: %w", err)
 	}
@@ -447,7 +451,7 @@ func (p *pump) peer(peerID string, ep endpoint) *peerConn {
 	if pc := p.peers[peerID]; pc != nil {
 		return pc
 	}
-	pc, err := openPeer(p.ctx, p.t.localID, peerID, ep, nextMonitorAddr(), p.t.opts)
+	pc, err := openPeer(p.ctx, p.affinity, p.t.localID, peerID, ep, nextMonitorAddr(), p.t.opts)
 	if err != nil {
 		p.reportDown(peerID, fmt.Errorf("%w: %v", ErrSocket, err))
 		return nil

@@ -49,7 +49,7 @@ func TestPeerDroppingDuringTeardownLeavesOtherConnectionsWorking(t *testing.T) {
 	require.NoError(t, err)
 
 	remote, ep := remoteRouter(t)
-	pc, err := openPeer(ctx, "local:1", "remote:1", ep, "inproc://teardown-1", opts)
+	pc, err := openPeer(ctx, 1, "local:1", "remote:1", ep, "inproc://teardown-1", opts)
 	require.NoError(t, err)
 	awaitHandshake(t, pc, 5*time.Second)
 
@@ -61,7 +61,7 @@ func TestPeerDroppingDuringTeardownLeavesOtherConnectionsWorking(t *testing.T) {
 	pc.close(0)
 
 	_, other := remoteRouter(t)
-	next, err := openPeer(ctx, "local:1", "remote:2", other, "inproc://teardown-2", opts)
+	next, err := openPeer(ctx, 1, "local:1", "remote:2", other, "inproc://teardown-2", opts)
 	require.NoError(t, err)
 	defer next.close(0)
 	awaitHandshake(t, next, 5*time.Second)
