@@ -532,10 +532,31 @@ def start_all(engines: list[Engine], timeout: float = 400.0) -> None:
             for engine in group:
                 engine.start()
             for engine in group:
-                engine.wait_ready(timeout)
+                _ready_on_free_ports(engine, timeout)
     except BaseException:
         stop_all(engines)
         raise
+
+
+PORT_ATTEMPTS = 3
+
+
+def _ready_on_free_ports(engine: Engine, timeout: float) -> None:
+    """wait_ready, restarting the engine on fresh ports when one it was
+    given was taken meanwhile: ports are picked free when the engine is
+    made, and the engines started before it open ephemeral ports of their
+    own until it binds."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            engine.wait_ready(timeout)
+            return
+        except EngineError:
+            if attempt == PORT_ATTEMPTS or engine.alive() or "Address already in use" not in engine.tail():
+                raise
+        print(f"engine {engine.name}: a port was taken before it bound; restarting on others", file=sys.stderr)
+        engine.stop()
+        engine.http_port, engine.kv_port = free_port(), free_port()
+        engine.start()
 
 
 def unique_prompt(tag: str, words: int) -> str:
