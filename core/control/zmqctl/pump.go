@@ -463,6 +463,11 @@ func (p *pump) peer(peerID string, ep endpoint) *peerConn {
 		p.peerDown(pc, fmt.Errorf("%w: %v", ErrSocket, err))
 		return nil
 	}
+	if p.peers[peerID] != pc {
+		// The monitor already told of a refused connection and the peer
+		// was reported down; it must not be used, or reported, again.
+		return nil
+	}
 	p.t.log.Debug("dialing peer", "peer", peerID, "addr", ep.addr)
 	return pc
 }

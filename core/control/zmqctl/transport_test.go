@@ -100,6 +100,28 @@ func TestSendToNobodyListeningReportsPeerDown(t *testing.T) {
 	assert.Equal(t, int64(0), a.Stats().OpenPeers)
 }
 
+// A refused connection can be told by the monitor before the pump starts
+// watching it; the peer must still be reported down once, not twice.
+func TestEachRefusedPeerIsReportedDownOnce(t *testing.T) {
+	a := newTestTransport(t, Options{ConnectTimeout: 2 * time.Second})
+	const n = 40
+	want := map[string]bool{}
+	for range n {
+		nobody := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		want[nobody] = true
+		require.NoError(t, a.Send(nobody, []byte("hello?")))
+	}
+	for range len(want) {
+		ev := nextEvent(t, a, 15*time.Second)
+		require.Equal(t, control.EventPeerDown, ev.Kind)
+		require.True(t, want[ev.PeerID], "unexpected or repeated peer down for %s", ev.PeerID)
+		delete(want, ev.PeerID)
+	}
+	noEvent(t, a, 200*time.Millisecond)
+	assert.Equal(t, uint64(n), a.Stats().PeersDown)
+	assert.Equal(t, int64(0), a.Stats().OpenPeers)
+}
+
 func TestHandshakeDeadlineWithSilentListener(t *testing.T) {
 	silent := silentListener(t)
 	a := newTestTransport(t, Options{ConnectTimeout: 300 * time.Millisecond})
