@@ -37,7 +37,9 @@ type askedBatch struct {
 
 // consumerRequest is the state of one kv_request_id we pull from this peer.
 type consumerRequest struct {
-	probes     probeTable
+	probes probeTable
+	// unsent are the keys added to probes since the last lookup went out:
+	// always its newest entries, all probeUnsent.
 	unsent     [][]byte
 	round      uint64 // next fetch round
 	probed     bool
@@ -103,8 +105,8 @@ func (c *consumer) prune(id string) {
 
 // RegisterLookup answers one probe of a P2P consumer: HIT/MISS once the peer
 // answered, RETRY (registering the key for this step's lookup) until then.
-// The session keeps key (no copy: one per key a step adds up): the caller
-// must never change it.
+// The session keeps key (no copy, not even for its map key: one per key a
+// step adds up): the caller must never change it.
 func (s *Session) RegisterLookup(kvRequestID string, key []byte) (hit, known bool) {
 	c := &s.consumer
 	r := c.request(kvRequestID)
@@ -127,7 +129,11 @@ func (s *Session) RegisterLookup(kvRequestID string, key []byte) (hit, known boo
 // ReserveLookups makes room for n keys about to be registered under
 // kvRequestID, if none is yet.
 func (s *Session) ReserveLookups(kvRequestID string, n int) {
-	s.consumer.request(kvRequestID).probes.reserve(n)
+	r := s.consumer.request(kvRequestID)
+	r.probes.reserve(n)
+	if len(r.unsent) == 0 && cap(r.unsent) < n {
+		r.unsent = make([][]byte, 0, n)
+	}
 }
 
 // Probed is what the peer answered for key in kvRequestID's current round,
@@ -172,9 +178,7 @@ func (c *consumer) flushOne(id string) {
 	if r == nil || len(r.unsent) == 0 {
 		return
 	}
-	for _, k := range r.unsent {
-		r.probes.move(k, probeUnsent, probeAsked)
-	}
+	r.probes.markNewest(len(r.unsent), probeAsked)
 	r.lookupOpen = true
 	r.asked = append(r.asked, askedBatch{at: c.s.env.Now(), keys: r.unsent})
 	c.s.send(&protocol.Lookup{KVRequestID: id, Keys: r.unsent, RoundSeq: r.round})

@@ -1,5 +1,7 @@
 package session
 
+import "unsafe"
+
 // probeTable is what one request's peer answered for each key of the
 // current round. A key is inserted once (the map's only allocation per key)
 // and its state changes in place, so flushing, answering and timing out a
@@ -26,13 +28,21 @@ func (t *probeTable) get(key []byte) (probe, bool) {
 	return t.states[i], true
 }
 
-// add registers key, which get did not find, as unsent.
+// add registers key, which get did not find, as unsent. The table keeps
+// key's bytes as its map key without a copy (see RegisterLookup).
 func (t *probeTable) add(key []byte) {
 	if t.index == nil {
 		t.index = make(map[string]int32)
 	}
-	t.index[string(key)] = int32(len(t.states))
+	t.index[unsafe.String(unsafe.SliceData(key), len(key))] = int32(len(t.states))
 	t.states = append(t.states, probeUnsent)
+}
+
+// markNewest sets the state of the n keys added last to p.
+func (t *probeTable) markNewest(n int, p probe) {
+	for i := len(t.states) - n; i < len(t.states); i++ {
+		t.states[i] = p
+	}
 }
 
 // move sets key's state to to if it is from; it reports whether it did.

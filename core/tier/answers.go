@@ -82,18 +82,27 @@ func (t *Tier) LookupMany(batch []RequestKeys, out []LookupResult) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	i := 0
+	i, deferred := 0, false
 	for _, rk := range batch {
+		res := out[i : i+len(rk.Keys)]
+		i += len(rk.Keys)
 		r := t.requests[rk.ReqID]
 		if r != nil && r.pull != nil {
+			if t.deferAsk(r.pull, rk.Keys, res) {
+				deferred = true
+				continue
+			}
+			t.registerAsked(r.pull)
 			r.pull.reserve(len(rk.Keys), t.cfg.KeyLen)
 		}
-		for _, k := range rk.Keys {
-			out[i] = t.lookupKey(r, k)
-			i++
+		for j, k := range rk.Keys {
+			res[j] = t.lookupKey(r, k)
 		}
 	}
 	t.flushLookups()
+	if deferred {
+		t.wakeRegister()
+	}
 	return nil
 }
 
@@ -102,6 +111,7 @@ func (t *Tier) lookupKey(r *request, key []byte) LookupResult {
 	if r == nil || r.pull == nil || r.pull.failed || t.closed {
 		return Miss
 	}
+	t.registerAsked(r.pull)
 	res := r.pull.lookup(key)
 	t.countAnswer(res)
 	return res
@@ -188,6 +198,7 @@ func (t *Tier) refresh(p *pull) {
 	if !p.probe {
 		return
 	}
+	t.registerAsked(p)
 	for i, a := range p.order {
 		if a.told != Retry {
 			continue

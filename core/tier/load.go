@@ -61,6 +61,7 @@ func (t *Tier) startLoad(j *job, jobID int64, p *pull, keys [][]byte, rows []uin
 		perSrc: make([]int, len(p.sources)),
 	}
 	j.load = l
+	t.registerAsked(p)
 	for i, k := range keys {
 		l.holders[i] = p.holders(k)
 		if l.holders[i].empty() {

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"unsafe"
 
 	"github.com/peerkv/peerkv/core/params"
 	"github.com/peerkv/peerkv/core/session"
@@ -30,6 +31,12 @@ type pull struct {
 	// a kv id starts clean.
 	failed bool
 	told   toldState // what the host caches of our answers (answers.go)
+	// A first ask answered RETRY and not yet registered (asked.go): its
+	// keys back to back, their length, and whether the pull is in
+	// Tier.toRegister.
+	asked       []byte
+	askedKeyLen int
+	toRegister  bool
 }
 
 // pullSource is one source of one request: its own session (a separate
@@ -114,33 +121,47 @@ func (p *pull) lookup(key []byte) LookupResult {
 	}
 	a := p.byKey[string(key)]
 	if a == nil {
-		if len(p.spare) == 0 {
-			p.spare = make([]keyAnswer, 1)
-		}
-		a, p.spare = &p.spare[0], p.spare[1:]
-		*a = keyAnswer{pos: len(p.order), key: p.copyKey(key), last: Retry}
-		p.byKey[string(key)] = a
-		p.order = append(p.order, a)
+		a = p.addKey(p.copyKey(key))
 	}
 	a.told = p.answer(a)
 	return a.told
 }
 
-// reserve makes room for n more keys of keyLen bytes at once: one host call
-// asks a whole request's keys, and a step asks thousands.
+// addKey adds a key byKey does not hold, keeping key itself (which must
+// never change) as the record's and the map's key.
+func (p *pull) addKey(key []byte) *keyAnswer {
+	if len(p.spare) == 0 {
+		p.spare = make([]keyAnswer, 1)
+	}
+	a := &p.spare[0]
+	p.spare = p.spare[1:]
+	*a = keyAnswer{pos: len(p.order), key: key, last: Retry}
+	p.byKey[unsafe.String(unsafe.SliceData(key), len(key))] = a
+	p.order = append(p.order, a)
+	return a
+}
+
+// reserve makes room for n more keys of keyLen bytes at once, copies
+// included: one host call asks a whole request's keys, and a step asks
+// thousands.
 func (p *pull) reserve(n, keyLen int) {
+	if n = p.reserveAnswers(n); n > 0 && n*keyLen > cap(p.keyBuf)-len(p.keyBuf) {
+		p.keyBuf = make([]byte, 0, n*keyLen)
+	}
+}
+
+// reserveAnswers makes room for the records of n more keys and returns how
+// many of them can be new.
+func (p *pull) reserveAnswers(n int) int {
 	if !p.probe {
-		return
+		return 0
 	}
 	n -= len(p.byKey) // the host asks again from the first key: only the rest is new
 	if n <= 0 {
-		return
+		return 0
 	}
 	if n > len(p.spare) {
 		p.spare = make([]keyAnswer, n)
-	}
-	if n*keyLen > cap(p.keyBuf)-len(p.keyBuf) {
-		p.keyBuf = make([]byte, 0, n*keyLen)
 	}
 	if len(p.byKey) == 0 {
 		p.byKey = make(map[string]*keyAnswer, n)
@@ -151,6 +172,7 @@ func (p *pull) reserve(n, keyLen int) {
 			}
 		}
 	}
+	return n
 }
 
 // copyKey is the pull's own copy of a host key, which the sessions keep too.
@@ -237,6 +259,7 @@ func (p *pull) liveSet() sourceSet {
 // finish ends the request's pull at every source it still has a session
 // with: loads aborted (still reported), terminal fetches sent.
 func (p *pull) finish() {
+	p.asked = nil // never sent: nothing to end at the sources
 	for _, src := range p.sources {
 		if src.s != nil && !src.s.Dead() {
 			src.s.FinishConsumer(src.KVRequestID)

@@ -71,6 +71,8 @@ type Tier struct {
 	pulls         pullIndex // live pulls by kv id (answers.go)
 	stale         []*pull   // pulls to re-evaluate at the end of settle
 	answered      []*pull   // pulls with changes for TakeAnswers
+	toRegister    []*pull   // pulls with a first ask to register (asked.go)
+	registerWake  chan struct{}
 	nextLookup    int64
 	pending       []session.Report   // sessions' reports not yet applied (see settle)
 	ended         []*session.Session // sessions that reported their end, for reapDead
@@ -106,23 +108,24 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		now = time.Now
 	}
 	t := &Tier{
-		cfg:        cfg,
-		region:     region,
-		ctl:        deps.Control,
-		now:        now,
-		logs:       newLogRing(1 << 20),
-		news:       newNews(),
-		requests:   map[string]*request{},
-		sessions:   map[string]*session.Session{},
-		jobs:       map[int64]*job{},
-		serving:    map[string]*serveKV{},
-		lookups:    map[int64]*session.InboundLookup{},
-		pulls:      pullIndex{},
-		expected:   map[uint64]string{},
-		registered: make(chan registration, 64),
-		obs:        newObservations(),
-		stop:       make(chan struct{}),
-		loopDone:   make(chan struct{}),
+		cfg:          cfg,
+		region:       region,
+		ctl:          deps.Control,
+		now:          now,
+		logs:         newLogRing(1 << 20),
+		news:         newNews(),
+		requests:     map[string]*request{},
+		sessions:     map[string]*session.Session{},
+		jobs:         map[int64]*job{},
+		serving:      map[string]*serveKV{},
+		lookups:      map[int64]*session.InboundLookup{},
+		pulls:        pullIndex{},
+		expected:     map[uint64]string{},
+		registered:   make(chan registration, 64),
+		registerWake: make(chan struct{}, 1),
+		obs:          newObservations(),
+		stop:         make(chan struct{}),
+		loopDone:     make(chan struct{}),
 	}
 	dt, err := deps.NewData(rowGuard{t}, t.logf)
 	if err != nil {
@@ -251,6 +254,12 @@ func (t *Tier) loop() {
 				}
 				r.s.RegistrationDone(r.err)
 			})
+		case <-t.registerWake:
+			more := false
+			t.locked(func() { more = t.registerSomeAsked() })
+			if more {
+				t.wakeRegister() // after the events that came meanwhile
+			}
 		case <-tick.C:
 			t.locked(t.onTick)
 		}

@@ -31,6 +31,7 @@ Idle, no method calls into the library at all.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -179,6 +180,10 @@ _MODE_ANSWERS = {0: LookupResult.MISS, 1: LookupResult.HIT, 2: None}
 
 # LookupResult by the library's PEERKV_LOOKUP_* code.
 _RESULTS = (None, LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.RETRY)
+# Read once: each LookupResult.X costs a class attribute lookup through the
+# Enum machinery, as much as the rest of a lookup.
+_MISS, _RETRY = LookupResult.MISS, LookupResult.RETRY
+_ALL_RETRY = _RESULTS.index(_RETRY).to_bytes(4, sys.byteorder)  # one key's code as lookup_many writes it
 
 
 class _RequestState:
@@ -360,23 +365,20 @@ class PeerKVTier(SecondaryTierManager):
         # Called per key per step: answered from what the library told us.
         state = req_context.get_state(_RequestState)
         if state is None:
-            return LookupResult.MISS
+            return _MISS
         answer = state.answers.get(key, state.fixed)
         if answer is not None:
             return answer
-        return self._ask(state, key)
-
-    def _ask(self, state: _RequestState, key: OffloadKey) -> LookupResult:
-        """A key never asked: RETRY now, sent with the step's other keys at
-        on_schedule_end; its answer comes back through get_finished_jobs."""
+        # Never asked: RETRY now, sent with the step's other keys at
+        # on_schedule_end; the answer comes back through get_finished_jobs.
         if self._peer is None:
-            return LookupResult.MISS
-        state.answers[key] = LookupResult.RETRY
+            return _MISS
+        state.answers[key] = _RETRY
         state.unsent.append(key)
         if not state.queued:
             state.queued = True
             self._to_send.append(state)
-        return LookupResult.RETRY
+        return _RETRY
 
     def _send_lookups(self) -> None:
         """One library call for every key asked this step."""
@@ -384,15 +386,19 @@ class PeerKVTier(SecondaryTierManager):
         requests: list[tuple[_RequestState, list[bytes]]] = []
         for state in batch:
             state.queued = False
-            keys, state.unsent = state.unsent, []
+            keys, state.unsent = state.unsent, []  # each key once: lookup asks only keys not in answers
             if not keys or state.fixed is not None:
                 continue  # finished or failed since
             positions, order = state.positions, state.order
-            if positions.keys().isdisjoint(keys):  # the usual case: all new
-                new = dict.fromkeys(keys)  # in order, once each, as the library counts them
-                positions.update(zip(new, range(len(order), len(order) + len(new))))
-                order.extend(new)
-            else:  # asked again after a load: keeps its position
+            if not positions:  # the first ask, the usual case
+                positions = state.positions = dict(zip(keys, range(len(keys))))
+                if len(positions) == len(keys):
+                    order.extend(keys)
+                else:  # a key twice: positions count each key once, as the library does
+                    positions.clear()
+                    positions.update(zip(dict.fromkeys(keys), range(len(keys))))
+                    order.extend(positions)
+            else:  # asked again after a load: a key keeps its position
                 for key in keys:
                     if key not in positions:
                         positions[key] = len(order)
@@ -407,6 +413,8 @@ class PeerKVTier(SecondaryTierManager):
             for state, _ in requests:
                 state.fail()
             return
+        if bytes(results) == _ALL_RETRY * len(results):
+            return  # as lookup answered already: a first ask's usual outcome
         codes = map(_RESULTS.__getitem__, results[:])  # one iterator over every request's keys
         for state, keys in requests:
             state.answers.update(zip(keys, codes))
@@ -466,7 +474,7 @@ class PeerKVTier(SecondaryTierManager):
             # The fetch closes the round at the sources: what they answered
             # starts over for a key looked up again (keys asked this step
             # and not yet sent stay RETRY: they are sent at step end).
-            state.answers = dict.fromkeys(state.unsent, LookupResult.RETRY)
+            state.answers = dict.fromkeys(state.unsent, _RETRY)
         submit = self._peer.submit_load if is_load else self._peer.submit_store
         try:
             submit(job.req_context.req_id, job.job_id, list(job.keys), job.chunk_ids)

@@ -1,0 +1,96 @@
+package tier
+
+// A request's first ask is thousands of keys in one host call on vLLM's
+// scheduler thread, and every one of them is RETRY: nothing is known of
+// keys never asked. So a caching host's first ask is answered at once and
+// its keys are kept, copied back to back; the progress loop registers them
+// with the sources and sends the lookups, off the host's thread, a few
+// requests per hold of the lock. An answer that is not RETRY after all (a
+// source already ended, another request under the same kv id was answered)
+// reaches the host as a change (TakeAnswers), as every later answer does.
+// Every reader of a pull's keys registers what it holds first.
+
+// askedChunk is about how many keys the loop registers per hold of t.mu
+// (whole requests), so a host call waits for about that much at most.
+const askedChunk = 1024
+
+// deferAsk answers a first ask of p at once when it can (see above): every
+// result RETRY. Called with t.mu held.
+func (t *Tier) deferAsk(p *pull, keys [][]byte, out []LookupResult) bool {
+	if t.closed || !p.told.cached || !p.probe || p.failed || len(p.order) > 0 || len(p.asked) > 0 ||
+		len(keys) == 0 || p.live() == 0 {
+		return false
+	}
+	kl := len(keys[0])
+	buf := make([]byte, 0, len(keys)*kl)
+	for _, k := range keys {
+		buf = append(buf, k...)
+	}
+	p.asked, p.askedKeyLen = buf, kl
+	for i := range out {
+		out[i] = Retry
+	}
+	if !p.toRegister {
+		p.toRegister = true
+		t.toRegister = append(t.toRegister, p)
+	}
+	return true
+}
+
+// wakeRegister has the loop register deferred asks.
+func (t *Tier) wakeRegister() {
+	select {
+	case t.registerWake <- struct{}{}:
+	default:
+	}
+}
+
+// registerAsked registers p's deferred keys as lookups of the host would
+// have, and queues every answer other than the RETRY the host was given.
+// Called with t.mu held; a no-op when nothing is deferred.
+func (t *Tier) registerAsked(p *pull) {
+	if len(p.asked) == 0 {
+		return
+	}
+	buf, kl := p.asked, p.askedKeyLen
+	p.asked = nil
+	if p.told.ended || p.failed {
+		return
+	}
+	n := len(buf) / kl
+	p.reserveAnswers(n)
+	for off := 0; off < len(buf); off += kl {
+		key := buf[off : off+kl : off+kl]
+		if p.byKey[string(key)] != nil {
+			continue // twice in one call: the host holds one answer for both
+		}
+		a := p.addKey(key)
+		a.told = p.answer(a)
+		if a.told != Retry {
+			t.countAnswer(a.told)
+			p.told.changed = append(p.told.changed, int32(a.pos))
+			t.queueAnswers(p)
+		}
+	}
+}
+
+// registerSomeAsked registers deferred asks, about askedChunk keys' worth,
+// sends their lookups, and reports whether any are left.
+func (t *Tier) registerSomeAsked() (more bool) {
+	done := 0
+	for len(t.toRegister) > 0 && done < askedChunk {
+		p := t.toRegister[0]
+		t.toRegister[0] = nil
+		t.toRegister = t.toRegister[1:]
+		p.toRegister = false
+		if p.askedKeyLen > 0 {
+			done += len(p.asked) / p.askedKeyLen
+		}
+		t.registerAsked(p)
+	}
+	if len(t.toRegister) == 0 {
+		t.toRegister = nil
+	}
+	t.flushLookups()
+	return len(t.toRegister) > 0
+}

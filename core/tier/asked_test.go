@@ -1,0 +1,136 @@
+package tier_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/peerkv/peerkv/core/tier"
+)
+
+// kvParams is remote_kv_source naming src under one kv id.
+func kvParams(kv string, src *source) []byte {
+	return []byte(fmt.Sprintf(`{"remote_kv_source": {"kv_request_id": %q, "remote_url": "tcp://%s"}}`, kv, src.id))
+}
+
+// A first ask is answered RETRY at once and registered by the loop; an
+// answer the source already gave under the same kv id reaches the host as
+// a change, without another lookup on the wire.
+func TestFirstAskOfAnAnsweredKVIDIsToldAsAChange(t *testing.T) {
+	r := newMultiRig(t, 1)
+	r.srcs[0].hold(0, 1)
+	h := newCachingHost(t, r.cons)
+	for _, req := range []string{"a", "b"} {
+		_, err := r.cons.StartRequest(req, kvParams("kv-shared", r.srcs[0]))
+		require.NoError(t, err)
+		require.Equal(t, tier.LookupsAsk, r.cons.LookupMode(req))
+	}
+	ks := keys(0, 1, 2)
+	assert.Equal(t, []tier.LookupResult{tier.Retry, tier.Retry, tier.Retry}, h.step("a", ks))
+	require.Eventually(t, func() bool {
+		r.serveAll()
+		h.collect()
+		return h.answers["a"][string(key(2))] == tier.Miss
+	}, 5*time.Second, 2*time.Millisecond)
+	require.EqualValues(t, 1, r.srcs[0].Stats().InboundLookups)
+
+	assert.Equal(t, []tier.LookupResult{tier.Retry, tier.Retry, tier.Retry}, h.step("b", ks))
+	require.Eventually(t, func() bool {
+		h.collect()
+		return h.answers["b"][string(key(2))] == tier.Miss
+	}, 5*time.Second, 2*time.Millisecond)
+	assert.Equal(t, []tier.LookupResult{tier.Hit, tier.Hit, tier.Miss}, h.step("b", ks))
+	assert.EqualValues(t, 1, r.srcs[0].Stats().InboundLookups, "b's keys were answered already: nothing more on the wire")
+	r.finish("a")
+	r.finish("b")
+}
+
+// Many requests' first asks in one call, more than the loop registers per
+// hold of the lock: every key is answered, at the position the host gave it.
+func TestFirstAsksOfManyRequestsAreAllAnswered(t *testing.T) {
+	r := newMultiRig(t, 1)
+	for k := range 300 {
+		r.srcs[0].held[string(key(k))] = k % numRows // rows are only pinned, never read
+	}
+	h := newCachingHost(t, r.cons)
+	const reqs, per = 12, 250 // 3000 keys
+	var batch []tier.RequestKeys
+	for i := range reqs {
+		req := fmt.Sprintf("r%d", i)
+		_, err := r.cons.StartRequest(req, urls(r.srcs[0]))
+		require.NoError(t, err)
+		require.Equal(t, tier.LookupsAsk, r.cons.LookupMode(req))
+		// Request i holds keys i .. i+per-1, then one key nobody has.
+		ks := keys(span(i, i+per)...)
+		batch = append(batch, tier.RequestKeys{ReqID: req, Keys: append(ks, key(5000+i))})
+		h.answers[req] = map[string]tier.LookupResult{}
+		h.order[req] = batch[i].Keys
+	}
+	out := make([]tier.LookupResult, reqs*(per+1))
+	require.NoError(t, r.cons.LookupMany(batch, out))
+	for _, res := range out {
+		require.Equal(t, tier.Retry, res)
+	}
+	for _, rk := range batch {
+		for _, k := range rk.Keys {
+			h.answers[rk.ReqID][string(k)] = tier.Retry
+		}
+	}
+	last := func(rk tier.RequestKeys) tier.LookupResult { return h.answers[rk.ReqID][string(rk.Keys[per])] }
+	require.Eventually(t, func() bool {
+		r.serveAll()
+		h.collect()
+		for _, rk := range batch {
+			if last(rk) != tier.Miss {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 2*time.Millisecond)
+	for _, rk := range batch {
+		want := append(allHit(per), tier.Miss)
+		assert.Equal(t, want, h.step(rk.ReqID, rk.Keys), "request %s", rk.ReqID)
+	}
+	assert.EqualValues(t, reqs, r.srcs[0].Stats().InboundLookups, "one lookup per request")
+	for _, rk := range batch[1:] {
+		require.NoError(t, r.cons.FinishRequest(rk.ReqID))
+	}
+	r.finish(batch[0].ReqID) // then both ends settle and are quiet
+}
+
+// A host lookup of a key right after its first ask sees it registered; and
+// requests finished before the loop got to their keys leave nothing behind
+// at either end.
+func TestFirstAskThenLookupOrFinishAtOnce(t *testing.T) {
+	r := newMultiRig(t, 1)
+	r.srcs[0].hold(0, 1)
+	h := newCachingHost(t, r.cons)
+	_, err := r.cons.StartRequest("c", urls(r.srcs[0]))
+	require.NoError(t, err)
+	require.Equal(t, tier.LookupsAsk, r.cons.LookupMode("c"))
+	h.step("c", keys(0, 1))
+	assert.Equal(t, []tier.LookupResult{tier.Retry, tier.Retry, tier.Retry}, r.cons.lookup("c", keys(0, 1, 2)))
+	require.Eventually(t, func() bool {
+		r.serveAll()
+		return assert.ObjectsAreEqual([]tier.LookupResult{tier.Hit, tier.Hit, tier.Miss}, r.cons.lookup("c", keys(0, 1, 2)))
+	}, 5*time.Second, 2*time.Millisecond)
+	r.finish("c")
+
+	const reqs = 50
+	var batch []tier.RequestKeys
+	for i := range reqs {
+		req := fmt.Sprintf("gone%d", i)
+		_, err := r.cons.StartRequest(req, urls(r.srcs[0]))
+		require.NoError(t, err)
+		r.cons.LookupMode(req)
+		batch = append(batch, tier.RequestKeys{ReqID: req, Keys: keys(span(0, 40)...)})
+	}
+	require.NoError(t, r.cons.LookupMany(batch, make([]tier.LookupResult, reqs*40)))
+	for _, rk := range batch {
+		require.NoError(t, r.cons.FinishRequest(rk.ReqID))
+	}
+	r.finish("gone0") // finished already: waits for the source to settle, then asserts both ends quiet
+}
