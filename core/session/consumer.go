@@ -39,7 +39,7 @@ type askedBatch struct {
 type consumerRequest struct {
 	probes probeTable
 	// unsent are the keys added to probes since the last lookup went out:
-	// always its newest entries, all probeUnsent.
+	// always its newest entries (probeUnsent unless answered early).
 	unsent     [][]byte
 	round      uint64 // next fetch round
 	probed     bool
@@ -178,7 +178,7 @@ func (c *consumer) flushOne(id string) {
 	if r == nil || len(r.unsent) == 0 {
 		return
 	}
-	r.probes.markNewest(len(r.unsent), probeAsked)
+	r.probes.markNewest(len(r.unsent), probeUnsent, probeAsked)
 	r.lookupOpen = true
 	r.asked = append(r.asked, askedBatch{at: c.s.env.Now(), keys: r.unsent})
 	c.s.send(&protocol.Lookup{KVRequestID: id, Keys: r.unsent, RoundSeq: r.round})

@@ -38,10 +38,13 @@ func (t *probeTable) add(key []byte) {
 	t.states = append(t.states, probeUnsent)
 }
 
-// markNewest sets the state of the n keys added last to p.
-func (t *probeTable) markNewest(n int, p probe) {
+// markNewest moves those of the n keys added last that are still from to
+// to: an answer may have come for one before it was sent.
+func (t *probeTable) markNewest(n int, from, to probe) {
 	for i := len(t.states) - n; i < len(t.states); i++ {
-		t.states[i] = p
+		if t.states[i] == from {
+			t.states[i] = to
+		}
 	}
 }
 

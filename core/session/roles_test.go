@@ -217,3 +217,21 @@ func TestRoundsLeaveNothingBehind(t *testing.T) {
 	assert.Zero(t, kv, "every tombstone forgotten")
 	assert.Zero(t, wanted)
 }
+
+// An answer that arrives for a key before its lookup went out (a late
+// answer of an earlier round, or an eager peer) is kept when the lookup is
+// sent: the key stays HIT, and a load can find its holder.
+func TestAnAnswerBeforeTheLookupWentOutIsKept(t *testing.T) {
+	p := handshaked(t)
+	for _, k := range []int{1, 2} {
+		_, known := p.sa.RegisterLookup("kv", key(k))
+		require.False(t, known)
+	}
+	p.sa.Handle(&protocol.LookupResp{KVRequestID: "kv", Keys: [][]byte{key(1)}, Hits: []bool{true}})
+	p.sa.FlushLookups()
+	require.Len(t, p.a.take(), 1)
+	hit, known := p.sa.Probed("kv", key(1))
+	assert.True(t, hit && known, "key 1 answered HIT before the flush")
+	_, known = p.sa.Probed("kv", key(2))
+	assert.False(t, known, "key 2 is asked, not answered")
+}

@@ -198,8 +198,7 @@ func (t *Tier) refresh(p *pull) {
 	if !p.probe {
 		return
 	}
-	t.registerAsked(p)
-	for i, a := range p.order {
+	for i, a := range p.order { // keys still deferred are not in order yet: the loop registers them
 		if a.told != Retry {
 			continue
 		}

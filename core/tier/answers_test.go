@@ -23,6 +23,7 @@ type cachingHost struct {
 	order   map[string][][]byte                     // req -> keys in first-asked order
 	failed  map[string]bool
 	takes   int
+	asked   []tier.LookupResult // what LookupMany answered in the last step that called it
 }
 
 func newCachingHost(t *testing.T, p *peer) *cachingHost {
@@ -54,6 +55,7 @@ func (h *cachingHost) step(req string, ks [][]byte) []tier.LookupResult {
 	if len(ask) > 0 {
 		res := make([]tier.LookupResult, len(ask))
 		require.NoError(h.t, h.p.LookupMany([]tier.RequestKeys{{ReqID: req, Keys: ask}}, res))
+		h.asked = res
 		for i, k := range ask {
 			told[string(k)] = res[i]
 			h.order[req] = append(h.order[req], k)

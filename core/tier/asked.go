@@ -8,7 +8,7 @@ package tier
 // requests per hold of the lock. An answer that is not RETRY after all (a
 // source already ended, another request under the same kv id was answered)
 // reaches the host as a change (TakeAnswers), as every later answer does.
-// Every reader of a pull's keys registers what it holds first.
+// A host lookup or load of the request registers them first.
 
 // askedChunk is about how many keys the loop registers per hold of t.mu
 // (whole requests), so a host call waits for about that much at most.
@@ -22,6 +22,11 @@ func (t *Tier) deferAsk(p *pull, keys [][]byte, out []LookupResult) bool {
 		return false
 	}
 	kl := len(keys[0])
+	for _, k := range keys {
+		if len(k) != kl {
+			return false // kept back to back, so of one length (cfg.KeyLen 0 takes any)
+		}
+	}
 	buf := make([]byte, 0, len(keys)*kl)
 	for _, k := range keys {
 		buf = append(buf, k...)

@@ -37,7 +37,8 @@ func TestFirstAskOfAnAnsweredKVIDIsToldAsAChange(t *testing.T) {
 	}, 5*time.Second, 2*time.Millisecond)
 	require.EqualValues(t, 1, r.srcs[0].Stats().InboundLookups)
 
-	assert.Equal(t, []tier.LookupResult{tier.Retry, tier.Retry, tier.Retry}, h.step("b", ks))
+	h.step("b", ks)
+	assert.Equal(t, []tier.LookupResult{tier.Retry, tier.Retry, tier.Retry}, h.asked, "a first ask is answered at once")
 	require.Eventually(t, func() bool {
 		h.collect()
 		return h.answers["b"][string(key(2))] == tier.Miss
@@ -74,6 +75,9 @@ func TestFirstAsksOfManyRequestsAreAllAnswered(t *testing.T) {
 	for _, res := range out {
 		require.Equal(t, tier.Retry, res)
 	}
+	for _, rk := range batch[:len(batch)/2] { // half the requests are held up to a third lookup
+		require.Equal(t, []tier.LookupResult{tier.Retry}, r.cons.lookup(rk.ReqID, [][]byte{rk.Keys[per]}))
+	}
 	for _, rk := range batch {
 		for _, k := range rk.Keys {
 			h.answers[rk.ReqID][string(k)] = tier.Retry
@@ -99,6 +103,43 @@ func TestFirstAsksOfManyRequestsAreAllAnswered(t *testing.T) {
 		require.NoError(t, r.cons.FinishRequest(rk.ReqID))
 	}
 	r.finish(batch[0].ReqID) // then both ends settle and are quiet
+}
+
+// A per-key lookup right after a first ask, of its last key first, finds
+// every key of the ask at the position the host gave it.
+func TestALookupAfterAFirstAskKeepsTheHostsPositions(t *testing.T) {
+	r := newMultiRig(t, 1)
+	r.srcs[0].hold(0, 1)
+	const reqs = 20
+	h := newCachingHost(t, r.cons)
+	for i := range reqs {
+		req := fmt.Sprintf("c%d", i)
+		_, err := r.cons.StartRequest(req, urls(r.srcs[0]))
+		require.NoError(t, err)
+		require.Equal(t, tier.LookupsAsk, r.cons.LookupMode(req))
+		h.step(req, keys(0, 1, 2))
+		require.Equal(t, []tier.LookupResult{tier.Retry, tier.Retry, tier.Retry}, h.asked)
+		// Usually before the loop registered the ask.
+		require.Equal(t, []tier.LookupResult{tier.Retry}, r.cons.lookup(req, keys(2)))
+	}
+	require.Eventually(t, func() bool {
+		r.serveAll()
+		h.collect()
+		for i := range reqs {
+			if h.answers[fmt.Sprintf("c%d", i)][string(key(2))] == tier.Retry {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 2*time.Millisecond)
+	for i := range reqs {
+		req := fmt.Sprintf("c%d", i)
+		assert.Equal(t, []tier.LookupResult{tier.Hit, tier.Hit, tier.Miss}, h.step(req, keys(0, 1, 2)), req)
+		if i > 0 {
+			require.NoError(t, r.cons.FinishRequest(req))
+		}
+	}
+	r.finish("c0")
 }
 
 // A host lookup of a key right after its first ask sees it registered; and
