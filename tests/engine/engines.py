@@ -551,7 +551,7 @@ def _ready_on_free_ports(engine: Engine, timeout: float) -> None:
             engine.wait_ready(timeout)
             return
         except EngineError:
-            if attempt == PORT_ATTEMPTS or engine.alive() or "Address already in use" not in engine.tail():
+            if attempt == PORT_ATTEMPTS or engine.alive() or "address already in use" not in engine.tail().lower():
                 raise
         print(f"engine {engine.name}: a port was taken before it bound; restarting on others", file=sys.stderr)
         engine.stop()
