@@ -99,7 +99,7 @@ func (t *Tier) LookupMany(batch []RequestKeys, out []LookupResult) error {
 			res[j] = t.lookupKey(r, k)
 		}
 	}
-	t.flushLookups()
+	t.flushLookups() // OnScheduleEnd's part: keys registered by earlier calls go out too
 	if deferred {
 		t.wakeRegister()
 	}

@@ -22,23 +22,20 @@ func (t *Tier) deferAsk(p *pull, keys [][]byte, out []LookupResult) bool {
 		return false
 	}
 	kl := len(keys[0])
+	buf := make([]byte, 0, len(keys)*kl)
 	for _, k := range keys {
 		if len(k) != kl {
 			return false // kept back to back, so of one length (cfg.KeyLen 0 takes any)
 		}
-	}
-	buf := make([]byte, 0, len(keys)*kl)
-	for _, k := range keys {
 		buf = append(buf, k...)
 	}
 	p.asked, p.askedKeyLen = buf, kl
 	for i := range out {
 		out[i] = Retry
 	}
-	if !p.toRegister {
-		p.toRegister = true
-		t.toRegister = append(t.toRegister, p)
-	}
+	// Once per pull: registering its first ask leaves keys in order, or the
+	// pull failed or ended, and none of them is deferred again.
+	t.toRegister = append(t.toRegister, p)
 	return true
 }
 
@@ -87,7 +84,6 @@ func (t *Tier) registerSomeAsked() (more bool) {
 		p := t.toRegister[0]
 		t.toRegister[0] = nil
 		t.toRegister = t.toRegister[1:]
-		p.toRegister = false
 		if p.askedKeyLen > 0 {
 			done += len(p.asked) / p.askedKeyLen
 		}

@@ -41,11 +41,11 @@ func BenchmarkLookupManyFirstAsk(b *testing.B) {
 		start := time.Now()
 		require.NoError(b, cons.LookupMany(batch, out))
 		host += time.Since(start)
+		waitAnswered(b, prod, cons, len(out))
+		b.StopTimer()
 		for _, r := range out {
 			require.Equal(b, tier.Retry, r)
 		}
-		waitAnswered(b, prod, cons, len(out))
-		b.StopTimer()
 		for _, rk := range batch {
 			require.NoError(b, cons.FinishRequest(rk.ReqID))
 		}

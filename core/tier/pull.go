@@ -32,11 +32,9 @@ type pull struct {
 	failed bool
 	told   toldState // what the host caches of our answers (answers.go)
 	// A first ask answered RETRY and not yet registered (asked.go): its
-	// keys back to back, their length, and whether the pull is in
-	// Tier.toRegister.
+	// keys back to back, and their length.
 	asked       []byte
 	askedKeyLen int
-	toRegister  bool
 }
 
 // pullSource is one source of one request: its own session (a separate
