@@ -93,6 +93,7 @@ func (c *consumer) request(id string) *consumerRequest {
 	if r == nil {
 		r = &consumerRequest{loads: make(map[uint64]*load)}
 		c.requests[id] = r
+		c.s.busy()
 	}
 	return r
 }

@@ -61,6 +61,7 @@ func (p *producer) request(id string) *producerRequest {
 	if r == nil {
 		r = newProducerRequest(&p.held)
 		p.requests[id] = r
+		p.s.busy()
 	}
 	return r
 }

@@ -43,6 +43,9 @@ type Env struct {
 	// Register starts data-path registration of the peer in the background
 	// and later calls RegistrationDone on the owner's goroutine.
 	Register func(s *Session, info data.PeerInfo)
+	// Busy, when set, is told when the session takes on a request (its
+	// own or the peer's), so an owner can tick only sessions not Quiet.
+	Busy func(s *Session)
 }
 
 type handshake int
@@ -556,13 +559,29 @@ func (s *Session) Tick(now time.Time) {
 		s.disconnect("handshake timed out: " + why)
 		return
 	}
-	// Most of a mesh's sessions hold nothing between requests; the owner
-	// ticks every one of them.
-	if len(s.consumer.requests) == 0 && len(s.producer.requests) == 0 && len(s.producer.jobs) == 0 {
+	if s.holdsNothing() {
 		return
 	}
 	s.consumer.tick(now)
 	s.producer.tick(now)
+}
+
+// Quiet reports whether Tick has nothing to do until the session takes on
+// a request (Env.Busy tells when): it ended, or its handshake is over and
+// it holds no request, job or transfer. Most of a mesh's sessions are quiet
+// between requests.
+func (s *Session) Quiet() bool { return s.dead || (s.Ready() && s.holdsNothing()) }
+
+func (s *Session) holdsNothing() bool {
+	p := &s.producer
+	return len(s.consumer.requests) == 0 && len(p.requests) == 0 && len(p.jobs) == 0 && len(p.transfers) == 0
+}
+
+// busy tells the owner that the session took on a request.
+func (s *Session) busy() {
+	if s.env.Busy != nil {
+		s.env.Busy(s)
+	}
 }
 
 func (s *Session) protocolError(reason string) {

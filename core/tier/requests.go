@@ -72,7 +72,7 @@ func (t *Tier) flushLookups() {
 		return
 	}
 	dead := false
-	for _, s := range t.sessions {
+	for s := range t.active { // a quiet session holds no request, so no lookup
 		s.FlushLookups()
 		dead = dead || s.Dead()
 	}
@@ -176,7 +176,7 @@ func (t *Tier) HasPendingWork() bool {
 	if len(t.jobs) > 0 || len(t.finished) > 0 || t.inbound.len() > 0 || t.parkedStores() > 0 {
 		return true
 	}
-	for _, s := range t.sessions {
+	for s := range t.active { // a quiet session has none
 		if s.HasPendingWork() {
 			return true
 		}
@@ -238,6 +238,7 @@ func (t *Tier) shutdown() error {
 	for id, s := range t.sessions {
 		s.Close("shutting down") // its goodbye: the peer logs an orderly end
 		delete(t.sessions, id)
+		delete(t.active, s)
 		t.ctl.Disconnect(id) // lingers briefly, so the goodbye goes out before Close
 	}
 	clear(t.obs.sessionPath)

@@ -57,11 +57,16 @@ type Tier struct {
 	notify notifier // the host's notification fd; see notify.go
 	news   news     // what the host has to collect, read without a call; see news.go
 
-	mu            sync.Mutex
-	closed        bool
-	poisoned      error // set once a goroutine of ours panicked
-	requests      map[string]*request
-	sessions      map[string]*session.Session
+	mu       sync.Mutex
+	closed   bool
+	poisoned error // set once a goroutine of ours panicked
+	requests map[string]*request
+	sessions map[string]*session.Session
+	// active holds the sessions not Quiet: only they are ticked, flushed
+	// and asked for pending work, so a step costs O(sessions in use), not
+	// O(peers). A session joins when opened and when it takes on a request
+	// (Env.Busy), and leaves when a tick finds it quiet or it is reaped.
+	active        map[*session.Session]struct{}
 	jobs          map[int64]*job
 	finished      []JobResult
 	serving       map[string]*serveKV // PD kv ids this peer serves as a prefiller
@@ -116,6 +121,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		news:         newNews(),
 		requests:     map[string]*request{},
 		sessions:     map[string]*session.Session{},
+		active:       map[*session.Session]struct{}{},
 		jobs:         map[int64]*job{},
 		serving:      map[string]*serveKV{},
 		lookups:      map[int64]*session.InboundLookup{},
@@ -145,6 +151,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		NextLookupID:   func() int64 { t.nextLookup++; return t.nextLookup },
 		LookupAnswered: func(rtt time.Duration) { t.obs.lookupRTT.observe(rtt.Seconds()) },
 		Register:       func(s *session.Session, info data.PeerInfo) { t.reg.add(s, info) },
+		Busy:           func(s *session.Session) { t.active[s] = struct{}{} },
 	}
 	t.reg = newRegistry(t)
 	go t.reg.run()
@@ -423,6 +430,7 @@ func (t *Tier) openSession(peerID, source string, dialed bool) *session.Session 
 	}
 	s := session.New(t.env, peerID, source, dialed)
 	t.sessions[peerID] = s
+	t.active[s] = struct{}{} // its handshake has a deadline
 	t.stats.sessionsOpened++
 	t.logf("DEBUG", "session with %s opened", peerID) // its "data path" line (INFO) says it is up
 	return s
@@ -453,8 +461,11 @@ func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
 
 func (t *Tier) onTick() {
 	now := t.now()
-	for _, s := range t.sessions {
+	for s := range t.active {
 		s.Tick(now)
+		if s.Quiet() {
+			delete(t.active, s)
+		}
 	}
 	t.tickServing(now)
 	t.tickLoads(now)
@@ -517,6 +528,7 @@ func (t *Tier) reapDead() bool {
 		}
 		s.Close(s.DeathReason())
 		delete(t.sessions, id)
+		delete(t.active, s)
 		t.unbindServing(s)
 		t.dropInbound(s)
 		t.reg.remove(id)

@@ -523,3 +523,39 @@ func TestUnansweredLookupsBecomeMisses(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, cons.FinishRequest("c"))
 }
+
+// A tier ticks only the sessions holding work: one that went quiet between
+// requests must be ticked again once it takes on the next, or its deadlines
+// never fire. Each case leaves exactly one side's deadline to answer.
+func TestAQuietSessionKeepsItsDeadlinesForTheNextRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		prod, cons func(*config.Config)
+	}{
+		{"the consumer's lookup deadline",
+			func(cfg *config.Config) { cfg.InboundLookupTimeout = time.Minute },
+			func(cfg *config.Config) { cfg.LookupTimeout = 200 * time.Millisecond }},
+		{"the producer's inbound lookup deadline",
+			func(cfg *config.Config) { cfg.InboundLookupTimeout = 200 * time.Millisecond },
+			func(cfg *config.Config) { cfg.LookupTimeout = time.Minute }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t)
+			prod, cons := c.peer(1, tc.prod), c.peer(2, tc.cons)
+			for i, kv := range []string{"kv-before", "kv-after"} {
+				req := fmt.Sprintf("c%d", i)
+				_, err := cons.StartRequest(req, p2pParams(kv, prod))
+				require.NoError(t, err)
+				start := time.Now()
+				require.Eventually(t, func() bool {
+					r := cons.lookup(req, keys(i))
+					require.NoError(t, cons.OnScheduleEnd())
+					return r[0] == tier.Miss
+				}, 10*time.Second, 5*time.Millisecond, "request %d got no answer", i)
+				assert.Less(t, time.Since(start), 5*time.Second, "answered by a deadline of a minute, not 200 ms")
+				require.NoError(t, cons.FinishRequest(req))
+				time.Sleep(100 * time.Millisecond) // many ticks: both sessions go quiet
+			}
+		})
+	}
+}
