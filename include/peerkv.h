@@ -328,13 +328,16 @@ int32_t peerkv_has_pending_work(peerkv_handle h);
  *     the re-offer of keys answered HIT_PENDING/RETRY, which follows at once:
  *     a host that keeps answering those is woken for each pass),
  *   - a job result for peerkv_get_finished,
+ *   - changed lookup answers for peerkv_take_answers (once per request
+ *     until they are taken),
  *   - and once when the peer shuts down or is stopped by an internal error.
  * Items queued before the first call make it readable at once. It is never
  * signalled for nothing new, and a signal never blocks the library.
  * Order, so nothing is missed: when it is readable, first read(2) its 8 bytes
  * (resets it; EAGAIN means another reader got there), then call
- * peerkv_get_finished until it returns fewer than cap and
- * peerkv_next_inbound until it returns 1, then wait again. Anything queued
+ * peerkv_get_finished until it returns fewer than cap,
+ * peerkv_next_inbound until it returns 1 and peerkv_take_answers until it
+ * has nothing more, then wait again. Anything queued
  * after the read makes it readable again. */
 int32_t peerkv_notify_fd(peerkv_handle h, char *err, size_t errlen);
 

@@ -237,6 +237,7 @@ func (t *Tier) queueAnswers(p *pull) {
 	p.told.queued = true
 	t.answered = append(t.answered, p)
 	t.news.bump(NewsAnswers)
+	t.notify.signal() // a host that sleeps on the fd learns of them now
 }
 
 // pullIndex finds the pulls a session's report is about by kv id: a pull

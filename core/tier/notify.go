@@ -11,7 +11,8 @@ import (
 
 // notifier owns the host notification fd (peerkv_notify_fd): an eventfd the
 // tier makes readable whenever something appears that the host must collect
-// with a call (an inbound item, a job result) and once when the peer stops.
+// with a call (an inbound item, a job result, changed lookup answers) and
+// once when the peer stops.
 // The host only reads and polls it; the tier alone writes and closes it.
 //
 // It is opened lazily, on the host's first request, so hosts that never ask

@@ -200,3 +200,27 @@ func TestNotifyFDSignalsPoison(t *testing.T) {
 	require.True(t, readable(t, fd, 3*time.Second), "a poisoned peer wakes the host")
 	assert.NotEmpty(t, p.Stats().Poisoned)
 }
+
+// A host that sleeps on the fd between steps (as a C embedder may) must be
+// woken when the answers it is waiting for arrive, not at its next timeout.
+func TestNotifyFDSignalsChangedAnswers(t *testing.T) {
+	r := newMultiRig(t, 1)
+	r.srcs[0].hold(0, 1)
+	h := newCachingHost(t, r.cons)
+	fd := r.cons.notifyFD()
+	_, err := r.cons.StartRequest("c", urls(r.srcs[0]))
+	require.NoError(t, err)
+	require.Equal(t, tier.LookupsAsk, r.cons.LookupMode("c"), "the host caches answers")
+	ks := keys(0, 1, 2)
+	h.step("c", ks)
+	require.NoError(t, r.cons.OnScheduleEnd())
+	require.Eventually(t, func() bool {
+		r.serveAll()
+		return readable(t, fd, 2*time.Millisecond)
+	}, 2*time.Second, time.Millisecond, "the answers arrived without a signal")
+	consume(t, fd)
+	h.collect()
+	assert.Equal(t, []tier.LookupResult{tier.Hit, tier.Hit, tier.Miss}, h.step("c", ks), "the signal came with every answer")
+	assert.False(t, readable(t, fd, 20*time.Millisecond), "taking the answers queues nothing")
+	r.finish("c")
+}

@@ -9,9 +9,10 @@ this unnecessary there.
 
 EngineWaker waits on the library's notify fd on its own thread (no GIL held,
 no CPU while nothing happens). When the library queues something for the host
-— an inbound lookup, a finished job — it marks work pending and puts vLLM's
-own WAKEUP request on the engine's input queue, so the engine runs one step,
-in which the tier collects and answers on the scheduler thread as usual.
+— an inbound lookup, a finished job, answers to its lookups — it marks work
+pending and puts vLLM's own WAKEUP request on the engine's input queue, so
+the engine runs one step, in which the tier collects and answers on the
+scheduler thread as usual.
 """
 
 from __future__ import annotations

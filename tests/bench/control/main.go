@@ -3,7 +3,9 @@
 //
 //   - lookup round trips per second, with p50/p99 latency: a consumer's
 //     lookup of 16 keys, flushed by on_schedule_end, served by the producer's
-//     host loop, answered, and visible to the consumer's next lookup;
+//     host loop, answered, and visible to the consumer; once with a host
+//     that spins (as vLLM's engine steps while a request waits), once with
+//     a host that sleeps on the notification fds until there is work;
 //   - host-call cost per key of lookup, on_schedule_end and get_finished, the
 //     calls vLLM's scheduler thread makes every step.
 //
@@ -18,8 +20,10 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"sort"
+	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/data"
@@ -66,6 +70,122 @@ func heldEven(k []byte, hitsBefore int) (int64, bool) {
 	return int64(hitsBefore), k[0]%2 == 0
 }
 
+// hostModel is how the bench's host loop waits between its calls.
+type hostModel int
+
+const (
+	// spinning: a host that steps without pause while a request waits, as
+	// vLLM's engine does, asking per key (peerkv_lookup).
+	spinning hostModel = iota
+	// woken: a host that caches answers (LookupMany, TakeAnswers) and sleeps
+	// on both peers' notification fds between calls, as a C embedder or
+	// vLLM's engine-wake thread does: no CPU of its own while it waits.
+	woken
+)
+
+func (h hostModel) String() string {
+	if h == spinning {
+		return "host spinning, per-key lookups"
+	}
+	return "host woken by the notification fd, cached answers"
+}
+
+func pct(lat []time.Duration, q float64) time.Duration {
+	return lat[int(q*float64(len(lat)-1))].Round(time.Microsecond)
+}
+
+// roundTrips times rounds lookups of keysPer keys, each from StartRequest
+// to the last answer, with the host loop h.
+func roundTrips(prod, cons *tier.Tier, prodPort string, rounds int, h hostModel) ([]time.Duration, float64, error) {
+	var fds []unix.PollFd
+	if h == woken {
+		for _, t := range []*tier.Tier{prod, cons} {
+			fd, err := t.NotifyFD()
+			if err != nil {
+				return nil, 0, err
+			}
+			fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+		}
+	}
+	var pinJobs int64
+	var seen uint64
+	buf := make([]byte, 8)
+	lat := make([]time.Duration, 0, rounds)
+	out := make([]tier.LookupResult, keysPer)
+	ks := make([][]byte, keysPer)
+	begin := time.Now()
+	for r := 0; r < rounds; r++ {
+		req := fmt.Sprintf("%v-%d", int(h), r)
+		params := fmt.Sprintf(`{"remote_kv_source":{"kv_request_id":%q,"remote_host":"127.0.0.1","remote_port":%s}}`, req, prodPort)
+		if _, err := cons.StartRequest(req, []byte(params)); err != nil {
+			return nil, 0, err
+		}
+		for i := range ks {
+			ks[i] = key(int(h)<<24 + r*keysPer + i)
+		}
+		start := time.Now()
+		deadline := start.Add(10 * time.Second)
+		if h == woken {
+			if cons.LookupMode(req) != tier.LookupsAsk {
+				return nil, 0, fmt.Errorf("request %s does not cache answers", req)
+			}
+			if err := cons.LookupMany([]tier.RequestKeys{{ReqID: req, Keys: ks}}, out); err != nil {
+				return nil, 0, err
+			}
+		}
+		for left := keysPer; left > 0; {
+			switch h {
+			case spinning:
+				if err := cons.Lookup(req, ks, out); err != nil {
+					return nil, 0, err
+				}
+				if out[0] != tier.Retry {
+					left = 0
+					continue
+				}
+				_ = cons.OnScheduleEnd()
+				_ = benchproc.ServeInbound(prod, heldEven, &pinJobs)
+				// A host calls in from its own thread and holds no Go P between
+				// calls; this loop is a goroutine, so it yields as that thread
+				// would (spinning, it would hold the tier's goroutines back
+				// until Go's 10 ms preemption).
+				runtime.Gosched()
+			case woken:
+				_ = cons.OnScheduleEnd()
+				if n, _ := unix.Poll(fds, 10); n > 0 {
+					for _, f := range fds {
+						if f.Revents&unix.POLLIN != 0 {
+							_, _ = unix.Read(int(f.Fd), buf)
+						}
+					}
+				}
+				_ = benchproc.ServeInbound(prod, heldEven, &pinJobs)
+				if n := cons.News(tier.NewsAnswers); n != seen {
+					seen = n
+					for _, c := range cons.TakeAnswers(func(tier.AnswerChange) bool { return true }) {
+						for i, pos := range c.Positions {
+							if c.Results[i] != tier.Retry && out[pos] == tier.Retry {
+								left--
+							}
+							out[pos] = c.Results[i]
+						}
+					}
+				}
+			}
+			if time.Now().After(deadline) {
+				return nil, 0, fmt.Errorf("lookup %s got no answer within 10s", req)
+			}
+		}
+		lat = append(lat, time.Since(start))
+		_ = cons.FinishRequest(req)
+		for prod.GetFinished(256) != nil {
+		}
+	}
+	perSec := float64(rounds) / time.Since(begin).Seconds()
+	slices.Sort(lat)
+	return lat, perSec, nil
+}
+
 func run(rounds int) error {
 	prod, _, err := open()
 	if err != nil {
@@ -79,50 +199,14 @@ func run(rounds int) error {
 	defer cons.Shutdown()
 	_, prodPort, _ := net.SplitHostPort(prod.LocalID())
 
-	var pinJobs int64
-	lat := make([]time.Duration, 0, rounds)
-	out := make([]tier.LookupResult, keysPer)
-	ks := make([][]byte, keysPer)
-	begin := time.Now()
-	for r := 0; r < rounds; r++ {
-		req := fmt.Sprintf("req-%d", r)
-		params := fmt.Sprintf(`{"remote_kv_source":{"kv_request_id":%q,"remote_host":"127.0.0.1","remote_port":%s}}`, req, prodPort)
-		if _, err := cons.StartRequest(req, []byte(params)); err != nil {
+	for _, h := range []hostModel{spinning, woken} {
+		lat, perSec, err := roundTrips(prod, cons, prodPort, rounds, h)
+		if err != nil {
 			return err
 		}
-		for i := range ks {
-			ks[i] = key(r*keysPer + i)
-		}
-		start := time.Now()
-		deadline := start.Add(10 * time.Second)
-		for {
-			if err := cons.Lookup(req, ks, out); err != nil {
-				return err
-			}
-			if out[0] != tier.Retry {
-				break
-			}
-			_ = cons.OnScheduleEnd()
-			_ = benchproc.ServeInbound(prod, heldEven, &pinJobs)
-			// A host calls in from its own thread and holds no Go P between
-			// calls; this loop is a goroutine, so it yields as that thread
-			// would (spinning, it would hold the tier's goroutines back
-			// until Go's 10 ms preemption).
-			runtime.Gosched()
-			if time.Now().After(deadline) {
-				return fmt.Errorf("lookup %d got no answer within 10s", r)
-			}
-		}
-		lat = append(lat, time.Since(start))
-		_ = cons.FinishRequest(req)
-		for prod.GetFinished(256) != nil {
-		}
+		fmt.Printf("control: lookup round trips (%d keys, ZMQ loopback, host loop included), %s: %.0f/s; p50 %v; p99 %v\n",
+			keysPer, h, perSec, pct(lat, 0.50), pct(lat, 0.99))
 	}
-	elapsed := time.Since(begin)
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	p := func(q float64) time.Duration { return lat[int(q*float64(len(lat)-1))] }
-	fmt.Printf("control: lookup round trips (%d keys, ZMQ loopback, host loop included): %.0f/s; p50 %v; p99 %v\n",
-		keysPer, float64(rounds)/elapsed.Seconds(), p(0.50).Round(time.Microsecond), p(0.99).Round(time.Microsecond))
 
 	// Host-call cost: a P2P consumer request with answered probes.
 	const n = 20000
