@@ -577,9 +577,10 @@ func (s *Session) holdsNothing() bool {
 	return len(s.consumer.requests) == 0 && len(p.requests) == 0 && len(p.jobs) == 0 && len(p.transfers) == 0
 }
 
-// busy tells the owner that the session took on a request.
+// busy tells the owner that the session took on a request; an ended one
+// (a reaped source a pull still names) has nothing to tick.
 func (s *Session) busy() {
-	if s.env.Busy != nil {
+	if s.env.Busy != nil && !s.dead {
 		s.env.Busy(s)
 	}
 }

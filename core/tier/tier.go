@@ -612,6 +612,7 @@ func (t *Tier) poison(cause error) {
 	t.guardMu.Unlock()
 	// Sessions are dropped, not closed: their state is what may be broken.
 	clear(t.sessions)
+	clear(t.active)
 	clear(t.obs.sessionPath)
 	t.pending = nil
 	clear(t.serving)

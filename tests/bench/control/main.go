@@ -95,14 +95,15 @@ func pct(lat []time.Duration, q float64) time.Duration {
 }
 
 // roundTrips times rounds lookups of keysPer keys, each from StartRequest
-// to the last answer, with the host loop h.
-func roundTrips(prod, cons *tier.Tier, prodPort string, rounds int, h hostModel) ([]time.Duration, float64, error) {
+// to the last answer, with the host loop h; timeouts counts the woken
+// host's waits that no signal ended.
+func roundTrips(prod, cons *tier.Tier, prodPort string, rounds int, h hostModel) (lat []time.Duration, perSec float64, timeouts int, err error) {
 	var fds []unix.PollFd
 	if h == woken {
 		for _, t := range []*tier.Tier{prod, cons} {
 			fd, err := t.NotifyFD()
 			if err != nil {
-				return nil, 0, err
+				return nil, 0, 0, err
 			}
 			fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 		}
@@ -110,7 +111,7 @@ func roundTrips(prod, cons *tier.Tier, prodPort string, rounds int, h hostModel)
 	var pinJobs int64
 	var seen uint64
 	buf := make([]byte, 8)
-	lat := make([]time.Duration, 0, rounds)
+	lat = make([]time.Duration, 0, rounds)
 	out := make([]tier.LookupResult, keysPer)
 	ks := make([][]byte, keysPer)
 	begin := time.Now()
@@ -118,7 +119,7 @@ func roundTrips(prod, cons *tier.Tier, prodPort string, rounds int, h hostModel)
 		req := fmt.Sprintf("%v-%d", int(h), r)
 		params := fmt.Sprintf(`{"remote_kv_source":{"kv_request_id":%q,"remote_host":"127.0.0.1","remote_port":%s}}`, req, prodPort)
 		if _, err := cons.StartRequest(req, []byte(params)); err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		for i := range ks {
 			ks[i] = key(int(h)<<24 + r*keysPer + i)
@@ -127,17 +128,17 @@ func roundTrips(prod, cons *tier.Tier, prodPort string, rounds int, h hostModel)
 		deadline := start.Add(10 * time.Second)
 		if h == woken {
 			if cons.LookupMode(req) != tier.LookupsAsk {
-				return nil, 0, fmt.Errorf("request %s does not cache answers", req)
+				return nil, 0, 0, fmt.Errorf("request %s does not cache answers", req)
 			}
 			if err := cons.LookupMany([]tier.RequestKeys{{ReqID: req, Keys: ks}}, out); err != nil {
-				return nil, 0, err
+				return nil, 0, 0, err
 			}
 		}
 		for left := keysPer; left > 0; {
 			switch h {
 			case spinning:
 				if err := cons.Lookup(req, ks, out); err != nil {
-					return nil, 0, err
+					return nil, 0, 0, err
 				}
 				if out[0] != tier.Retry {
 					left = 0
@@ -152,12 +153,8 @@ func roundTrips(prod, cons *tier.Tier, prodPort string, rounds int, h hostModel)
 				runtime.Gosched()
 			case woken:
 				_ = cons.OnScheduleEnd()
-				if n, _ := unix.Poll(fds, 10); n > 0 {
-					for _, f := range fds {
-						if f.Revents&unix.POLLIN != 0 {
-							_, _ = unix.Read(int(f.Fd), buf)
-						}
-					}
+				if !wait(fds, buf, 10) {
+					timeouts++
 				}
 				_ = benchproc.ServeInbound(prod, heldEven, &pinJobs)
 				if n := cons.News(tier.NewsAnswers); n != seen {
@@ -173,17 +170,32 @@ func roundTrips(prod, cons *tier.Tier, prodPort string, rounds int, h hostModel)
 				}
 			}
 			if time.Now().After(deadline) {
-				return nil, 0, fmt.Errorf("lookup %s got no answer within 10s", req)
+				return nil, 0, 0, fmt.Errorf("lookup %s got no answer within 10s", req)
 			}
 		}
 		lat = append(lat, time.Since(start))
 		_ = cons.FinishRequest(req)
 		for prod.GetFinished(256) != nil {
 		}
+		if fds != nil {
+			wait(fds, buf, 0) // the pin jobs' results, collected above
+		}
 	}
-	perSec := float64(rounds) / time.Since(begin).Seconds()
+	perSec = float64(rounds) / time.Since(begin).Seconds()
 	slices.Sort(lat)
-	return lat, perSec, nil
+	return lat, perSec, timeouts, nil
+}
+
+// wait polls fds up to ms and reads those that are readable (resetting
+// them), reporting whether any was.
+func wait(fds []unix.PollFd, buf []byte, ms int) bool {
+	n, _ := unix.Poll(fds, ms)
+	for _, f := range fds {
+		if f.Revents&unix.POLLIN != 0 {
+			_, _ = unix.Read(int(f.Fd), buf)
+		}
+	}
+	return n > 0
 }
 
 func run(rounds int) error {
@@ -200,12 +212,16 @@ func run(rounds int) error {
 	_, prodPort, _ := net.SplitHostPort(prod.LocalID())
 
 	for _, h := range []hostModel{spinning, woken} {
-		lat, perSec, err := roundTrips(prod, cons, prodPort, rounds, h)
+		lat, perSec, timeouts, err := roundTrips(prod, cons, prodPort, rounds, h)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("control: lookup round trips (%d keys, ZMQ loopback, host loop included), %s: %.0f/s; p50 %v; p99 %v\n",
+		fmt.Printf("control: lookup round trips (%d keys, ZMQ loopback, host loop included), %s: %.0f/s; p50 %v; p99 %v",
 			keysPer, h, perSec, pct(lat, 0.50), pct(lat, 0.99))
+		if h == woken { // a wake-up the library owed and did not give shows here
+			fmt.Printf("; %d waits ended by their 10 ms timeout", timeouts)
+		}
+		fmt.Println()
 	}
 
 	// Host-call cost: a P2P consumer request with answered probes.
