@@ -211,7 +211,9 @@ def test_remote_decoder_with_remote_kv_source(cluster, source, prefiller, decode
         "pull", decoder, dec_req, cluster.source("remote_prefiller", prefiller, decode_kid), prefix + new, PULL_TIMEOUT_S
     )
     dec.call("finish", decoder, dec_req)
-    assert got["results"] == ["HIT"] * 4
+    # The logs of every process involved, only on failure: the cause may be
+    # on either side (a stock decoder that could not open its session logs why).
+    assert got["results"] == ["HIT"] * 4, _logs(*{id(n): n for n in (src, pre, dec)}.values())
     assert got["rows"] == prefix_rows + new_rows
 
 
