@@ -186,7 +186,7 @@ test: setup-python ## everything: build + visibility gate, vet, go test -race, f
 	if [ -n "$$left" ]; then echo "make test: files left in /dev/shm:"; echo "$$left"; exit 1; fi; \
 	echo "make test: all passed in $$(( $$(date +%s) - start ))s"
 
-bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, pull latency vs upstream, scheduler-thread cost of the tier calls vs upstream, lookup round trips, host-call cost, one prefix from 1/2/3 sources, an idle peer's CPU per data_transport, lookup latency of a 64-peer mesh vs 2 peers and memory/fds per session; then Go micro-benchmarks
+bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, pull latency vs upstream, scheduler-thread cost of the tier calls vs upstream, lookup round trips, host-call cost, one prefix from 1/2/3 sources and a 1 GiB same-host fetch into a warm and a cold region vs memcpy, an idle peer's CPU per data_transport, lookup latency of a 64-peer mesh vs 2 peers and memory/fds per session; then Go micro-benchmarks
 	$(GO) run ./tests/bench/datapath
 	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/p2p_latency.py 2>/dev/null
 	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/scheduler_calls.py

@@ -10,11 +10,19 @@
 // and times the load job alone (submit_load to its report; the lookups
 // are answered before, by every source, after a warm-up that opened the
 // sessions). Every row that lands is checked (CRC32) before the
-// next pull; figures are medians of -iters pulls, GB = 10^9 bytes:
+// next pull; figures are medians of -iters pulls, GB = 10^9 bytes.
+//
+// Then the same 1 GiB prompt from one producer on this host with the
+// default data_transport (the same-host path), into a warm consumer region
+// and into a cold one (its pages dropped before every pull, as in a freshly
+// started engine), each against single-thread memcpy of the same bytes into
+// an equally warm or cold region, measured in the same run:
 //
 //	multisource: 512x2MiB from 1 source: 2.10 GB/s (load 0.51 s) x1.00
 //	multisource: 512x2MiB from 2 sources: 3.50 GB/s (load 0.31 s) x1.67
 //	multisource: 512x2MiB from 3 sources: 3.90 GB/s (load 0.28 s) x1.86
+//	multisource: same host (shm) 512x2MiB, warm region: 14.2 GB/s (load 0.076 s); memcpy 13.9 GB/s; time ÷ memcpy 0.98
+//	multisource: same host (shm) 512x2MiB, cold region: 1.90 GB/s (load 0.565 s); memcpy 0.95 GB/s; time ÷ memcpy 0.50
 package main
 
 import (
@@ -39,9 +47,9 @@ import (
 )
 
 const (
-	childEnv     = "PEERKV_MULTISOURCE_CHILD"
-	childTimeout = 60 * time.Second // bound on any wait for a producer
-	settleBound  = 30 * time.Second // lookups answered, a load reported
+	childEnv     = "PEERKV_MULTISOURCE_CHILD" // its value: the producer's data_transport
+	childTimeout = 60 * time.Second           // bound on any wait for a producer
+	settleBound  = 30 * time.Second           // lookups answered, a load reported
 	keyLen       = 36
 )
 
@@ -70,13 +78,10 @@ func main() {
 
 func (p params) rowLen() uint64 { return uint64(p.rowMiB) << 20 }
 
-// region maps rows outside the Go heap, as a host's region is.
+// region maps rows outside the Go heap as a host's region is: a shared
+// file mapping, which the same-host path can be granted.
 func (p params) region() (data.Region, error) {
-	mem, err := unix.Mmap(-1, 0, p.rows*int(p.rowLen()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	if err != nil {
-		return data.Region{}, fmt.Errorf("mmap %d MiB: %w", p.rows*p.rowMiB, err)
-	}
-	return data.Region{Mem: mem, RowLen: p.rowLen()}, nil
+	return benchproc.Region("peerkv-multisource", p.rows, p.rowLen())
 }
 
 func key(i int) []byte {
@@ -92,11 +97,12 @@ func fill(row []byte, i int) {
 	}
 }
 
-// open starts a peer on 127.0.0.1 at a free port, TCP data path only.
-func (p params) open(region data.Region) (*tier.Tier, error) {
+// open starts a peer on 127.0.0.1 at a free port with the given
+// data_transport ("tcp": TCP only; "auto": the same-host path to a peer here).
+func (p params) open(region data.Region, transport string) (*tier.Tier, error) {
 	return benchproc.Open(region, func(port int) string {
-		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_transport":"tcp","key_len":%d,"hash_seed":"bench","load_timeout_s":120,"lookup_timeout_s":30}`,
-			port, keyLen)
+		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_transport":%q,"key_len":%d,"hash_seed":"bench","load_timeout_s":120,"lookup_timeout_s":30}`,
+			port, transport, keyLen)
 	})
 }
 
@@ -113,7 +119,7 @@ func runProducer(p params) error {
 	for i := range p.rows {
 		row[string(key(i))] = int64(i)
 	}
-	t, err := p.open(region)
+	t, err := p.open(region, os.Getenv(childEnv))
 	if err != nil {
 		return err
 	}
@@ -172,9 +178,9 @@ type producer struct {
 	in   interface{ Close() error }
 }
 
-func startProducer(p params) (*producer, error) {
+func startProducer(transport string) (*producer, error) {
 	cmd := exec.Command(os.Args[0], os.Args[1:]...)
-	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.Env = append(os.Environ(), childEnv+"="+transport)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -219,19 +225,6 @@ func (pr *producer) stop() {
 }
 
 func runConsumer(p params) error {
-	var producers []*producer
-	defer func() {
-		for _, pr := range producers {
-			pr.stop()
-		}
-	}()
-	for range p.sources {
-		pr, err := startProducer(p)
-		if err != nil {
-			return err
-		}
-		producers = append(producers, pr)
-	}
 	region, err := p.region()
 	if err != nil {
 		return err
@@ -242,47 +235,99 @@ func runConsumer(p params) error {
 		fill(scratch, i)
 		want[i] = crc32.ChecksumIEEE(scratch)
 	}
-	t, err := p.open(region)
+	c := &consumer{p: p, region: region, want: want}
+	for i := range p.rows {
+		c.keys = append(c.keys, key(i))
+		c.slots = append(c.slots, int64(i))
+	}
+	if err := c.fromSources(); err != nil {
+		return err
+	}
+	return c.sameHost()
+}
+
+// consumer pulls the whole prompt into its region and checks every row.
+type consumer struct {
+	p      params
+	region data.Region
+	want   []uint32
+	keys   [][]byte
+	slots  []int64
+	job    int64
+}
+
+func (c *consumer) bytes() float64 { return float64(c.p.rows) * float64(c.p.rowLen()) }
+
+// session starts n producers with the given data_transport and a consumer
+// tier, and opens every session (handshakes are not part of a pull).
+func (c *consumer) session(n int, transport string) (*tier.Tier, []*producer, func(), error) {
+	var producers []*producer
+	stop := func() {
+		for _, pr := range producers {
+			pr.stop()
+		}
+	}
+	for range n {
+		pr, err := startProducer(transport)
+		if err != nil {
+			stop()
+			return nil, nil, nil, err
+		}
+		producers = append(producers, pr)
+	}
+	t, err := c.p.open(c.region, transport)
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	end := func() { t.Shutdown(); stop() }
+	c.job++
+	if _, err := pull(t, "warm-up", producers, c.keys[:1], c.slots[:1], c.job); err != nil {
+		end()
+		return nil, nil, nil, fmt.Errorf("warm-up: %w", err)
+	}
+	return t, producers, end, nil
+}
+
+// timedPull runs prepare, then one pull, checks every row, and returns the
+// load's seconds.
+func (c *consumer) timedPull(t *tier.Tier, req string, producers []*producer, prepare func()) (float64, error) {
+	prepare()
+	c.job++
+	s, err := pull(t, req, producers, c.keys, c.slots, c.job)
+	if err != nil {
+		return 0, err
+	}
+	for i := range c.p.rows {
+		if crc32.ChecksumIEEE(c.region.Row(uint64(i))) != c.want[i] {
+			return 0, fmt.Errorf("%s: row %d differs from the producer's bytes", req, i)
+		}
+	}
+	return s, nil
+}
+
+// fromSources pulls the prompt over TCP from 1..p.sources producers.
+func (c *consumer) fromSources() error {
+	t, producers, end, err := c.session(c.p.sources, "tcp")
 	if err != nil {
 		return err
 	}
-	defer t.Shutdown()
-	keys := make([][]byte, p.rows)
-	slots := make([]int64, p.rows)
-	for i := range keys {
-		keys[i], slots[i] = key(i), int64(i)
-	}
-	bytes := float64(p.rows) * float64(p.rowLen())
+	defer end()
 	var base float64
-	job := int64(0)
-	// Warm-up: open every session (handshakes are not part of a pull).
-	job++
-	if _, err := pull(t, "warm-up", producers, keys[:1], slots[:1], job); err != nil {
-		return fmt.Errorf("warm-up: %w", err)
-	}
-	for n := 1; n <= p.sources; n++ {
+	for n := 1; n <= c.p.sources; n++ {
 		var secs []float64
-		for it := range p.iters {
-			clear(region.Mem)
-			job++
+		for it := range c.p.iters {
 			spread := t.Stats().LoadsSpread
-			s, err := pull(t, fmt.Sprintf("pull-%d-%d", n, it), producers[:n], keys, slots, job)
+			s, err := c.timedPull(t, fmt.Sprintf("pull-%d-%d", n, it), producers[:n], func() { clear(c.region.Mem) })
 			if err != nil {
 				return fmt.Errorf("%d sources: %w", n, err)
 			}
 			if n > 1 && t.Stats().LoadsSpread != spread+1 {
 				return fmt.Errorf("%d sources: the load was not spread", n)
 			}
-			for i := range p.rows {
-				if crc32.ChecksumIEEE(region.Row(uint64(i))) != want[i] {
-					return fmt.Errorf("%d sources: row %d differs from the producers' bytes", n, i)
-				}
-			}
 			secs = append(secs, s)
 		}
-		slices.Sort(secs)
-		med := secs[len(secs)/2]
-		gbps := bytes / med / 1e9
+		gbps := c.bytes() / median(secs) / 1e9
 		if n == 1 {
 			base = gbps
 		}
@@ -291,11 +336,72 @@ func runConsumer(p params) error {
 			plural = ""
 		}
 		fmt.Printf("multisource: %dx%dMiB from %d source%s: %.2f GB/s (load %.3f s) x%.2f\n",
-			p.rows, p.rowMiB, n, plural, gbps, med, gbps/base)
+			c.p.rows, c.p.rowMiB, n, plural, gbps, median(secs), gbps/base)
 	}
 	st := t.Stats()
 	fmt.Printf("multisource: verified every row; loads spread %d, kv ids minted %d\n", st.LoadsSpread, st.KVIDsMinted)
 	return nil
+}
+
+// sameHost pulls the prompt from one producer on this host with the default
+// data_transport, into a warm region and into a cold one, each against
+// memcpy of the same bytes into a region in the same state.
+func (c *consumer) sameHost() error {
+	t, producers, end, err := c.session(1, "auto")
+	if err != nil {
+		return err
+	}
+	defer end()
+	src, err := c.p.region() // memcpy's source: the producer's rows, warm
+	if err != nil {
+		return err
+	}
+	defer func() { _ = unix.Munmap(src.Mem) }()
+	for i := range c.p.rows {
+		fill(src.Row(uint64(i)), i)
+	}
+	warm := func() { clear(c.region.Mem) }
+	cold := func() { dropPages(c.region) }
+	before := t.Stats().Paths["shm"].Loads
+	for _, mode := range []struct {
+		name    string
+		prepare func()
+	}{{"warm", warm}, {"cold", cold}} {
+		var secs, copies []float64
+		for it := range c.p.iters {
+			s, err := c.timedPull(t, fmt.Sprintf("same-host-%s-%d", mode.name, it), producers, mode.prepare)
+			if err != nil {
+				return fmt.Errorf("same host, %s region: %w", mode.name, err)
+			}
+			secs = append(secs, s)
+			mode.prepare()
+			start := time.Now()
+			copy(c.region.Mem, src.Mem)
+			copies = append(copies, time.Since(start).Seconds())
+		}
+		load, mem := median(secs), median(copies)
+		fmt.Printf("multisource: same host (shm) %dx%dMiB, %s region: %.2f GB/s (load %.3f s); memcpy %.2f GB/s; time ÷ memcpy %.2f\n",
+			c.p.rows, c.p.rowMiB, mode.name, c.bytes()/load/1e9, load, c.bytes()/mem/1e9, load/mem)
+	}
+	if got, want := t.Stats().Paths["shm"].Loads-before, int64(2*c.p.iters); got != want {
+		return fmt.Errorf("same host: %d of %d loads went over shm (stats %+v)", got, want, t.Stats().Paths)
+	}
+	return nil
+}
+
+// dropPages frees the region's pages (its file's, in every process that
+// maps it), so the next writer faults fresh zeroed pages in, as it does in a
+// region no one has written since the engine started.
+func dropPages(r data.Region) {
+	if err := unix.Madvise(r.Mem, unix.MADV_REMOVE); err != nil {
+		panic(fmt.Sprintf("madvise(MADV_REMOVE): %v", err))
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // pull looks the whole prompt up at the sources, then times its load.
