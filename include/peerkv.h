@@ -200,10 +200,12 @@ int32_t peerkv_request_lookup_mode(peerkv_handle h, const char *req_id, int32_t 
 
 /* peerkv_lookup for several requests, then peerkv_on_schedule_end, in one
  * call: request i (req_ids[i]) asks counts[i] keys, taken in order from keys;
- * results gets one PEERKV_LOOKUP_* per key, in the same order. The first ask
- * of a request whose lookup mode was asked is answered RETRY for every key at
- * once; the library registers its keys and sends its lookups on its own
- * thread, and an answer known already comes as a change (peerkv_take_answers). */
+ * results gets one PEERKV_LOOKUP_* per key, in the same order. A call asking
+ * at most 256 keys in all registers them and sends their lookups itself, and
+ * answers what is known already. In a larger call, the first ask of a request
+ * whose lookup mode was asked is answered RETRY for every key at once; the
+ * library registers its keys and sends its lookups on its own thread, and an
+ * answer known already comes as a change (peerkv_take_answers). */
 int32_t peerkv_lookup_many(peerkv_handle h, size_t n_requests, const char *const *req_ids,
                            const size_t *counts, const uint8_t *keys, size_t key_len,
                            int32_t *results, char *err, size_t errlen);

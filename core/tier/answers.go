@@ -88,7 +88,7 @@ func (t *Tier) LookupMany(batch []RequestKeys, out []LookupResult) error {
 		i += len(rk.Keys)
 		r := t.requests[rk.ReqID]
 		if r != nil && r.pull != nil {
-			if t.deferAsk(r.pull, rk.Keys, res) {
+			if n > inlineAsk && t.deferAsk(r.pull, rk.Keys, res) {
 				deferred = true
 				continue
 			}

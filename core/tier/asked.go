@@ -8,11 +8,17 @@ package tier
 // requests per hold of the lock. An answer that is not RETRY after all (a
 // source already ended, another request under the same kv id was answered)
 // reaches the host as a change (TakeAnswers), as every later answer does.
-// A host lookup or load of the request registers them first.
+// A host lookup or load of the request registers them first. A call of at
+// most inlineAsk keys is not deferred: registering them costs the host a few
+// µs, and handing them to the loop would add a goroutine wake-up (often a
+// thread's) to the lookup's round trip.
 
 // askedChunk is about how many keys the loop registers per hold of t.mu
 // (whole requests), so a host call waits for about that much at most.
 const askedChunk = 1024
+
+// inlineAsk is the most keys a LookupMany call registers itself.
+const inlineAsk = 256
 
 // deferAsk answers a first ask of p at once when it can (see above): every
 // result RETRY. Called with t.mu held.

@@ -16,37 +16,51 @@ func kvParams(kv string, src *source) []byte {
 	return []byte(fmt.Sprintf(`{"remote_kv_source": {"kv_request_id": %q, "remote_url": "tcp://%s"}}`, kv, src.id))
 }
 
-// A first ask is answered RETRY at once and registered by the loop; an
-// answer the source already gave under the same kv id reaches the host as
-// a change, without another lookup on the wire.
-func TestFirstAskOfAnAnsweredKVIDIsToldAsAChange(t *testing.T) {
-	r := newMultiRig(t, 1)
-	r.srcs[0].hold(0, 1)
-	h := newCachingHost(t, r.cons)
-	for _, req := range []string{"a", "b"} {
-		_, err := r.cons.StartRequest(req, kvParams("kv-shared", r.srcs[0]))
-		require.NoError(t, err)
-		require.Equal(t, tier.LookupsAsk, r.cons.LookupMode(req))
-	}
-	ks := keys(0, 1, 2)
-	assert.Equal(t, []tier.LookupResult{tier.Retry, tier.Retry, tier.Retry}, h.step("a", ks))
-	require.Eventually(t, func() bool {
-		r.serveAll()
-		h.collect()
-		return h.answers["a"][string(key(2))] == tier.Miss
-	}, 5*time.Second, 2*time.Millisecond)
-	require.EqualValues(t, 1, r.srcs[0].Stats().InboundLookups)
+// A first ask of keys the kv id has answers for already: a small one (at
+// most InlineAsk keys) is answered in the host's call; a larger one is
+// answered RETRY at once, registered by the loop, and the answers reach the
+// host as changes. Neither sends another lookup on the wire.
+func TestFirstAskOfAnAnsweredKVIDIsAnsweredWithoutTheWire(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		filler int // keys nobody holds, asked after the three
+	}{{"small ask, answered in the call", 0}, {"large ask, answered as changes", tier.InlineAsk}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newMultiRig(t, 1)
+			r.srcs[0].hold(0, 1)
+			h := newCachingHost(t, r.cons)
+			for _, req := range []string{"a", "b"} {
+				_, err := r.cons.StartRequest(req, kvParams("kv-shared", r.srcs[0]))
+				require.NoError(t, err)
+				require.Equal(t, tier.LookupsAsk, r.cons.LookupMode(req))
+			}
+			ks := keys(append([]int{0, 1, 2}, span(1000, 1000+tc.filler)...)...)
+			h.step("a", ks)
+			require.Eventually(t, func() bool {
+				r.serveAll()
+				h.collect()
+				return h.answers["a"][string(key(2))] == tier.Miss
+			}, 5*time.Second, 2*time.Millisecond)
+			require.EqualValues(t, 1, r.srcs[0].Stats().InboundLookups)
 
-	h.step("b", ks)
-	assert.Equal(t, []tier.LookupResult{tier.Retry, tier.Retry, tier.Retry}, h.asked, "a first ask is answered at once")
-	require.Eventually(t, func() bool {
-		h.collect()
-		return h.answers["b"][string(key(2))] == tier.Miss
-	}, 5*time.Second, 2*time.Millisecond)
-	assert.Equal(t, []tier.LookupResult{tier.Hit, tier.Hit, tier.Miss}, h.step("b", ks))
-	assert.EqualValues(t, 1, r.srcs[0].Stats().InboundLookups, "b's keys were answered already: nothing more on the wire")
-	r.finish("a")
-	r.finish("b")
+			h.step("b", ks)
+			if tc.filler == 0 {
+				assert.Equal(t, []tier.LookupResult{tier.Hit, tier.Hit, tier.Miss}, h.asked, "answered in the call")
+			} else {
+				for _, res := range h.asked {
+					require.Equal(t, tier.Retry, res, "a large first ask is answered at once")
+				}
+			}
+			require.Eventually(t, func() bool {
+				h.collect()
+				return h.answers["b"][string(key(2))] == tier.Miss
+			}, 5*time.Second, 2*time.Millisecond)
+			assert.Equal(t, []tier.LookupResult{tier.Hit, tier.Hit, tier.Miss}, h.step("b", ks)[:3])
+			assert.EqualValues(t, 1, r.srcs[0].Stats().InboundLookups, "b's keys were answered already: nothing more on the wire")
+			r.finish("a")
+			r.finish("b")
+		})
+	}
 }
 
 // Many requests' first asks in one call, more than the loop registers per

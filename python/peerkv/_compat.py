@@ -107,6 +107,17 @@ def check_vllm_version(version: str | None = None) -> str | None:
     )
 
 
+def tiering_manager(parent: object) -> object | None:
+    """The manager behind the parent handle vLLM passes a secondary tier's
+    serve_external_requests (0.33 keeps it as the handle's _m), or None when
+    a release keeps it elsewhere. Its callers need lock and poll_tiers()."""
+    manager = getattr(parent, "_m", None)
+    lock = getattr(manager, "lock", None)
+    if callable(getattr(manager, "poll_tiers", None)) and callable(getattr(lock, "acquire", None)):
+        return manager
+    return None
+
+
 __all__ = [
     "ALLOW_UNSUPPORTED_ENV",
     "SUPPORTED_VLLM_SERIES",
@@ -114,6 +125,7 @@ __all__ = [
     "is_supported",
     "parse_series",
     "supported_versions_text",
+    "tiering_manager",
     "vllm_series",
     "vllm_version",
 ]

@@ -1,4 +1,5 @@
-"""Wakes an idle vLLM engine when a peer needs an answer from it.
+"""Gets a peer's request served promptly: wakes an idle vLLM engine (0.32)
+or runs vLLM's tier-poll round early (0.33) when the library signals.
 
 vLLM 0.32 services secondary tiers only from engine steps, and an idle
 EngineCore sleeps on its input queue until a client request arrives. A
@@ -13,6 +14,9 @@ no CPU while nothing happens). When the library queues something for the host
 pending and puts vLLM's own WAKEUP request on the engine's input queue, so
 the engine runs one step, in which the tier collects and answers on the
 scheduler thread as usual.
+
+EarlyPoller is the same thread on 0.33: on a signal it runs the round vLLM's
+tier-poll thread runs every tier_poll_interval_s, at once.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import queue
 import select
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -31,6 +36,12 @@ logger = logging.getLogger("vllm.peerkv")
 
 # Upper bound of one wait, so a lost stop request still ends the thread.
 _WAIT_MS = 1000
+# EarlyPoller: how long one try for the manager lock lasts before the stop
+# flag is checked again; the least time between two of its rounds; the
+# least time between two logged failures.
+_LOCK_WAIT_S = 0.1
+_MIN_ROUND_GAP_S = 0.0002
+_ERROR_LOG_INTERVAL_S = 10.0
 # How far up the stack the tier's constructor may be from EngineCoreProc's.
 _MAX_FRAMES = 64
 
@@ -70,40 +81,29 @@ def _waker_for(inputs: queue.Queue, request: tuple[Any, None]) -> Callable[[], N
     return wake
 
 
-class EngineWaker:
-    """One thread per tier: notify fd readable → pending = True → wake()."""
+class _NotifyThread:
+    """A thread that waits on the library's notify fd (no GIL held, no CPU
+    while nothing happens) and runs _signalled() after each signal."""
 
-    def __init__(self, notify_fd: int, wake: Callable[[], None], name: str) -> None:
+    def __init__(self, notify_fd: int, name: str) -> None:
         self._fd = notify_fd
-        self._wake = wake
-        self._pending = threading.Event()
+        self._stopping = threading.Event()
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    @property
-    def pending(self) -> bool:
-        """True from a library signal until the scheduler next collects."""
-        return self._pending.is_set()
-
-    def collecting(self) -> None:
-        """Called by the scheduler thread before it collects; a signal that
-        arrives afterwards sets pending again."""
-        self._pending.clear()
-
-    def keep_pending(self) -> None:
-        """The scheduler left work queued (a per-call cap): the engine must
-        step again although the library sends no new signal."""
-        self._pending.set()
+    def _signalled(self) -> None:
+        raise NotImplementedError
 
     def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
         try:
             os.write(self._stop_w, b"x")
         except OSError:
             pass
         self._thread.join(timeout)
         if self._thread.is_alive():
-            logger.warning("peerkv engine-wake thread did not stop within %.0fs", timeout)
+            logger.warning("peerkv thread %s did not stop within %.0fs", self._thread.name, timeout)
             return  # it still polls the pipe: leave it open
         os.close(self._stop_r)
         os.close(self._stop_w)
@@ -127,10 +127,75 @@ class EngineWaker:
             except BlockingIOError:
                 continue
             except OSError as exc:
-                logger.error("peerkv engine-wake thread stops: reading the notify fd: %s", exc)
+                logger.error("peerkv thread %s stops: reading the notify fd: %s", self._thread.name, exc)
                 return
-            self._pending.set()
             try:
-                self._wake()
+                self._signalled()
             except Exception:  # never let the thread die silently
-                logger.exception("peerkv: waking the engine failed")
+                logger.exception("peerkv thread %s: handling a library signal failed", self._thread.name)
+
+
+class EngineWaker(_NotifyThread):
+    """One thread per tier: notify fd readable → pending = True → wake()."""
+
+    def __init__(self, notify_fd: int, wake: Callable[[], None], name: str) -> None:
+        self._wake = wake
+        self._pending = threading.Event()
+        super().__init__(notify_fd, name)
+
+    @property
+    def pending(self) -> bool:
+        """True from a library signal until the scheduler next collects."""
+        return self._pending.is_set()
+
+    def collecting(self) -> None:
+        """Called by the scheduler thread before it collects; a signal that
+        arrives afterwards sets pending again."""
+        self._pending.clear()
+
+    def keep_pending(self) -> None:
+        """The scheduler left work queued (a per-call cap): the engine must
+        step again although the library sends no new signal."""
+        self._pending.set()
+
+    def _signalled(self) -> None:
+        self._pending.set()
+        self._wake()
+
+
+class EarlyPoller(_NotifyThread):
+    """On a vLLM with a tier-poll thread (0.33), runs the manager's poll round
+    as soon as the library signals, instead of when vLLM's thread next wakes
+    (every tier_poll_interval_s, 1 ms by default): a producer answers a
+    peer's lookup, and a finished job is accounted, without waiting out the
+    interval. The round is the one vLLM's thread runs (manager.poll_tiers()
+    under manager.lock), so its rules hold: the lock covers the whole round.
+    """
+
+    def __init__(self, notify_fd: int, lock: Any, poll: Callable[[], None], name: str) -> None:
+        self._lock = lock
+        self._poll = poll
+        self._failures_logged_at = 0.0
+        super().__init__(notify_fd, name)
+
+    def _signalled(self) -> None:
+        while not self._stopping.is_set():
+            # Bounded, so a stop request is seen while the scheduler (or a
+            # shutdown) holds the lock.
+            if not self._lock.acquire(timeout=_LOCK_WAIT_S):
+                continue
+            try:
+                if self._stopping.is_set():
+                    return
+                self._poll()
+            except Exception:
+                now = time.monotonic()
+                if now - self._failures_logged_at >= _ERROR_LOG_INTERVAL_S:
+                    self._failures_logged_at = now
+                    logger.exception("peerkv: an early tier-poll round failed; vLLM's own rounds go on")
+            finally:
+                self._lock.release()
+            break
+        # Python locks are not fair: pause before the next round so a
+        # scheduler thread waiting for the lock gets it (as vLLM's thread does).
+        self._stopping.wait(_MIN_ROUND_GAP_S)

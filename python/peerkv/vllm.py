@@ -64,7 +64,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from peerkv import _vllm_config
 from peerkv import config as _config
-from peerkv._engine_wake import EngineWaker, find_engine_wakeup
+from peerkv._engine_wake import EarlyPoller, EngineWaker, find_engine_wakeup
 from peerkv._options_schema import SCHEMA as _SCHEMA
 from peerkv.errors import BadParamsError, PeerKVError, PeerKVTimeoutError
 
@@ -295,6 +295,8 @@ class PeerKVTier(SecondaryTierManager):
         self._seed_checked = False
         self._peer: Peer | None = None
         self._waker: EngineWaker | None = None
+        self._early_poller: EarlyPoller | None = None
+        self._early_poll_tried = False
         # Requests whose answers the library may still change, by req_id
         # (added at on_new_request, removed at on_request_finished).
         self._tracked: dict[str, _RequestState] = {}
@@ -311,6 +313,9 @@ class PeerKVTier(SecondaryTierManager):
         self._local_id = started.get("local_id") or self._local_id
         self._forward_logs()  # how the Go runtime was sized, which paths serve
         self._waker = self._start_engine_waker(offloading_spec)
+        # With vLLM's tier-poll thread running, an EarlyPoller starts at the
+        # first serve_external_requests (it needs the manager behind parent).
+        self._early_poll_tried = self._waker is not None or not _off_thread_polling(offloading_spec)
         logger.info(
             "PeerKVTier %s: %d rows x %d bytes (block_len), key_len %d, config fingerprint %s, data paths %s",
             self._local_id,
@@ -575,6 +580,8 @@ class PeerKVTier(SecondaryTierManager):
     def serve_external_requests(self, parent: ParentManager) -> None:
         if self._peer is None:
             return
+        if not self._early_poll_tried:
+            self._start_early_poller(parent)
         if not self._inbound_more:
             n = self._news[_NEWS_INBOUND]
             if n == self._seen[_NEWS_INBOUND]:
@@ -648,9 +655,14 @@ class PeerKVTier(SecondaryTierManager):
     # ------------------------------------------------------------------
 
     def shutdown(self) -> None:
+        # Threads that poll the notify fd stop before destroy closes it.
+        poller, self._early_poller = self._early_poller, None
+        self._early_poll_tried = True
+        if poller is not None:
+            poller.stop()
         waker, self._waker = self._waker, None
         if waker is not None:
-            waker.stop()  # before destroy closes the fd it polls
+            waker.stop()
         peer, self._peer = self._peer, None
         if peer is None:
             return
@@ -747,8 +759,7 @@ class PeerKVTier(SecondaryTierManager):
     def _start_engine_waker(self, offloading_spec: Any) -> EngineWaker | None:
         """On vLLMs without a tier-poll thread (0.32, or 0.33 with
         tier_poll_interval_s <= 0), wake the idle engine when a peer needs it."""
-        polled = getattr(SecondaryTierManager, "tolerates_off_thread_polling", None) is not None
-        if polled and getattr(offloading_spec, "tier_poll_interval_s", 0) > 0:
+        if _off_thread_polling(offloading_spec):
             return None
         wake = find_engine_wakeup()
         if wake is None or self._peer is None:
@@ -759,6 +770,22 @@ class PeerKVTier(SecondaryTierManager):
             )
             return None
         return EngineWaker(self._peer.notify_fd(), wake, name="peerkv-engine-wake")
+
+    def _start_early_poller(self, parent: ParentManager) -> None:
+        """Called on vLLM's tier-poll thread or the scheduler's, manager lock
+        held: start the EarlyPoller for the manager behind parent."""
+        self._early_poll_tried = True
+        manager = _compat.tiering_manager(parent)
+        if manager is None or self._peer is None:
+            logger.info(
+                "PeerKVTier %s: vLLM's manager is not reachable from its parent handle; "
+                "peers are served at vLLM's tier_poll_interval_s.",
+                self._local_id,
+            )
+            return
+        self._early_poller = EarlyPoller(
+            self._peer.notify_fd(), manager.lock, manager.poll_tiers, name="peerkv-early-poll"
+        )
 
     def _log_once(self, key: str, fmt: str, *args: Any) -> None:
         if key in self._logged_once:
@@ -780,6 +807,13 @@ class PeerKVTier(SecondaryTierManager):
                 "or use sha256.",
                 self._local_id,
             )
+
+
+def _off_thread_polling(offloading_spec: Any) -> bool:
+    """Whether vLLM runs its tier-poll thread for this tier (0.33 and later,
+    tier_poll_interval_s > 0)."""
+    polled = getattr(SecondaryTierManager, "tolerates_off_thread_polling", None) is not None
+    return polled and getattr(offloading_spec, "tier_poll_interval_s", 0) > 0
 
 
 def _identity(options: dict[str, Any]) -> str:

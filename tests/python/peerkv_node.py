@@ -275,8 +275,10 @@ class _Node:
         final: dict[bytes, str] = {}
         start = time.monotonic()
         deadline = start + timeout
+        answered = None  # when no key was RETRY any more: the lookup round's end
         while len(final) < len(keys) and time.monotonic() < deadline:
             with manager_lock(manager):
+                retry = False
                 for key in keys:
                     if key in final:
                         continue
@@ -285,6 +287,10 @@ class _Node:
                         final[key] = "HIT"
                     elif result is LookupResult.MISS:
                         final[key] = "MISS"
+                    elif result is LookupResult.RETRY:
+                        retry = True
+            if answered is None and not retry:
+                answered = time.monotonic() - start
             self._step(name, [req_id])
             time.sleep(step_s)
         elapsed = time.monotonic() - start
@@ -301,6 +307,7 @@ class _Node:
             "results": [final.get(k, "PENDING") for k in keys],
             "rows": [rows.get(k) for k in keys],
             "elapsed": elapsed,
+            "answered": answered,
         }
 
     def step(self, name: str, count: int = 1) -> None:

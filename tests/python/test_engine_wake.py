@@ -1,15 +1,18 @@
 """The engine waker: finds the EngineCore under construction on the stack and
-wakes it through vLLM's own WAKEUP request when the library signals."""
+wakes it through vLLM's own WAKEUP request when the library signals. The
+early poller: runs the manager's poll round, under its lock, when the library
+signals."""
 
 from __future__ import annotations
 
 import os
 import queue
+import threading
 import time
 
 import pytest
 
-from peerkv._engine_wake import EngineWaker, find_engine_wakeup
+from peerkv._engine_wake import EarlyPoller, EngineWaker, find_engine_wakeup
 from vllm.v1.engine import EngineCoreRequestType
 
 WAKEUP = EngineCoreRequestType.WAKEUP
@@ -115,4 +118,72 @@ def test_a_failing_wake_does_not_kill_the_thread():
         assert _wait(lambda: len(calls) == 2)
     finally:
         waker.stop()
+        os.close(fd)
+
+
+class _Manager:
+    """What EarlyPoller uses of vLLM's TieringOffloadingManager: lock and
+    poll_tiers(), which vLLM requires be called with the lock held."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.lock = threading.Lock()
+        self.rounds = 0
+        self.unlocked_rounds = 0
+        self.fail = fail
+
+    def poll_tiers(self) -> None:
+        if not self.lock.locked():
+            self.unlocked_rounds += 1
+        self.rounds += 1
+        if self.fail:
+            raise RuntimeError("a tier failed")
+
+
+def test_a_signal_runs_one_poll_round_under_the_manager_lock():
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    manager = _Manager()
+    poller = EarlyPoller(fd, manager.lock, manager.poll_tiers, name="test-poll")
+    try:
+        time.sleep(0.05)
+        assert manager.rounds == 0, "polled without a signal"
+        os.eventfd_write(fd, 1)
+        assert _wait(lambda: manager.rounds == 1)
+        time.sleep(0.05)
+        assert manager.rounds == 1, "one signal, more than one round"
+        assert manager.unlocked_rounds == 0
+    finally:
+        poller.stop()
+        os.close(fd)
+
+
+def test_a_round_waits_for_the_lock_and_stop_does_not_wait_for_it():
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    manager = _Manager()
+    poller = EarlyPoller(fd, manager.lock, manager.poll_tiers, name="test-poll")
+    with manager.lock:  # the scheduler's step, or a shutdown holding the lock
+        os.eventfd_write(fd, 1)
+        time.sleep(0.1)
+        assert manager.rounds == 0, "polled while another thread held the lock"
+        started = time.monotonic()
+        poller.stop()
+        assert time.monotonic() - started < 2, "stop waited for the manager lock"
+    time.sleep(0.05)
+    assert manager.rounds == 0, "polled after stop"
+    os.close(fd)
+
+
+def test_a_failing_round_does_not_kill_the_poller(caplog):
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    manager = _Manager(fail=True)
+    poller = EarlyPoller(fd, manager.lock, manager.poll_tiers, name="test-poll")
+    try:
+        with caplog.at_level("ERROR", logger="vllm.peerkv"):
+            os.eventfd_write(fd, 1)
+            assert _wait(lambda: manager.rounds == 1)
+            os.eventfd_write(fd, 1)
+            assert _wait(lambda: manager.rounds == 2)
+        assert not manager.lock.locked(), "a failed round kept the lock"
+        assert "early tier-poll round failed" in caplog.text
+    finally:
+        poller.stop()
         os.close(fd)

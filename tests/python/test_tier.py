@@ -21,6 +21,7 @@ from peerkv_node import (
     random_keys,
     random_rows,
 )
+from vllm_compat import HAS_TIER_POLL_THREAD
 
 HOST = "127.0.0.1"
 # A failed pull must end within handshake + lookup/load + abort-ack deadlines.
@@ -38,9 +39,11 @@ class Cluster:
         self.ports = {}
         self.nodes = {}
 
-    def add(self, node, name, **tier_options):
+    def add(self, node, name, spec_options=None, **tier_options):
         port = control_port()
-        info = node.call("add", name, kv_transfer_config(port, **tier_options), timeout=60)
+        config = kv_transfer_config(port, **tier_options)
+        config["kv_connector_extra_config"].update(spec_options or {})
+        info = node.call("add", name, config, timeout=60)
         assert info == {"tier_class": "PeerKVTier", "tier_type": "PeerKVTier"}
         self.ports[name] = port
         self.nodes[name] = node
@@ -318,3 +321,26 @@ def test_a_steps_lookups_go_to_the_library_in_one_call(cluster):
     assert "lookup" not in calls, calls  # no call per key
     cluster.b.call("finish", "b", req)
     cluster.a.call("finish", "a", pid)
+
+
+@pytest.mark.skipif(
+    not HAS_TIER_POLL_THREAD,
+    reason="vLLM 0.32 has no tier-poll thread; there the engine waker steps an idle producer (test_engine_wake.py)",
+)
+def test_an_idle_producer_answers_without_waiting_for_vllms_poll_interval(cluster):
+    """vLLM's tier-poll thread serves a producer's peers every
+    tier_poll_interval_s; the library's signal has the tier run that round at
+    once, so a producer whose engine does not step answers well inside it."""
+    interval_s = 60.0
+    if "a_slow_poll" not in cluster.nodes:
+        cluster.add(cluster.a, "a_slow_poll", spec_options={"tier_poll_interval_s": interval_s})
+    pid, kid = "slow-poll-p", new_kv_id()
+    ks, rows = random_keys(4), random_rows(4)
+    cluster.a.call("store", "a_slow_poll", pid, None, ks, rows)  # its last step, then none
+    started = time.monotonic()
+    got = cluster.b.call("pull", "b", "slow-poll-c", cluster.source("remote_kv_source", "a_slow_poll", kid), ks, 10.0)
+    elapsed = time.monotonic() - started
+    cluster.b.call("finish", "b", "slow-poll-c")
+    cluster.a.call("finish", "a_slow_poll", pid)
+    assert got["results"] == ["HIT"] * 4 and got["rows"] == rows
+    assert elapsed < 5.0, f"the pull took {elapsed:.1f} s"
