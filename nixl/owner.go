@@ -116,6 +116,8 @@ func (t *Transport) loop() {
 		case c := <-t.calls:
 			c.fn()
 			close(c.done)
+		case <-t.posts.wake:
+			t.runPosts()
 		case <-wake:
 		case <-t.stop:
 			return
@@ -168,30 +170,32 @@ func (t *Transport) retryStuck() {
 	t.stuck = kept
 }
 
-func (t *Transport) postWrite(id uint64, peerID string, src []C.int, dst []uint64) error {
-	p, ok := t.peers[peerID]
-	if !ok {
-		return fmt.Errorf("%w: %s", data.ErrUnknownPeer, peerID)
-	}
-	dstIdx := make([]C.int, len(dst))
-	for i, row := range dst {
-		if row >= p.numRows {
-			return fmt.Errorf("%w: peer %s row %d of %d", data.ErrRowOutOfRange, peerID, row, p.numRows)
+// runPosts posts the queued writes; one that fails is reported at once.
+func (t *Transport) runPosts() {
+	for _, w := range t.posts.take() {
+		if err := t.postWrite(w); err != nil {
+			t.completions.push(data.Completion{PeerID: w.peerID, ID: w.id, Err: err})
 		}
-		dstIdx[i] = C.int(row)
 	}
-	req, done, err := t.agent.postWrite(t.local, p.dlist, src, dstIdx)
+}
+
+func (t *Transport) postWrite(w post) error {
+	p, ok := t.peers[w.peerID]
+	if !ok {
+		return fmt.Errorf("nixl transport: write to peer %s: %w (removed before its write was posted)", w.peerID, data.ErrUnknownPeer)
+	}
+	req, done, err := t.agent.postWrite(t.local, p.dlist, w.src, w.dst)
 	if err != nil {
 		if req != nil {
 			t.stuck = append(t.stuck, req)
 		}
-		return fmt.Errorf("nixl transport: write to peer %s: %w", peerID, err)
+		return fmt.Errorf("nixl transport: write to peer %s: %w", w.peerID, err)
 	}
-	tr := &transfer{peerID: peerID, req: req, deadline: time.Now().Add(t.opts.TransferTimeout)}
+	tr := &transfer{peerID: w.peerID, req: req, deadline: time.Now().Add(t.opts.TransferTimeout)}
 	if done {
-		t.finish(id, tr, nil)
+		t.finish(w.id, tr, nil)
 	} else {
-		t.inflight[id] = tr
+		t.inflight[w.id] = tr
 	}
 	return nil
 }
@@ -213,6 +217,7 @@ func (t *Transport) addPeer(peerID string, info data.PeerInfo) error {
 		return fmt.Errorf("nixl transport: peer %s descriptors: %w", peerID, err)
 	}
 	t.peers[peerID] = &peer{nixlName: name, dlist: dlist, numRows: info.NumRows}
+	t.posts.setRows(peerID, info.NumRows)
 	return nil
 }
 
@@ -229,6 +234,7 @@ func (t *Transport) removePeer(peerID string, cause error) {
 		}
 	}
 	delete(t.peers, peerID)
+	t.posts.setRows(peerID, 0)
 	_ = t.agent.releaseDlist(p.dlist)
 	_ = t.agent.invalidateRemote(p.nixlName)
 }
@@ -237,6 +243,9 @@ func (t *Transport) removePeer(peerID string, cause error) {
 // fails with ErrClosed, then NIXL resources go in reverse order.
 func (t *Transport) shutdown() {
 	defer t.completions.close()
+	for _, w := range t.posts.close() { // queued, never posted
+		t.completions.push(data.Completion{PeerID: w.peerID, ID: w.id, Err: data.ErrClosed})
+	}
 	for id, tr := range t.inflight {
 		t.finish(id, tr, data.ErrClosed)
 	}

@@ -132,6 +132,7 @@ type Transport struct {
 	numRows  uint64
 
 	calls       chan *call
+	posts       postQueue // writes for the owner to post (see Write)
 	stop        chan struct{}
 	stopOnce    sync.Once
 	ownerDone   chan struct{}
@@ -185,6 +186,7 @@ func New(opts Options) (*Transport, error) {
 		baseAddr:  uint64(uintptr(unsafe.Pointer(&opts.Region.Mem[0]))),
 		numRows:   opts.Region.NumRows(),
 		calls:     make(chan *call),
+		posts:     newPostQueue(),
 		stop:      make(chan struct{}),
 		ownerDone: make(chan struct{}),
 		peers:     map[string]*peer{},
@@ -252,12 +254,22 @@ func (t *Transport) RemovePeer(peerID string) {
 }
 
 // Write posts one WRITE of local rows src[i] into the peer's rows dst[i].
+// It checks the rows and queues the post for the owner goroutine without
+// waiting for it: callers hold the tier's lock, and the owner may be busy
+// for a while adding a peer (loading its metadata). A post that fails on
+// the owner (the peer was removed meanwhile, NIXL refused) is reported as
+// the transfer's completion.
 func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 	if len(src) != len(dst) {
 		return 0, fmt.Errorf("nixl transport: %d source rows but %d destination rows", len(src), len(dst))
 	}
 	if len(src) == 0 {
 		return 0, errors.New("nixl transport: write of no rows")
+	}
+	select {
+	case <-t.stop:
+		return 0, data.ErrClosed
+	default:
 	}
 	srcIdx := make([]C.int, len(src))
 	for i, row := range src {
@@ -266,13 +278,20 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 		}
 		srcIdx[i] = C.int(row)
 	}
-	id := t.nextID.Add(1)
-	var err error
-	if callErr := t.do(func() { err = t.postWrite(id, peerID, srcIdx, dst) }); callErr != nil {
-		return 0, callErr
+	peerRows, ok := t.posts.rowsOf(peerID)
+	if !ok {
+		return 0, fmt.Errorf("%w: %s", data.ErrUnknownPeer, peerID)
 	}
-	if err != nil {
-		return 0, err
+	dstIdx := make([]C.int, len(dst))
+	for i, row := range dst {
+		if row >= peerRows {
+			return 0, fmt.Errorf("%w: peer %s row %d of %d", data.ErrRowOutOfRange, peerID, row, peerRows)
+		}
+		dstIdx[i] = C.int(row)
+	}
+	id := t.nextID.Add(1)
+	if !t.posts.push(post{id: id, peerID: peerID, src: srcIdx, dst: dstIdx}) {
+		return 0, data.ErrClosed
 	}
 	return id, nil
 }

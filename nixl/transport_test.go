@@ -188,6 +188,73 @@ func TestWriteErrors(t *testing.T) {
 	}
 }
 
+// Write is called under the tier's lock: it must not wait while the owner
+// goroutine is busy (adding a peer loads its metadata). A write queued then
+// is posted afterwards, or reported failed if its peer went meanwhile.
+func TestWriteDoesNotWaitForABusyOwner(t *testing.T) {
+	requireNIXL(t)
+	a, b := newTestTransport(t, 11), newTestTransport(t, 12)
+	if err := a.AddPeer("b", infoOf(b)); err != nil {
+		t.Fatal(err)
+	}
+	// busyOwner holds the owner in a call until release, then runs then on it.
+	busyOwner := func(then func()) (release func()) {
+		ch, done := make(chan struct{}), make(chan error, 1)
+		go func() { done <- a.do(func() { <-ch; then() }) }()
+		time.Sleep(50 * time.Millisecond) // the owner is in the call now
+		return func() {
+			close(ch)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	timedWrite := func(src, dst uint64) uint64 {
+		started := time.Now()
+		id, err := a.Write("b", []uint64{src}, []uint64{dst})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waited := time.Since(started); waited > 20*time.Millisecond {
+			t.Fatalf("Write waited %v for the busy owner", waited)
+		}
+		return id
+	}
+	completion := func(id uint64) error {
+		deadline := time.After(20 * time.Second)
+		for {
+			select {
+			case c := <-a.Completions():
+				if c.ID == id {
+					return c.Err
+				}
+			case <-deadline:
+				t.Fatalf("write %d not reported", id)
+			}
+		}
+	}
+
+	release := busyOwner(func() {})
+	id := timedWrite(2, 5)
+	release()
+	if err := completion(id); err != nil {
+		t.Fatalf("write queued behind a busy owner: %v", err)
+	}
+	want := fillPattern(12, testRows*testRowLen)
+	applyWrite(want, fillPattern(11, testRows*testRowLen), []uint64{2}, []uint64{5}, testRowLen)
+	expectRegion(t, "b", b.opts.Region.Mem, want, testRowLen)
+
+	release = busyOwner(func() { a.removePeer("b", ErrPeerRemoved) }) // before the queued post runs
+	id = timedWrite(3, 6)
+	release()
+	if err := completion(id); !errors.Is(err, data.ErrUnknownPeer) {
+		t.Fatalf("write whose peer went before it was posted: %v", err)
+	}
+	if _, err := a.Write("b", []uint64{0}, []uint64{0}); !errors.Is(err, data.ErrUnknownPeer) {
+		t.Fatalf("write after the peer went: %v", err)
+	}
+}
+
 func TestAddPeerRejectsBadInfo(t *testing.T) {
 	requireNIXL(t)
 	a, b := newTestTransport(t, 7), newTestTransport(t, 8)

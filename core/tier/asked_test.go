@@ -46,6 +46,10 @@ func TestFirstAskOfAnAnsweredKVIDIsAnsweredWithoutTheWire(t *testing.T) {
 			h.step("b", ks)
 			if tc.filler == 0 {
 				assert.Equal(t, []tier.LookupResult{tier.Hit, tier.Hit, tier.Miss}, h.asked, "answered in the call")
+				time.Sleep(20 * time.Millisecond)
+				for _, c := range r.cons.TakeAnswers(func(tier.AnswerChange) bool { return true }) {
+					assert.NotEqual(t, "b", c.ReqID, "an answer given in the call was queued as a change too")
+				}
 			} else {
 				for _, res := range h.asked {
 					require.Equal(t, tier.Retry, res, "a large first ask is answered at once")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 
 # vLLM release series (major, minor) that peerkv is tested against; any patch
 # release of a listed series is accepted. Keep docs/compatibility.md in step.
@@ -107,15 +108,38 @@ def check_vllm_version(version: str | None = None) -> str | None:
     )
 
 
-def tiering_manager(parent: object) -> object | None:
-    """The manager behind the parent handle vLLM passes a secondary tier's
-    serve_external_requests (0.33 keeps it as the handle's _m), or None when
-    a release keeps it elsewhere. Its callers need lock and poll_tiers()."""
+def tier_poll_round(parent: object, tier: object) -> tuple[object, Callable[[], None]] | None:
+    """vLLM 0.33's tier-poll round narrowed to one tier: (the manager's lock,
+    a function running the round), for the manager behind the parent handle
+    vLLM passes the tier's serve_external_requests; None when this release
+    keeps what it needs elsewhere.
+
+    It is TieringOffloadingManager.poll_tiers() for [tier] alone, so a round
+    run from the tier's own thread never drives another tier, which vLLM may
+    be shutting down meanwhile: the per-step gate held shut (a lookup made
+    while serving must not poll every tier), the tier's finished jobs
+    processed, then its serve. Call it with the lock held.
+    """
     manager = getattr(parent, "_m", None)
     lock = getattr(manager, "lock", None)
-    if callable(getattr(manager, "poll_tiers", None)) and callable(getattr(lock, "acquire", None)):
-        return manager
-    return None
+    process = getattr(manager, "_process_finished_jobs", None)
+    if (
+        not callable(getattr(lock, "acquire", None))
+        or not callable(process)
+        or not isinstance(getattr(manager, "_processed_jobs_this_step", None), bool)
+    ):
+        return None
+
+    def round_() -> None:
+        gate = manager._processed_jobs_this_step
+        manager._processed_jobs_this_step = True
+        try:
+            process([tier])
+            tier.serve_external_requests(parent)
+        finally:
+            manager._processed_jobs_this_step = gate
+
+    return lock, round_
 
 
 __all__ = [
@@ -125,7 +149,7 @@ __all__ = [
     "is_supported",
     "parse_series",
     "supported_versions_text",
-    "tiering_manager",
+    "tier_poll_round",
     "vllm_series",
     "vllm_version",
 ]

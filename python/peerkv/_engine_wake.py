@@ -40,8 +40,9 @@ _WAIT_MS = 1000
 # flag is checked again; the least time between two of its rounds; the
 # least time between two logged failures.
 _LOCK_WAIT_S = 0.1
-_MIN_ROUND_GAP_S = 0.0002
+_MIN_ROUND_GAP_S = 0.001  # vLLM's own thread pauses as long between rounds
 _ERROR_LOG_INTERVAL_S = 10.0
+_GIVE_UP_AFTER_S = 30.0  # as vLLM's thread does
 # How far up the stack the tier's constructor may be from EngineCoreProc's.
 _MAX_FRAMES = 64
 
@@ -112,7 +113,7 @@ class _NotifyThread:
         poller = select.poll()
         poller.register(self._fd, select.POLLIN)
         poller.register(self._stop_r, select.POLLIN)
-        while True:
+        while not self._stopping.is_set():
             try:
                 events = poller.poll(_WAIT_MS)
             except InterruptedError:
@@ -164,18 +165,19 @@ class EngineWaker(_NotifyThread):
 
 
 class EarlyPoller(_NotifyThread):
-    """On a vLLM with a tier-poll thread (0.33), runs the manager's poll round
+    """On a vLLM with a tier-poll thread (0.33), runs the tier's poll round
     as soon as the library signals, instead of when vLLM's thread next wakes
     (every tier_poll_interval_s, 1 ms by default): a producer answers a
     peer's lookup, and a finished job is accounted, without waiting out the
-    interval. The round is the one vLLM's thread runs (manager.poll_tiers()
-    under manager.lock), so its rules hold: the lock covers the whole round.
+    interval. The round is vLLM's (poll_tiers()) narrowed to this tier, run
+    under the manager's lock, which covers the whole round as vLLM requires.
     """
 
     def __init__(self, notify_fd: int, lock: Any, poll: Callable[[], None], name: str) -> None:
         self._lock = lock
         self._poll = poll
-        self._failures_logged_at = 0.0
+        self._failing_since: float | None = None
+        self._failure_logged_at = 0.0
         super().__init__(notify_fd, name)
 
     def _signalled(self) -> None:
@@ -188,14 +190,27 @@ class EarlyPoller(_NotifyThread):
                 if self._stopping.is_set():
                     return
                 self._poll()
+                self._failing_since = None
             except Exception:
-                now = time.monotonic()
-                if now - self._failures_logged_at >= _ERROR_LOG_INTERVAL_S:
-                    self._failures_logged_at = now
-                    logger.exception("peerkv: an early tier-poll round failed; vLLM's own rounds go on")
+                self._failed()
             finally:
                 self._lock.release()
             break
         # Python locks are not fair: pause before the next round so a
         # scheduler thread waiting for the lock gets it (as vLLM's thread does).
         self._stopping.wait(_MIN_ROUND_GAP_S)
+
+    def _failed(self) -> None:
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        if now - self._failing_since >= _GIVE_UP_AFTER_S:
+            logger.error(
+                "peerkv: early tier-poll rounds failed for %.0f s; stopping them (vLLM's own rounds go on)",
+                _GIVE_UP_AFTER_S,
+            )
+            self._stopping.set()  # the thread ends at its next wait
+            return
+        if now - self._failure_logged_at >= _ERROR_LOG_INTERVAL_S:
+            self._failure_logged_at = now
+            logger.exception("peerkv: an early tier-poll round failed; vLLM's own rounds go on")

@@ -138,12 +138,12 @@ SIGNATURES: dict[str, tuple[type | None, tuple]] = {
 # These calls wait at most for the library's lock, which its own goroutines
 # hold only for bounded work (one frame, one batch of registrations, one
 # data-path post) and never while blocked; the library never calls Python.
-# Calls that wait for something (create, drain, shutdown, destroy) or may
-# take long (info probes the GPUs) release the GIL.
+# Calls that wait for something (create, probe, drain, shutdown, destroy) or
+# may take long (info probes the GPUs) release the GIL.
 KEEPS_GIL = frozenset({
     "peerkv_abi_version", "peerkv_version", "peerkv_take_logs", "peerkv_news",
     "peerkv_request_start", "peerkv_request_lookup_mode", "peerkv_request_finish",
-    "peerkv_lookup", "peerkv_lookup_many", "peerkv_on_schedule_end", "peerkv_take_answers", "peerkv_probe",
+    "peerkv_lookup", "peerkv_lookup_many", "peerkv_on_schedule_end", "peerkv_take_answers",
     "peerkv_submit_load", "peerkv_submit_store", "peerkv_get_finished", "peerkv_has_pending_work",
     "peerkv_next_inbound", "peerkv_answer_inbound", "peerkv_notify_fd", "peerkv_stats",
 })

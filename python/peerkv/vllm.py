@@ -773,19 +773,19 @@ class PeerKVTier(SecondaryTierManager):
 
     def _start_early_poller(self, parent: ParentManager) -> None:
         """Called on vLLM's tier-poll thread or the scheduler's, manager lock
-        held: start the EarlyPoller for the manager behind parent."""
+        held: start the EarlyPoller running this tier's round of the manager
+        behind parent."""
         self._early_poll_tried = True
-        manager = _compat.tiering_manager(parent)
-        if manager is None or self._peer is None:
+        found = _compat.tier_poll_round(parent, self)
+        if found is None or self._peer is None:
             logger.info(
                 "PeerKVTier %s: vLLM's manager is not reachable from its parent handle; "
                 "peers are served at vLLM's tier_poll_interval_s.",
                 self._local_id,
             )
             return
-        self._early_poller = EarlyPoller(
-            self._peer.notify_fd(), manager.lock, manager.poll_tiers, name="peerkv-early-poll"
-        )
+        lock, round_ = found
+        self._early_poller = EarlyPoller(self._peer.notify_fd(), lock, round_, name="peerkv-early-poll")
 
     def _log_once(self, key: str, fmt: str, *args: Any) -> None:
         if key in self._logged_once:

