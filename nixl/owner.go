@@ -181,8 +181,11 @@ func (t *Transport) runPosts() {
 
 func (t *Transport) postWrite(w post) error {
 	p, ok := t.peers[w.peerID]
-	if !ok {
+	if !ok || p.gen != w.gen {
 		return fmt.Errorf("nixl transport: write to peer %s: %w (removed before its write was posted)", w.peerID, data.ErrUnknownPeer)
+	}
+	if waited := time.Since(w.queued); waited > t.opts.CallTimeout {
+		return fmt.Errorf("nixl transport: write to peer %s: %w (it waited %v to be posted)", w.peerID, ErrOwnerBusy, waited)
 	}
 	req, done, err := t.agent.postWrite(t.local, p.dlist, w.src, w.dst)
 	if err != nil {
@@ -216,14 +219,17 @@ func (t *Transport) addPeer(peerID string, info data.PeerInfo) error {
 		_ = t.agent.invalidateRemote(name)
 		return fmt.Errorf("nixl transport: peer %s descriptors: %w", peerID, err)
 	}
-	t.peers[peerID] = &peer{nixlName: name, dlist: dlist, numRows: info.NumRows}
-	t.posts.setRows(peerID, info.NumRows)
+	gen := t.posts.register(peerID, info.NumRows)
+	t.peers[peerID] = &peer{nixlName: name, dlist: dlist, numRows: info.NumRows, gen: gen}
 	return nil
 }
 
 // removePeer fails the peer's running transfers with cause, then releases
 // its descriptors and metadata. Release errors leave nothing to retry.
 func (t *Transport) removePeer(peerID string, cause error) {
+	for _, w := range t.posts.forget(peerID) {
+		t.completions.push(data.Completion{PeerID: peerID, ID: w.id, Err: fmt.Errorf("nixl transport: write to peer %s: %w before it was posted", peerID, cause)})
+	}
 	p, ok := t.peers[peerID]
 	if !ok {
 		return
@@ -234,7 +240,6 @@ func (t *Transport) removePeer(peerID string, cause error) {
 		}
 	}
 	delete(t.peers, peerID)
-	t.posts.setRows(peerID, 0)
 	_ = t.agent.releaseDlist(p.dlist)
 	_ = t.agent.invalidateRemote(p.nixlName)
 }

@@ -5,30 +5,43 @@ package nixl
 */
 import "C"
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
-// post is a write waiting for the owner goroutine.
+// post is a write waiting for the owner goroutine. It is bound to the
+// registration of its peer that Write checked its rows against (gen), never
+// to a later one under the same peer id.
 type post struct {
 	id       uint64
 	peerID   string
+	gen      uint64
 	src, dst []C.int
+	queued   time.Time
+}
+
+// registration is what Write needs of an added peer.
+type registration struct {
+	numRows, gen uint64
 }
 
 // postQueue hands writes to the owner goroutine without waiting for it, and
-// keeps the row count of each added peer so Write can check rows at once.
-// After close it takes no more: every write it took is posted by the owner
-// or handed back by close, to be reported.
+// keeps each added peer's registration so Write can check rows at once.
+// Every write it takes is posted by the owner, or handed back (by forget,
+// when its peer goes, or by close) to be reported failed.
 type postQueue struct {
 	wake chan struct{} // one token: the owner has posts to take
 
-	mu     sync.Mutex
-	queued []post
-	rows   map[string]uint64 // peers the owner added, by id
-	closed bool
+	mu      sync.Mutex
+	queued  []post
+	peers   map[string]registration // peers the owner added, by id
+	lastGen uint64
+	closed  bool
 }
 
 func newPostQueue() postQueue {
-	return postQueue{wake: make(chan struct{}, 1), rows: map[string]uint64{}}
+	return postQueue{wake: make(chan struct{}, 1), peers: map[string]registration{}}
 }
 
 // push queues w; false once closed.
@@ -66,20 +79,37 @@ func (q *postQueue) close() []post {
 	return w
 }
 
-// setRows records an added peer's row count; 0 forgets the peer.
-func (q *postQueue) setRows(peerID string, n uint64) {
+// register records an added peer and returns its registration's
+// generation.
+func (q *postQueue) register(peerID string, numRows uint64) uint64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if n == 0 {
-		delete(q.rows, peerID)
-	} else {
-		q.rows[peerID] = n
-	}
+	q.lastGen++
+	q.peers[peerID] = registration{numRows: numRows, gen: q.lastGen}
+	return q.lastGen
 }
 
-func (q *postQueue) rowsOf(peerID string) (uint64, bool) {
+// forget drops a peer's registration and returns its writes not yet taken.
+func (q *postQueue) forget(peerID string) []post {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	n, ok := q.rows[peerID]
-	return n, ok
+	delete(q.peers, peerID)
+	var gone []post
+	kept := q.queued[:0]
+	for _, w := range q.queued {
+		if w.peerID == peerID {
+			gone = append(gone, w)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	q.queued = kept
+	return gone
+}
+
+func (q *postQueue) registered(peerID string) (registration, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	r, ok := q.peers[peerID]
+	return r, ok
 }

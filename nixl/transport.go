@@ -153,6 +153,7 @@ type peer struct {
 	nixlName string
 	dlist    C.nixl_dlist_handle
 	numRows  uint64
+	gen      uint64 // its registration in posts
 }
 
 type transfer struct {
@@ -256,9 +257,9 @@ func (t *Transport) RemovePeer(peerID string) {
 // Write posts one WRITE of local rows src[i] into the peer's rows dst[i].
 // It checks the rows and queues the post for the owner goroutine without
 // waiting for it: callers hold the tier's lock, and the owner may be busy
-// for a while adding a peer (loading its metadata). A post that fails on
-// the owner (the peer was removed meanwhile, NIXL refused) is reported as
-// the transfer's completion.
+// for a while adding a peer (loading its metadata). A write that is not
+// posted (its peer was removed or re-added meanwhile, it waited longer than
+// CallTimeout, NIXL refused it) is reported failed as its completion.
 func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 	if len(src) != len(dst) {
 		return 0, fmt.Errorf("nixl transport: %d source rows but %d destination rows", len(src), len(dst))
@@ -278,19 +279,19 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 		}
 		srcIdx[i] = C.int(row)
 	}
-	peerRows, ok := t.posts.rowsOf(peerID)
+	reg, ok := t.posts.registered(peerID)
 	if !ok {
 		return 0, fmt.Errorf("%w: %s", data.ErrUnknownPeer, peerID)
 	}
 	dstIdx := make([]C.int, len(dst))
 	for i, row := range dst {
-		if row >= peerRows {
-			return 0, fmt.Errorf("%w: peer %s row %d of %d", data.ErrRowOutOfRange, peerID, row, peerRows)
+		if row >= reg.numRows {
+			return 0, fmt.Errorf("%w: peer %s row %d of %d", data.ErrRowOutOfRange, peerID, row, reg.numRows)
 		}
 		dstIdx[i] = C.int(row)
 	}
 	id := t.nextID.Add(1)
-	if !t.posts.push(post{id: id, peerID: peerID, src: srcIdx, dst: dstIdx}) {
+	if !t.posts.push(post{id: id, peerID: peerID, gen: reg.gen, src: srcIdx, dst: dstIdx, queued: time.Now()}) {
 		return 0, data.ErrClosed
 	}
 	return id, nil

@@ -190,7 +190,8 @@ func TestWriteErrors(t *testing.T) {
 
 // Write is called under the tier's lock: it must not wait while the owner
 // goroutine is busy (adding a peer loads its metadata). A write queued then
-// is posted afterwards, or reported failed if its peer went meanwhile.
+// is posted afterwards, or reported failed if its peer went (or went and
+// came back) meanwhile.
 func TestWriteDoesNotWaitForABusyOwner(t *testing.T) {
 	requireNIXL(t)
 	a, b := newTestTransport(t, 11), newTestTransport(t, 12)
@@ -244,10 +245,26 @@ func TestWriteDoesNotWaitForABusyOwner(t *testing.T) {
 	applyWrite(want, fillPattern(11, testRows*testRowLen), []uint64{2}, []uint64{5}, testRowLen)
 	expectRegion(t, "b", b.opts.Region.Mem, want, testRowLen)
 
-	release = busyOwner(func() { a.removePeer("b", ErrPeerRemoved) }) // before the queued post runs
+	// The peer goes and comes back (a new session) before the queued post
+	// runs: the write fails and its rows never reach the new registration.
+	release = busyOwner(func() {
+		a.removePeer("b", ErrPeerRemoved)
+		if err := a.addPeer("b", infoOf(b)); err != nil {
+			t.Error(err)
+		}
+	})
 	id = timedWrite(3, 6)
 	release()
-	if err := completion(id); !errors.Is(err, data.ErrUnknownPeer) {
+	if err := completion(id); !errors.Is(err, ErrPeerRemoved) {
+		t.Fatalf("write whose peer was re-added before it was posted: %v", err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	expectRegion(t, "b", b.opts.Region.Mem, want, testRowLen)
+
+	release = busyOwner(func() { a.removePeer("b", ErrPeerRemoved) })
+	id = timedWrite(3, 6)
+	release()
+	if err := completion(id); !errors.Is(err, ErrPeerRemoved) {
 		t.Fatalf("write whose peer went before it was posted: %v", err)
 	}
 	if _, err := a.Write("b", []uint64{0}, []uint64{0}); !errors.Is(err, data.ErrUnknownPeer) {

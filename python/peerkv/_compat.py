@@ -114,23 +114,28 @@ def tier_poll_round(parent: object, tier: object) -> tuple[object, Callable[[], 
     vLLM passes the tier's serve_external_requests; None when this release
     keeps what it needs elsewhere.
 
-    It is TieringOffloadingManager.poll_tiers() for [tier] alone, so a round
-    run from the tier's own thread never drives another tier, which vLLM may
-    be shutting down meanwhile: the per-step gate held shut (a lookup made
-    while serving must not poll every tier), the tier's finished jobs
-    processed, then its serve. Call it with the lock held.
+    It is TieringOffloadingManager.poll_tiers() for [tier] alone: the
+    per-step gate held shut (a lookup made while serving must not poll every
+    tier), the tier's finished jobs processed, then its serve. Serving looks
+    keys up in the other tiers too, so no round runs once vLLM has begun to
+    shut the manager down (it stops its own tier-poll thread first, then shuts
+    the tiers down one by one). Call it with the lock held.
     """
     manager = getattr(parent, "_m", None)
     lock = getattr(manager, "lock", None)
     process = getattr(manager, "_process_finished_jobs", None)
+    stopping = getattr(getattr(manager, "_tier_poll_stop", None), "is_set", None)
     if (
         not callable(getattr(lock, "acquire", None))
         or not callable(process)
+        or not callable(stopping)
         or not isinstance(getattr(manager, "_processed_jobs_this_step", None), bool)
     ):
         return None
 
     def round_() -> None:
+        if stopping():
+            return
         gate = manager._processed_jobs_this_step
         manager._processed_jobs_this_step = True
         try:

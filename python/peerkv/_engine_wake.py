@@ -42,7 +42,10 @@ _WAIT_MS = 1000
 _LOCK_WAIT_S = 0.1
 _MIN_ROUND_GAP_S = 0.001  # vLLM's own thread pauses as long between rounds
 _ERROR_LOG_INTERVAL_S = 10.0
-_GIVE_UP_AFTER_S = 30.0  # as vLLM's thread does
+# Rounds that fail for this long, this many in a row, stop the poller (as
+# vLLM's thread stops after 30 s of failed rounds; ours run only on signals).
+_GIVE_UP_AFTER_S = 30.0
+_GIVE_UP_AFTER_FAILURES = 100
 # How far up the stack the tier's constructor may be from EngineCoreProc's.
 _MAX_FRAMES = 64
 
@@ -177,6 +180,7 @@ class EarlyPoller(_NotifyThread):
         self._lock = lock
         self._poll = poll
         self._failing_since: float | None = None
+        self._failures = 0  # in a row
         self._failure_logged_at = 0.0
         super().__init__(notify_fd, name)
 
@@ -190,7 +194,7 @@ class EarlyPoller(_NotifyThread):
                 if self._stopping.is_set():
                     return
                 self._poll()
-                self._failing_since = None
+                self._failing_since, self._failures = None, 0
             except Exception:
                 self._failed()
             finally:
@@ -204,7 +208,8 @@ class EarlyPoller(_NotifyThread):
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
-        if now - self._failing_since >= _GIVE_UP_AFTER_S:
+        self._failures += 1
+        if now - self._failing_since >= _GIVE_UP_AFTER_S and self._failures >= _GIVE_UP_AFTER_FAILURES:
             logger.error(
                 "peerkv: early tier-poll rounds failed for %.0f s; stopping them (vLLM's own rounds go on)",
                 _GIVE_UP_AFTER_S,

@@ -163,6 +163,7 @@ class _FakeManager:
         import threading
 
         self.lock = threading.Lock()
+        self._tier_poll_stop = threading.Event()
         self._processed_jobs_this_step = False
         self.processed: list[list] = []
         self.gate_during: list[bool] = []
@@ -196,6 +197,10 @@ def test_tier_poll_round_drives_only_its_tier_with_the_step_gate_shut():
     assert tier.served == [parent]
     assert manager.gate_during == [True], "the per-step gate was open during the round"
     assert manager._processed_jobs_this_step is False, "the gate was not put back"
+    manager._tier_poll_stop.set()  # vLLM's shutdown has begun
+    with lock:
+        round_()
+    assert tier.served == [parent] and len(manager.processed) == 1, "a round ran during shutdown"
 
 
 def test_tier_poll_round_needs_a_manager_it_knows():
