@@ -130,23 +130,12 @@ SIGNATURES: dict[str, tuple[type | None, tuple]] = {
 }
 
 
-# Calls that return within microseconds keep the GIL: releasing it costs more
-# than they do, since getting it back waits behind whichever Python thread
-# took it meanwhile, up to a switch interval (5 ms) behind a busy scheduler
-# thread. Measured from a thread calling has_pending_work every 1 ms while
-# another thread runs Python: p90 80 us keeping the GIL, 5.4 ms releasing it.
-# These calls wait at most for the library's lock, which its own goroutines
-# hold only for bounded work (one frame, one batch of registrations, one
-# data-path post) and never while blocked; the library never calls Python.
-# Calls that wait for something (create, probe, drain, shutdown, destroy) or
-# may take long (info probes the GPUs) release the GIL.
-KEEPS_GIL = frozenset({
-    "peerkv_abi_version", "peerkv_version", "peerkv_take_logs", "peerkv_news",
-    "peerkv_request_start", "peerkv_request_lookup_mode", "peerkv_request_finish",
-    "peerkv_lookup", "peerkv_lookup_many", "peerkv_on_schedule_end", "peerkv_take_answers",
-    "peerkv_submit_load", "peerkv_submit_store", "peerkv_get_finished", "peerkv_has_pending_work",
-    "peerkv_next_inbound", "peerkv_answer_inbound", "peerkv_notify_fd", "peerkv_stats",
-})
+# Calls that never take the peer's state lock keep the GIL: releasing it
+# costs more than they do (getting it back can wait a switch interval behind
+# another thread). Every other call releases it: the lock can be held for a
+# moment by the library's own threads, and a thread waiting for it while
+# holding the GIL would stall the whole process.
+KEEPS_GIL = frozenset({"peerkv_abi_version", "peerkv_version", "peerkv_take_logs", "peerkv_news"})
 
 
 def library_path() -> Path:
