@@ -133,8 +133,8 @@ SIGNATURES: dict[str, tuple[type | None, tuple]] = {
 # Calls that never take the peer's state lock keep the GIL: releasing it
 # costs more than they do (getting it back can wait a switch interval behind
 # another thread). Every other call releases it: the lock can be held for a
-# moment by the library's own threads, and a thread waiting for it while
-# holding the GIL would stall the whole process.
+# moment by the library's own threads (a data-path call under way), and a
+# thread waiting for it while holding the GIL would stall the whole process.
 KEEPS_GIL = frozenset({"peerkv_abi_version", "peerkv_version", "peerkv_take_logs", "peerkv_news"})
 
 
