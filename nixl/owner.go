@@ -220,7 +220,7 @@ func (t *Transport) addPeer(peerID string, info data.PeerInfo) error {
 		return fmt.Errorf("nixl transport: peer %s descriptors: %w", peerID, err)
 	}
 	gen := t.posts.register(peerID, info.NumRows)
-	t.peers[peerID] = &peer{nixlName: name, dlist: dlist, numRows: info.NumRows, gen: gen}
+	t.peers[peerID] = &peer{nixlName: name, dlist: dlist, gen: gen}
 	return nil
 }
 

@@ -152,8 +152,7 @@ type Transport struct {
 type peer struct {
 	nixlName string
 	dlist    C.nixl_dlist_handle
-	numRows  uint64
-	gen      uint64 // its registration in posts
+	gen      uint64 // its registration in posts, which holds its row count
 }
 
 type transfer struct {

@@ -30,7 +30,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -192,7 +191,7 @@ func runParent(p params) error {
 		return fmt.Errorf("child said %q, expected its raw TCP address", line)
 	}
 
-	mem := median(measureMemcpy(src.Mem, p.iters))
+	mem := benchproc.Median(measureMemcpy(src.Mem, p.iters))
 	rates := map[string]float64{}
 	paths := []struct {
 		name string
@@ -287,7 +286,7 @@ func measurePath(open func() (data.Transport, error), info data.PeerInfo, p para
 			rates = append(rates, total/time.Since(start).Seconds()/1e9)
 		}
 	}
-	return median(rates), nil
+	return benchproc.Median(rates), nil
 }
 
 // verify asks the child to compare its region's checksum with want.
@@ -341,10 +340,4 @@ func fillRandom(b []byte) {
 	for i := 0; i+8 <= len(b); i += 8 {
 		binary.LittleEndian.PutUint64(b[i:], rng.Uint64())
 	}
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

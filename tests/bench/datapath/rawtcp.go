@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/tests/bench/internal/benchproc"
 )
 
 const rawHeaderLen = 16 // offset u64 | length u64
@@ -100,7 +101,7 @@ func measureRawTCP(addr string, src []byte, p params) (float64, error) {
 			rates = append(rates, float64(len(src))/time.Since(start).Seconds()/1e9)
 		}
 	}
-	return median(rates), nil
+	return benchproc.Median(rates), nil
 }
 
 func sendRawPart(c net.Conn, b []byte, off uint64) error {

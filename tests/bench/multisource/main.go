@@ -327,7 +327,7 @@ func (c *consumer) fromSources() error {
 			}
 			secs = append(secs, s)
 		}
-		gbps := c.bytes() / median(secs) / 1e9
+		gbps := c.bytes() / benchproc.Median(secs) / 1e9
 		if n == 1 {
 			base = gbps
 		}
@@ -336,7 +336,7 @@ func (c *consumer) fromSources() error {
 			plural = ""
 		}
 		fmt.Printf("multisource: %dx%dMiB from %d source%s: %.2f GB/s (load %.3f s) x%.2f\n",
-			c.p.rows, c.p.rowMiB, n, plural, gbps, median(secs), gbps/base)
+			c.p.rows, c.p.rowMiB, n, plural, gbps, benchproc.Median(secs), gbps/base)
 	}
 	st := t.Stats()
 	fmt.Printf("multisource: verified every row; loads spread %d, kv ids minted %d\n", st.LoadsSpread, st.KVIDsMinted)
@@ -379,7 +379,7 @@ func (c *consumer) sameHost() error {
 			copy(c.region.Mem, src.Mem)
 			copies = append(copies, time.Since(start).Seconds())
 		}
-		load, mem := median(secs), median(copies)
+		load, mem := benchproc.Median(secs), benchproc.Median(copies)
 		fmt.Printf("multisource: same host (shm) %dx%dMiB, %s region: %.2f GB/s (load %.3f s); memcpy %.2f GB/s; time ÷ memcpy %.2f\n",
 			c.p.rows, c.p.rowMiB, mode.name, c.bytes()/load/1e9, load, c.bytes()/mem/1e9, load/mem)
 	}
@@ -396,12 +396,6 @@ func dropPages(r data.Region) {
 	if err := unix.Madvise(r.Mem, unix.MADV_REMOVE); err != nil {
 		panic(fmt.Sprintf("madvise(MADV_REMOVE): %v", err))
 	}
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // pull looks the whole prompt up at the sources, then times its load.
