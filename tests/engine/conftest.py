@@ -4,7 +4,7 @@ through peerkv's reference proxy.
 
 The engines start once per session (about a minute each on two cores):
 
-    A, B, C   peerkv tier (PeerKVTier); A on core 0, B and C on core 1 (make test-engine)
+    A, B, C   peerkv tier (PeerKVTier); A on core 0, B on 1, C on 2 (on 1 with 2 cores)
     A, S      with PEERKV_ENGINE_STOCK=1 (make test-engine-mixed, test_mixed.py):
               A beside S, an engine with stock vLLM's "p2p" tier. Only these
               two run then: stock's tier keeps its engine stepping, a core
@@ -52,10 +52,11 @@ class Cluster:
             self.all = [self.a, self.s]
         else:
             self.b = engines.Engine("B", model, LOGS, core=core(1))
-            # Not on A's core: while C holds pinned rows for A, vLLM keeps
+            # Never on A's core: while C holds pinned rows for A, vLLM keeps
             # C stepping, and its worker spinning on A's core starved A's
             # worker until the pins expired (the chain test, 30 s stalls).
-            self.c = engines.Engine("C", model, LOGS, core=core(1))
+            # A core of its own where there is one; else B's.
+            self.c = engines.Engine("C", model, LOGS, core=core(2) if (os.cpu_count() or 1) > 2 else core(1))
             self.all = [self.a, self.b, self.c]
 
     def start(self) -> None:
