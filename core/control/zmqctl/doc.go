@@ -12,9 +12,11 @@
 //
 // All sockets belong to one pump goroutine (libzmq sockets are not thread
 // safe). Public methods append commands to a queue and wake the pump
-// through an eventfd; the pump blocks in epoll_wait on the sockets'
+// through an eventfd; the pump waits on an epoll set of the sockets'
 // ZMQ_FD descriptors when idle, registered once per socket, so a message
-// costs the same with 1 or 64 peers. One exception: a Send with nothing
+// costs the same with 1 or 64 peers. It parks in Go's network poller on
+// that set rather than blocking a thread in epoll_wait, which would hold a
+// P and leave goroutines it (or a host call) readied waiting for sysmon. One exception: a Send with nothing
 // queued ahead of it, to a peer whose DEALER is open and not stalled, is
 // handed to that DEALER by the caller under the transport's mutex (the
 // pump uses DEALERs only under it and never while it waits; the mutex is
@@ -126,6 +128,6 @@
 // A Send to a connected peer wakes no pump; a queued command costs one
 // eventfd write, coalesced across concurrent callers. tests/bench/zmqfloor
 // compares a round trip A→B→A with raw pebbe sockets and pyzmq in one run
-// (2-core loopback VM: ~1.1–1.9× the raw Go floor). Idle transports block
-// in epoll_wait and use no CPU.
+// (2-core loopback VM: ~1.1–1.9× the raw Go floor). Idle transports are
+// parked in Go's poller and use no CPU.
 package zmqctl

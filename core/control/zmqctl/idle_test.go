@@ -1,6 +1,10 @@
 package zmqctl
 
 import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -16,8 +20,8 @@ func processCPU(t *testing.T) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// The pump blocks in zmq_poll when idle: connected, heartbeating
-// transports must not burn a core.
+// The pump waits parked when idle: connected, heartbeating transports must
+// not burn a core.
 func TestIdleTransportsUseAlmostNoCPU(t *testing.T) {
 	a := newTestTransport(t, Options{})
 	b := newTestTransport(t, Options{})
@@ -32,4 +36,39 @@ func TestIdleTransportsUseAlmostNoCPU(t *testing.T) {
 	used := processCPU(t) - before
 	t.Logf("CPU over %v idle: %v", idle, used)
 	assert.Less(t, used, idle/50, "more than 2%% of a core while idle")
+}
+
+// An idle pump parks in Go's poller: no thread of the process sits in
+// epoll_wait on its epoll set. A thread blocked there would hold one of the
+// process's Ps, and a goroutine readied meanwhile (the tier's loop, woken by
+// a host call) would wait for sysmon to take that P back, up to 10 ms.
+func TestIdlePumpBlocksNoThreadInEpollWait(t *testing.T) {
+	a := newTestTransport(t, Options{})
+	b := newTestTransport(t, Options{})
+	require.NoError(t, a.Send(b.LocalID(), []byte("x")))
+	nextEvent(t, b, 5*time.Second)
+	time.Sleep(50 * time.Millisecond) // both pumps back to waiting
+
+	epfds := map[uint64]bool{uint64(a.pump.epfd): true, uint64(b.pump.epfd): true}
+	// x86_64 and arm64 numbers of epoll_wait, epoll_pwait, epoll_pwait2.
+	waits := map[int]bool{232: true, 281: true, 441: true, 22: true}
+	tasks, err := filepath.Glob("/proc/self/task/*/syscall")
+	require.NoError(t, err)
+	require.NotEmpty(t, tasks)
+	seen := 0
+	for _, path := range tasks {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			continue // the thread exited
+		}
+		f := strings.Fields(string(raw))
+		if len(f) < 2 {
+			continue // running
+		}
+		seen++
+		nr, _ := strconv.Atoi(f[0])
+		fd, _ := strconv.ParseUint(strings.TrimPrefix(f[1], "0x"), 16, 64)
+		assert.False(t, waits[nr] && epfds[fd], "%s: a thread is blocked in epoll_wait on a pump's epoll set (%s)", path, strings.TrimSpace(string(raw)))
+	}
+	require.NotZero(t, seen, "no thread of the process was seen blocked in a syscall")
 }

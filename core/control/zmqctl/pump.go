@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"runtime"
+	"os"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -41,9 +41,10 @@ type fdTarget struct {
 }
 
 // pump owns every socket of a Transport and runs on one goroutine. It waits
-// in epoll_wait on the sockets' ZMQ_FD descriptors (no libzmq call while it
-// waits), so registering a peer costs one epoll_ctl and a wake-up touches
-// only what became ready. Outside the ROUTER reads it works under t.mu, which
+// on an epoll set of the sockets' ZMQ_FD descriptors (no libzmq call while
+// it waits), so registering a peer costs one epoll_ctl and a wake-up touches
+// only what became ready. The epoll set is itself waited on through Go's
+// network poller (see wait). Outside the ROUTER reads it works under t.mu, which
 // also hands idle DEALERs to Send's direct path (see Transport.enqueue).
 type pump struct {
 	t        *Transport
@@ -59,6 +60,8 @@ type pump struct {
 	timed map[*peerConn]struct{}
 
 	epfd                    int
+	epoll                   *os.File // owns epfd once set: Go's poller watches it
+	epollConn               syscall.RawConn
 	fds                     map[int32]fdTarget
 	events                  []unix.EpollEvent
 	ready                   []fdTarget // monitors and DEALERs that polled ready
@@ -96,8 +99,8 @@ func newPump(t *Transport, bind endpoint) (p *pump, err error) {
 		return p, fmt.Errorf("bind %s: %w", bind.addr, err)
 	}
 	p.bound = true
-	if p.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
-		return p, fmt.Errorf("epoll_create1: %w", err)
+	if err = p.openEpoll(); err != nil {
+		return p, err
 	}
 	if t.wake, err = newWaker(); err != nil {
 		return p, fmt.Errorf("waker: %w", err)
@@ -115,6 +118,28 @@ func newPump(t *Transport, bind endpoint) (p *pump, err error) {
 		return p, err
 	}
 	return p, nil
+}
+
+// openEpoll creates the epoll set, non-blocking, and hands it to Go's
+// network poller: an epoll descriptor is readable while events are ready.
+func (p *pump) openEpoll() error {
+	fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("epoll_create1: %w", err)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		_ = unix.Close(fd)
+		return fmt.Errorf("epoll set non-blocking: %w", err)
+	}
+	p.epfd, p.epoll = fd, os.NewFile(uintptr(fd), "zmqctl-epoll")
+	// A deadline can be set only on a file the poller took.
+	if err := p.epoll.SetReadDeadline(time.Time{}); err != nil {
+		return fmt.Errorf("epoll set is not pollable by the Go runtime: %w", err)
+	}
+	if p.epollConn, err = p.epoll.SyscallConn(); err != nil {
+		return fmt.Errorf("epoll raw conn: %w", err)
+	}
+	return nil
 }
 
 // watch adds fd to the epoll set. A ZMQ_FD is readable when the socket has
@@ -209,23 +234,40 @@ func (p *pump) run() {
 	}
 }
 
-// wait blocks in epoll_wait for a wake-up, ROUTER input, a monitor event,
-// room on a stalled DEALER or the next deadline, and notes what is ready.
+// wait parks until a wake-up, ROUTER input, a monitor event, room on a
+// stalled DEALER or the next deadline, and notes what is ready.
+//
+// The pump parks in Go's network poller, not in a blocking epoll_wait: a
+// thread blocked in a syscall keeps its P, and a goroutine another thread
+// readied (the tier's loop, woken by a host call returning to C) waited in
+// that P's run queue until sysmon took the P back, up to 10 ms, on a host
+// with few Ps. Parked, the pump leaves its P free to run it at once.
 func (p *pump) wait(timeout time.Duration) error {
-	// epoll_wait is a blocking syscall: sysmon hands this goroutine's P to
-	// another thread only after 20 µs to 10 ms, and a goroutine we just
-	// readied (an Events reader) would wait in its run queue. Yield first.
-	runtime.Gosched()
-	ms := -1
-	if timeout >= 0 {
-		ms = int((timeout + time.Millisecond - 1) / time.Millisecond) // round up: no busy loop
+	n := 0
+	var werr error
+	poll := func(fd uintptr) bool {
+		n, werr = unix.EpollWait(int(fd), p.events, 0)
+		return n > 0 || werr != nil
 	}
-	n, err := unix.EpollWait(p.epfd, p.events, ms)
-	if err != nil {
-		if errors.Is(err, unix.EINTR) {
+	if timeout == 0 {
+		poll(uintptr(p.epfd))
+	} else {
+		var deadline time.Time // none: wake-ups end the wait
+		if timeout > 0 {
+			deadline = time.Now().Add(timeout)
+		}
+		if err := p.epoll.SetReadDeadline(deadline); err != nil {
+			return fmt.Errorf("epoll deadline: %w", err)
+		}
+		if err := p.epollConn.Read(poll); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			return fmt.Errorf("wait on epoll: %w", err)
+		}
+	}
+	if werr != nil {
+		if errors.Is(werr, unix.EINTR) {
 			return nil
 		}
-		return fmt.Errorf("epoll_wait: %w", err)
+		return fmt.Errorf("epoll_wait: %w", werr)
 	}
 	woken := false
 	for _, ev := range p.events[:n] {
@@ -577,10 +619,13 @@ func (p *pump) closeSockets() {
 	if p.t.wake != nil {
 		p.t.wake.close()
 	}
-	if p.epfd >= 0 {
+	if p.epoll != nil {
+		_ = p.epoll.Close() // closes epfd, after taking it out of the poller
+		p.epoll = nil
+	} else if p.epfd >= 0 {
 		_ = unix.Close(p.epfd)
-		p.epfd = -1
 	}
+	p.epfd = -1
 }
 
 // closePeers runs under t.mu, which Send's direct path takes to use a

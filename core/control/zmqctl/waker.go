@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// waker lets any goroutine interrupt the pump's epoll_wait: an eventfd the
+// waker lets any goroutine interrupt the pump's wait: an eventfd the
 // pump watches, written by whoever queued a command. pending coalesces
 // wake-ups so a burst of commands costs one write; mu keeps a write from
 // racing with close (a closed fd number may be reused).

@@ -3,7 +3,13 @@
 //
 //   - lookup latency in an all-to-all mesh of -procs child processes with
 //     -peers-per-proc peers each (64 peers in 8 processes by default), and
-//     with the same code for 2 peers in 2 processes; the ratio of the p99s;
+//     with the same code for 2 peers in 2 processes, in two rounds: paced
+//     (requests start at -rate per second in all, Poisson, whatever is in
+//     flight: the same load for both meshes, so the ratio of the p99s shows
+//     what more peers cost) and closed (every peer keeps one request in
+//     flight: 32 times the requests of 2 peers, so on a small host the
+//     latency is what Little's law makes of the CPU, printed as such);
+//   - the CPU of all processes a lookup, above what the idle mesh uses;
 //   - what a session costs: RSS and open descriptors of one child before and
 //     after its peers connect to every other peer, divided by its sessions;
 //   - ZMQ contexts per process (libzmq starts one reaper thread per context,
@@ -11,16 +17,16 @@
 //
 // Every peer is a real node.Open on 127.0.0.1 (ZMQ control, -data-transport)
 // with its own memfd region, driven by a small host loop of its own, as an
-// engine's scheduler thread drives the tier: every -step (or at once when the
-// notification fd wakes it) it serves inbound lookups (HIT, pinned with a job
-// id, for the keys it holds, MISS otherwise), collects finished jobs and the
-// changed answers (News, TakeAnswers), and, while measuring, keeps one
-// request of its own in flight: StartRequest with remote_kv_source at a random
-// other peer, LookupMode, one LookupMany of -keys keys (all but one held by
-// that peer), and the answers until none is RETRY; then FinishRequest. The
-// latency is from StartRequest to the last answer. Before measuring, every
-// peer connects to every other (a one-key lookup each way the mesh needs),
-// so sessions are not opened while timed.
+// engine's scheduler thread drives the tier: every -step while a request of
+// its waits (or at once when the notification fd wakes it) it serves inbound
+// lookups (HIT, pinned with a job id, for the keys it holds, MISS
+// otherwise), collects finished jobs and the changed answers (News,
+// TakeAnswers), and starts the requests the round calls for: StartRequest
+// with remote_kv_source at a random other peer, LookupMode, one LookupMany
+// of -keys keys (all but one held by that peer), and the answers until none
+// is RETRY; then FinishRequest. The latency is from StartRequest to the last
+// answer. Before measuring, every peer connects to every other (a one-key
+// lookup each way the mesh needs), so sessions are not opened while timed.
 //
 // Children report to the parent in lines on stdout; the parent drives them
 // over stdin, and every wait is bounded. The CPU of all processes is printed
@@ -28,7 +34,9 @@
 // asking; libzmq's own threads apart): on a small host the figures depend on
 // it. Prints, e.g. (2 cores):
 //
-//	scale: 64 peers / 8 processes: lookup p50 34.87 ms p99 187.11 ms; 2 peers: p50 0.71 ms p99 4.03 ms; p99 ratio 46.46 (goal <= 2)
+//	scale: 64 peers / 8 processes at the 2 peers' load (1000 lookups/s in all): lookup p50 0.67 ms p99 4.97 ms; 2 peers: p50 0.38 ms p99 1.97 ms; p99 ratio 2.53 (goal <= 2)
+//	scale: CPU a lookup at that load, above the idle mesh's: 931 µs with 64 peers, 531 µs with 2 (ratio 1.75; ...)
+//	scale: saturated (one request in flight per peer): 64 peers p99 30.88 ms, 2 peers p99 0.87 ms (ratio 35.38): ...
 //	scale: per session: 98.8 KiB RSS, 5.00 fds (one process, 8 peers, 504 sessions: ...)
 //	scale: ZMQ contexts per process: [1] with 8 peers each (...)
 package main
@@ -79,6 +87,7 @@ type params struct {
 	maxPerHost      int
 	connectParallel int
 	idle            time.Duration
+	rate            float64
 }
 
 func main() {
@@ -90,7 +99,8 @@ func main() {
 	flag.DurationVar(&p.step, "step", time.Millisecond, "host loop step (the notification fd wakes it sooner)")
 	flag.StringVar(&p.transport, "data-transport", "tcp", "data_transport of every peer")
 	flag.IntVar(&p.connectParallel, "connect-parallel", 4, "connects each peer has in flight while the mesh forms")
-	flag.DurationVar(&p.idle, "idle", time.Second, "time the connected mesh is left idle (its CPU is measured)")
+	flag.DurationVar(&p.idle, "idle", 4*time.Second, "time the connected mesh is left idle (its CPU is measured; two ZMTP heartbeat intervals)")
+	flag.Float64Var(&p.rate, "rate", 1000, "lookups/s of the whole mesh in the paced round, the same for every mesh")
 	flag.IntVar(&p.maxPerHost, "max-peers-per-host", 64,
 		"max_peers_per_host of every peer (the default, 32, refuses part of a 64-peer mesh on one address)")
 	flag.Parse()
@@ -129,17 +139,42 @@ func parseMem(s string) (mem, error) {
 	return m, err
 }
 
+// The two rounds every mesh runs.
+const (
+	closedLoop = "closed" // every peer keeps one request in flight
+	paced      = "paced"  // requests start at -rate per second in all, whatever is in flight
+)
+
+var roundModes = []string{closedLoop, paced}
+
+// round is what one round of lookups measured in a mesh.
+type round struct {
+	lat           []time.Duration
+	failed, wrong int
+	wall          time.Duration // the longest child's
+	// CPU in cores (all processes) and the part of libzmq's threads.
+	cores, zmqCores float64
+}
+
+func (r *round) rate() float64 { return float64(len(r.lat)) / max(r.wall.Seconds(), 1e-9) }
+
+// cpuPerLookup is the CPU of all processes per lookup, and the same above
+// what the idle mesh uses anyway (heartbeats, host loops), in µs.
+func (r *round) cpuPerLookup(idleCores float64) (all, aboveIdle float64) {
+	n := float64(max(len(r.lat), 1))
+	return r.cores * r.wall.Seconds() / n * 1e6, max(r.cores-idleCores, 0) * r.wall.Seconds() / n * 1e6
+}
+
 // setup is what one mesh measured.
 type setup struct {
 	peers, procs  int
-	lat           []time.Duration
-	failed, wrong int
+	rounds        map[string]*round
 	before, after []mem // per child
 	connect       time.Duration
 	problems      []string
-	// CPU in cores (all processes): the idle connected mesh, and measuring;
-	// the part of libzmq's threads.
-	idleCores, idleZmq, cores, zmqCores float64
+	// CPU in cores (all processes) of the idle connected mesh; the part of
+	// libzmq's threads.
+	idleCores, idleZmq float64
 }
 
 func runParent(p params) error {
@@ -152,17 +187,31 @@ func runParent(p params) error {
 	if err != nil {
 		return fmt.Errorf("%d peers: %w", p.procs*p.perProc, err)
 	}
+	failed := 0
 	for _, s := range []*setup{small, large} {
-		fmt.Printf("scale: %d peers / %d processes: %d lookups of %d keys in %v (%.0f/s; %d failed, %d wrong answers), p50 %s p99 %s max %s; mesh connected in %v (%d at once per peer)\n",
-			s.peers, s.procs, len(s.lat), p.keys, p.duration, float64(len(s.lat))/p.duration.Seconds(), s.failed, s.wrong,
-			ms(pct(s.lat, 0.50)), ms(pct(s.lat, 0.99)), ms(pct(s.lat, 1)), s.connect.Round(time.Millisecond), p.connectParallel)
-		fmt.Printf("scale: %d peers: CPU of all processes: %.2f cores while looking up (libzmq threads %.2f), %.2f idle and connected (libzmq threads %.2f); this host has %d\n",
-			s.peers, s.cores, s.zmqCores, s.idleCores, s.idleZmq, runtime.NumCPU())
+		fmt.Printf("scale: %d peers / %d processes: mesh connected in %v (%d at once per peer); idle and connected, all processes use %.2f cores (libzmq threads %.2f); this host has %d\n",
+			s.peers, s.procs, s.connect.Round(time.Millisecond), p.connectParallel, s.idleCores, s.idleZmq, runtime.NumCPU())
+		for _, mode := range roundModes {
+			r := s.rounds[mode]
+			all, above := r.cpuPerLookup(s.idleCores)
+			fmt.Printf("scale: %d peers, %s: %d lookups of %d keys in %v (%.0f/s; %d failed, %d wrong answers), p50 %s p99 %s max %s; CPU %.2f cores (libzmq threads %.2f), %.0f µs a lookup (%.0f above the idle mesh's)\n",
+				s.peers, mode, len(r.lat), p.keys, r.wall.Round(time.Millisecond), r.rate(), r.failed, r.wrong,
+				ms(pct(r.lat, 0.50)), ms(pct(r.lat, 0.99)), ms(pct(r.lat, 1)), r.cores, r.zmqCores, all, above)
+			failed += r.failed + r.wrong
+		}
 	}
-	p99s, p99l := pct(small.lat, 0.99), pct(large.lat, 0.99)
-	fmt.Printf("scale: %d peers / %d processes: lookup p50 %s p99 %s; 2 peers: p50 %s p99 %s; p99 ratio %.2f (goal <= 2)\n",
-		large.peers, large.procs, ms(pct(large.lat, 0.5)), ms(p99l), ms(pct(small.lat, 0.5)), ms(p99s),
-		float64(p99l)/float64(max(p99s, 1)))
+	sp, lp := small.rounds[paced], large.rounds[paced]
+	fmt.Printf("scale: %d peers / %d processes at the 2 peers' load (%.0f lookups/s in all): lookup p50 %s p99 %s; 2 peers: p50 %s p99 %s; p99 ratio %.2f (goal <= 2)\n",
+		large.peers, large.procs, p.rate, ms(pct(lp.lat, 0.5)), ms(pct(lp.lat, 0.99)), ms(pct(sp.lat, 0.5)), ms(pct(sp.lat, 0.99)),
+		float64(pct(lp.lat, 0.99))/float64(max(pct(sp.lat, 0.99), 1)))
+	_, sAbove := sp.cpuPerLookup(small.idleCores)
+	_, lAbove := lp.cpuPerLookup(large.idleCores)
+	fmt.Printf("scale: CPU a lookup at that load, above the idle mesh's: %.0f µs with %d peers, %.0f µs with %d (ratio %.2f; the cost of a message does not grow with the peers when it is near 1)\n",
+		lAbove, large.peers, sAbove, small.peers, lAbove/max(sAbove, 1e-9))
+	sc, lc := small.rounds[closedLoop], large.rounds[closedLoop]
+	fmt.Printf("scale: saturated (one request in flight per peer): %d peers p99 %s, 2 peers p99 %s (ratio %.2f): %d requests always in flight at %.0f/s wait %.1f ms each on average (Little's law), whatever the number of peers\n",
+		large.peers, ms(pct(lc.lat, 0.99)), ms(pct(sc.lat, 0.99)), float64(pct(lc.lat, 0.99))/float64(max(pct(sc.lat, 0.99), 1)),
+		large.peers, lc.rate(), float64(large.peers)/max(lc.rate(), 1e-9)*1e3)
 
 	b, a := large.before[0], large.after[0]
 	if n := a.sessions - b.sessions; n > 0 {
@@ -195,7 +244,7 @@ func runParent(p params) error {
 		fmt.Println("scale: PROBLEM:", pr)
 	}
 	fmt.Printf("scale: whole run %v\n", time.Since(begin).Round(100*time.Millisecond))
-	if len(problems) > 0 || small.failed+large.failed+small.wrong+large.wrong > 0 {
+	if len(problems) > 0 || failed > 0 {
 		return errors.New("the run found problems (above)")
 	}
 	return nil
@@ -212,7 +261,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float
 
 // runSetup runs procs children of per peers each through one measurement.
 func runSetup(p params, procs, per int) (*setup, error) {
-	s := &setup{peers: procs * per, procs: procs}
+	s := &setup{peers: procs * per, procs: procs, rounds: map[string]*round{}}
 	children := make([]*benchproc.Child, 0, procs)
 	defer func() { // in parallel: a hung child costs its timeout once
 		var wg sync.WaitGroup
@@ -223,7 +272,7 @@ func runSetup(p params, procs, per int) (*setup, error) {
 		wg.Wait()
 	}()
 	for i := range procs {
-		c, err := benchproc.Start(setupBound+p.duration+lookupBound,
+		c, err := benchproc.Start(setupBound+time.Duration(len(roundModes))*(p.duration+lookupBound),
 			fmt.Sprintf("%s=%d", childEnv, per), fmt.Sprintf("%s=%d", baseEnv, i*per))
 		if err != nil {
 			return nil, err
@@ -287,40 +336,13 @@ func runSetup(p params, procs, per int) (*setup, error) {
 		}
 		s.after = append(s.after, m)
 	}
-	for _, c := range children {
-		if err := c.Println("go"); err != nil {
-			return nil, err
+	for _, mode := range roundModes {
+		r, err := runRound(children, mode, p.rate/float64(s.peers))
+		if err != nil {
+			return nil, fmt.Errorf("%s round: %w", mode, err)
 		}
+		s.rounds[mode] = r
 	}
-	for i := range children {
-		for {
-			line, err := children[i].ReadLine()
-			if err != nil {
-				return nil, fmt.Errorf("child %d: %w", i, err)
-			}
-			if rest, ok := strings.CutPrefix(line, "lat "); ok {
-				for _, f := range strings.Fields(rest) {
-					us, err := strconv.ParseInt(f, 10, 64)
-					if err != nil {
-						return nil, fmt.Errorf("child %d: bad lat line", i)
-					}
-					s.lat = append(s.lat, time.Duration(us)*time.Microsecond)
-				}
-				continue
-			}
-			var failed, wrong int
-			var cores, zmqCores float64
-			if _, err := fmt.Sscanf(line, "measured %d %d %f %f", &failed, &wrong, &cores, &zmqCores); err != nil {
-				return nil, fmt.Errorf("child %d said %q, expected lat or measured", i, line)
-			}
-			s.failed += failed
-			s.wrong += wrong
-			s.cores += cores
-			s.zmqCores += zmqCores
-			break
-		}
-	}
-	slices.Sort(s.lat)
 	// Every child has stopped asking: what is left now is left for good.
 	for _, c := range children {
 		if err := c.Println("check"); err != nil {
@@ -339,6 +361,49 @@ func runSetup(p params, procs, per int) (*setup, error) {
 	return s, nil
 }
 
+// runRound has every child look up in mode (perPeer: the requests a peer
+// starts a second when paced) and collects what they measured.
+func runRound(children []*benchproc.Child, mode string, perPeer float64) (*round, error) {
+	for _, c := range children {
+		if err := c.Println(fmt.Sprintf("go %s %g", mode, perPeer)); err != nil {
+			return nil, err
+		}
+	}
+	r := &round{}
+	for i := range children {
+		for {
+			line, err := children[i].ReadLine()
+			if err != nil {
+				return nil, fmt.Errorf("child %d: %w", i, err)
+			}
+			if rest, ok := strings.CutPrefix(line, "lat "); ok {
+				for _, f := range strings.Fields(rest) {
+					us, err := strconv.ParseInt(f, 10, 64)
+					if err != nil {
+						return nil, fmt.Errorf("child %d: bad lat line", i)
+					}
+					r.lat = append(r.lat, time.Duration(us)*time.Microsecond)
+				}
+				continue
+			}
+			var failed, wrong int
+			var cores, zmqCores float64
+			var wallUs int64
+			if _, err := fmt.Sscanf(line, "measured %d %d %f %f %d", &failed, &wrong, &cores, &zmqCores, &wallUs); err != nil {
+				return nil, fmt.Errorf("child %d said %q, expected lat or measured", i, line)
+			}
+			r.failed += failed
+			r.wrong += wrong
+			r.cores += cores
+			r.zmqCores += zmqCores
+			r.wall = max(r.wall, time.Duration(wallUs)*time.Microsecond)
+			break
+		}
+	}
+	slices.Sort(r.lat)
+	return r, nil
+}
+
 // ---------------------------------------------------------------- child
 
 const (
@@ -351,8 +416,26 @@ const (
 // phases is what the child tells its peers' host loops.
 type phases struct {
 	phase        atomic.Int32
-	connectUntil time.Time // set before phaseConnect
-	measureUntil time.Time // set before phaseMeasure
+	connectUntil time.Time            // set before phaseConnect
+	plan         atomic.Pointer[plan] // stored before phaseMeasure
+}
+
+// plan is one round of lookups: how its peers start requests, until when,
+// and where each peer's host loop puts what it measured.
+type plan struct {
+	paced   bool
+	perPeer float64 // requests a peer starts a second, when paced
+	until   time.Time
+	results []*result // by the peer's index in its child
+}
+
+// result is what one peer measured in a round: written by its host loop
+// only, read by the child after done is closed.
+type result struct {
+	lat           []time.Duration
+	failed, wrong int
+	done          chan struct{}
+	finished      bool // done is closed (the loop's own flag)
 }
 
 // ask is one request of a peer's in flight.
@@ -380,15 +463,14 @@ type peer struct {
 	p     params
 	asks  map[string]*ask
 
-	toConnect   map[int]time.Time // targets still to confirm -> next try
-	connected   chan struct{}
-	measured    chan struct{} // closed when measureDone is set
-	measureDone bool
-	connErr     string
+	toConnect map[int]time.Time // targets still to confirm -> next try
+	connected chan struct{}
+	connErr   string
 
-	// Read by the child after measured is closed.
-	lat           []time.Duration
-	failed, wrong int
+	j         int     // index in its child, in plan.results
+	plan      *plan   // the round the loop is in
+	res       *result // where latencies and failures go (a dummy while connecting)
+	nextStart time.Time
 
 	mu           sync.Mutex // warnings are read by the child while the loop runs
 	warnings     []string
@@ -433,6 +515,7 @@ func runChild(p params, nStr, baseStr string) error {
 		if err != nil {
 			return fmt.Errorf("peer %d: %w", base+j, err)
 		}
+		pr.j = j
 		peers[j] = pr
 	}
 	before := memNow(peers)
@@ -493,31 +576,11 @@ func runChild(p params, nStr, baseStr string) error {
 	idle := cpuNow().since(cpu0, time.Since(t0))
 	fmt.Println("connected", after, idle, connectTime.Microseconds())
 
-	if _, err := readLine("go", setupBound); err != nil {
-		return err
-	}
-	ph.measureUntil = time.Now().Add(p.duration)
-	cpu0, t0 = cpuNow(), time.Now()
-	ph.phase.Store(phaseMeasure)
-	failed, wrong := 0, 0
-	for _, pr := range peers {
-		select {
-		case <-pr.measured:
-		case <-time.After(p.duration + 2*lookupBound):
-			return fmt.Errorf("peer %d did not finish measuring (its host loop is stuck):\n%s", pr.g, stacks())
+	for range roundModes {
+		if err := measureRound(peers, &ph, p.duration, readLine); err != nil {
+			return err
 		}
-		for i := 0; i < len(pr.lat); i += chunk {
-			var b strings.Builder
-			b.WriteString("lat")
-			for _, d := range pr.lat[i:min(i+chunk, len(pr.lat))] {
-				fmt.Fprintf(&b, " %d", d.Microseconds())
-			}
-			fmt.Println(b.String())
-		}
-		failed += pr.failed
-		wrong += pr.wrong
 	}
-	fmt.Println("measured", failed, wrong, cpuNow().since(cpu0, time.Since(t0)))
 
 	if _, err := readLine("check", setupBound); err != nil {
 		return err
@@ -546,6 +609,49 @@ func runChild(p params, nStr, baseStr string) error {
 		fmt.Println("end", strings.Join(problems, "; "))
 	}
 	_, _ = readLine("", setupBound) // until the parent closes stdin
+	return nil
+}
+
+// measureRound runs the round the parent's "go MODE PER-PEER-RATE" names and
+// reports its latencies, failures and CPU.
+func measureRound(peers []*peer, ph *phases, duration time.Duration, readLine func(string, time.Duration) (string, error)) error {
+	rest, err := readLine("go", setupBound)
+	if err != nil {
+		return err
+	}
+	var mode string
+	var perPeer float64
+	if _, err := fmt.Sscanf(rest, "%s %g", &mode, &perPeer); err != nil || (mode != closedLoop && mode != paced) {
+		return fmt.Errorf("bad go line %q", rest)
+	}
+	pl := &plan{paced: mode == paced, perPeer: perPeer, until: time.Now().Add(duration)}
+	for range peers {
+		pl.results = append(pl.results, &result{done: make(chan struct{})})
+	}
+	cpu0, t0 := cpuNow(), time.Now()
+	ph.plan.Store(pl)
+	ph.phase.Store(phaseMeasure)
+	failed, wrong := 0, 0
+	for j, pr := range peers {
+		r := pl.results[j]
+		select {
+		case <-r.done:
+		case <-time.After(duration + 2*lookupBound):
+			return fmt.Errorf("peer %d did not finish measuring (its host loop is stuck):\n%s", pr.g, stacks())
+		}
+		for i := 0; i < len(r.lat); i += chunk {
+			var b strings.Builder
+			b.WriteString("lat")
+			for _, d := range r.lat[i:min(i+chunk, len(r.lat))] {
+				fmt.Fprintf(&b, " %d", d.Microseconds())
+			}
+			fmt.Println(b.String())
+		}
+		failed += r.failed
+		wrong += r.wrong
+	}
+	wall := time.Since(t0)
+	fmt.Println("measured", failed, wrong, cpuNow().since(cpu0, wall), wall.Microseconds())
 	return nil
 }
 
@@ -590,7 +696,7 @@ func openPeer(p params, g int) (*peer, error) {
 	}
 	pr := &peer{t: t, g: g, fd: fd, p: p, held: map[string]int64{}, asks: map[string]*ask{},
 		rng:       rand.New(rand.NewPCG(uint64(g), uint64(time.Now().UnixNano()))),
-		toConnect: map[int]time.Time{}, connected: make(chan struct{}), measured: make(chan struct{})}
+		toConnect: map[int]time.Time{}, connected: make(chan struct{}), res: &result{}}
 	id := t.LocalID()
 	pr.ports = []string{id[strings.LastIndexByte(id, ':')+1:]}
 	for i := range heldKeys {
@@ -623,27 +729,66 @@ func shutdownAll(peers []*peer) {
 }
 
 // loop is the peer's host: one goroutine, as an engine's scheduler thread.
+//
+// It waits for the notification fd in Go's poller, not in poll(2): an
+// engine's scheduler thread waits outside Go, holding none of the process's
+// Ps, while a goroutine blocked in a syscall holds one, and 8 of them in a
+// process of 2 Ps would starve the peers' own goroutines.
 func (pr *peer) loop(ph *phases, quit <-chan struct{}) {
+	notify, err := pollable(pr.fd)
+	if err != nil {
+		pr.note("notification fd: " + err.Error())
+		return
+	}
+	defer notify.Close()
+	rc, err := notify.SyscallConn()
+	if err != nil {
+		pr.note("notification fd: " + err.Error())
+		return
+	}
 	buf := make([]byte, 8)
-	stepMs := max(1, int(pr.p.step/time.Millisecond))
-	quietMs := int(quietStep / time.Millisecond)
+	drain := func(fd uintptr) bool {
+		_, err := unix.Read(int(fd), buf)
+		return err != unix.EAGAIN
+	}
 	for {
 		select {
 		case <-quit:
 			return
 		default:
 		}
-		fds := []unix.PollFd{{Fd: int32(pr.fd), Events: unix.POLLIN}}
-		wait := stepMs
-		if ph.phase.Load() == phaseQuiet && len(pr.asks) == 0 {
-			wait = quietMs
+		wait := pr.p.step
+		if len(pr.asks) == 0 {
+			switch ph.phase.Load() {
+			case phaseQuiet:
+				wait = quietStep
+			case phaseMeasure: // paced and idle: sleep until the next start
+				if pl := pr.plan; pl != nil && pl.paced && !pr.res.finished {
+					wait = min(quietStep, max(0, time.Until(pr.nextStart)))
+				}
+			}
 		}
-		if n, _ := unix.Poll(fds, wait); n > 0 {
-			_, _ = unix.Read(pr.fd, buf)
+		if wait > 0 {
+			_ = notify.SetReadDeadline(time.Now().Add(wait))
+			_ = rc.Read(drain) // a deadline's error is the step
 		}
 		pr.collect()
 		pr.drive(ph)
 	}
+}
+
+// pollable is a copy of the non-blocking fd that Go's poller watches.
+func pollable(fd int) (*os.File, error) {
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("dup: %w", err)
+	}
+	f := os.NewFile(uintptr(dup), "notify")
+	if err := f.SetReadDeadline(time.Time{}); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("not pollable: %w", err)
+	}
+	return f, nil
 }
 
 // moved reports whether news count k changed since the last look.
@@ -756,25 +901,52 @@ func (pr *peer) drive(ph *phases) {
 			close(pr.connected)
 		}
 	case phaseMeasure:
-		if len(pr.asks) > 0 || pr.measureDone {
-			return
+		pr.measure(ph.plan.Load(), now)
+	}
+}
+
+// measure starts the requests of round pl that are due and ends the round
+// once its time is up and nothing is in flight.
+func (pr *peer) measure(pl *plan, now time.Time) {
+	if pl != pr.plan {
+		pr.plan, pr.res, pr.nextStart = pl, pl.results[pr.j], now
+	}
+	if pr.res.finished {
+		return
+	}
+	if now.After(pl.until) {
+		if len(pr.asks) == 0 {
+			pr.res.finished = true
+			close(pr.res.done)
 		}
-		if now.After(ph.measureUntil) {
-			pr.measureDone = true
-			close(pr.measured)
-			return
-		}
-		h := pr.rng.IntN(len(pr.ports) - 1)
-		if h >= pr.g {
-			h++
-		}
-		// Distinct keys: a repeated key shares its first position.
-		idx := pr.rng.Perm(heldKeys)[:min(pr.p.keys-1, heldKeys)]
-		idx = append(idx, heldKeys+pr.rng.IntN(1<<20)) // not held: MISS
-		if a := pr.start(h, idx, false); a != nil {
-			pr.lookup([]*ask{a})
+		return
+	}
+	var batch []*ask
+	switch {
+	case !pl.paced && len(pr.asks) == 0:
+		batch = append(batch, pr.startRandom())
+	case pl.paced:
+		// Poisson arrivals; a loop that fell behind starts what is due
+		// at once, so a slow host shows as latency, not as fewer requests.
+		for !now.Before(pr.nextStart) {
+			batch = append(batch, pr.startRandom())
+			pr.nextStart = pr.nextStart.Add(time.Duration(pr.rng.ExpFloat64() / pl.perPeer * float64(time.Second)))
 		}
 	}
+	pr.lookup(slices.DeleteFunc(batch, func(a *ask) bool { return a == nil }))
+}
+
+// startRandom starts a request at a random other peer: keys-1 keys it
+// holds and one it does not.
+func (pr *peer) startRandom() *ask {
+	h := pr.rng.IntN(len(pr.ports) - 1)
+	if h >= pr.g {
+		h++
+	}
+	// Distinct keys: a repeated key shares its first position.
+	idx := pr.rng.Perm(heldKeys)[:min(pr.p.keys-1, heldKeys)]
+	idx = append(idx, heldKeys+pr.rng.IntN(1<<20)) // not held: MISS
+	return pr.start(h, idx, false)
 }
 
 // start starts a request pulling from peer h, asking key(h, i) for idx.
@@ -784,12 +956,12 @@ func (pr *peer) start(h int, idx []int, connect bool) *ask {
 	params := fmt.Sprintf(`{"remote_kv_source":{"kv_request_id":%q,"remote_host":"127.0.0.1","remote_port":%s}}`, a.req, pr.ports[h])
 	if _, err := pr.t.StartRequest(a.req, []byte(params)); err != nil {
 		pr.note("StartRequest: " + err.Error())
-		pr.failed++
+		pr.res.failed++
 		return nil
 	}
 	if mode := pr.t.LookupMode(a.req); mode != tier.LookupsAsk {
 		pr.note(fmt.Sprintf("request %s: lookup mode %d, not ask", a.req, mode))
-		pr.failed++
+		pr.res.failed++
 		_ = pr.t.FinishRequest(a.req)
 		return nil
 	}
@@ -854,12 +1026,12 @@ func (pr *peer) done(a *ask, failed bool) {
 	}
 	switch {
 	case failed:
-		pr.failed++
+		pr.res.failed++
 	case !slices.Equal(a.got, a.want):
-		pr.wrong++
+		pr.res.wrong++
 		pr.note(fmt.Sprintf("request %s to peer %d: answers %v, expected %v", a.req, a.target, a.got, a.want))
 	default:
-		pr.lat = append(pr.lat, time.Since(a.start))
+		pr.res.lat = append(pr.res.lat, time.Since(a.start))
 	}
 }
 
