@@ -37,6 +37,7 @@
 //	scale: 64 peers / 8 processes at the 2 peers' load (1000 lookups/s in all): lookup p50 0.67 ms p99 4.97 ms; 2 peers: p50 0.38 ms p99 1.97 ms; p99 ratio 2.53 (goal <= 2)
 //	scale: CPU a lookup at that load, above the idle mesh's: 931 µs with 64 peers, 531 µs with 2 (ratio 1.75; ...)
 //	scale: saturated (one request in flight per peer): 64 peers p99 30.88 ms, 2 peers p99 0.87 ms (ratio 35.38): ...
+//	scale: CPU a lookup when saturated, above the idle mesh's: 202 µs with 64 peers, 202 µs with 2 (ratio 1.00; ...)
 //	scale: per session: 98.8 KiB RSS, 5.00 fds (one process, 8 peers, 504 sessions: ...)
 //	scale: ZMQ contexts per process: [1] with 8 peers each (...)
 package main
@@ -212,6 +213,10 @@ func runParent(p params) error {
 	fmt.Printf("scale: saturated (one request in flight per peer): %d peers p99 %s, 2 peers p99 %s (ratio %.2f): %d requests always in flight at %.0f/s wait %.1f ms each on average (Little's law), whatever the number of peers\n",
 		large.peers, ms(pct(lc.lat, 0.99)), ms(pct(sc.lat, 0.99)), float64(pct(lc.lat, 0.99))/float64(max(pct(sc.lat, 0.99), 1)),
 		large.peers, lc.rate(), float64(large.peers)/max(lc.rate(), 1e-9)*1e3)
+	_, sAbove = sc.cpuPerLookup(small.idleCores)
+	_, lAbove = lc.cpuPerLookup(large.idleCores)
+	fmt.Printf("scale: CPU a lookup when saturated, above the idle mesh's: %.0f µs with %d peers, %.0f µs with %d (ratio %.2f; paced, each lookup also pays for waking idle threads)\n",
+		lAbove, large.peers, sAbove, small.peers, lAbove/max(sAbove, 1e-9))
 
 	b, a := large.before[0], large.after[0]
 	if n := a.sessions - b.sessions; n > 0 {
