@@ -136,9 +136,21 @@ class MemmoveOffloadingWorker(OffloadingWorker):
             self._region = None
 
 
+def _allow_amx() -> None:
+    """vLLM's CPU attention runs its AMX kernel (bf16, block size a multiple of
+    32) wherever the CPU has AMX tiles, but never asks Linux for the right to
+    use them (arch_prctl ARCH_REQ_XCOMP_PERM, granted per process), so on a
+    Sapphire Rapids or later host the worker dies of SIGILL the first time
+    that kernel runs, unless something else in the process asked first. The
+    worker builds its offloading worker before any forward pass: ask here."""
+    if torch.cpu._is_amx_tile_supported() and not torch.cpu._init_amx():
+        raise RuntimeError("this CPU has AMX tiles but Linux refused the worker the right to use them")
+
+
 class CPUTestTieringSpec(TieringOffloadingSpec):
     def get_worker(self, kv_caches):
         if self._worker is None:
+            _allow_amx()
             if self.config.canonical_layout:
                 raise ValueError("CPUTestTieringSpec copies the worker-private layout only")
             rank = 0 if self.replicated_layout else self.config.parallel.rank
