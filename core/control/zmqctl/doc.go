@@ -14,13 +14,16 @@
 // safe). Public methods append commands to a queue and wake the pump
 // through an eventfd; the pump waits on an epoll set of the sockets'
 // ZMQ_FD descriptors when idle, registered once per socket, so a message
-// costs the same with 1 or 64 peers. It parks in Go's network poller on
-// that set rather than blocking a thread in epoll_wait, which would hold a
-// P and leave goroutines it (or a host call) readied waiting for sysmon. One exception: a Send with nothing
+// costs the same with 1 or 64 peers. One exception: a Send with nothing
 // queued ahead of it, to a peer whose DEALER is open and not stalled, is
 // handed to that DEALER by the caller under the transport's mutex (the
 // pump uses DEALERs only under it and never while it waits; the mutex is
 // the memory barrier libzmq requires of a socket changing threads).
+//
+// The pump parks in Go's network poller on its epoll set rather than
+// blocking a thread in epoll_wait, which would hold a P and leave
+// goroutines readied meanwhile (by the pump or a host call) waiting for
+// sysmon to take it back.
 //
 // # Identity rules
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -44,8 +45,9 @@ type fdTarget struct {
 // on an epoll set of the sockets' ZMQ_FD descriptors (no libzmq call while
 // it waits), so registering a peer costs one epoll_ctl and a wake-up touches
 // only what became ready. The epoll set is itself waited on through Go's
-// network poller (see wait). Outside the ROUTER reads it works under t.mu, which
-// also hands idle DEALERs to Send's direct path (see Transport.enqueue).
+// network poller (see wait). Outside the ROUTER reads it works under t.mu,
+// which also hands idle DEALERs to Send's direct path (see
+// Transport.enqueue).
 type pump struct {
 	t        *Transport
 	ctx      *zmq.Context
@@ -243,25 +245,27 @@ func (p *pump) run() {
 // that P's run queue until sysmon took the P back, up to 10 ms, on a host
 // with few Ps. Parked, the pump leaves its P free to run it at once.
 func (p *pump) wait(timeout time.Duration) error {
-	n := 0
+	n, polls := 0, 0
 	var werr error
 	poll := func(fd uintptr) bool {
+		polls++
 		n, werr = unix.EpollWait(int(fd), p.events, 0)
 		return n > 0 || werr != nil
 	}
 	if timeout == 0 {
 		poll(uintptr(p.epfd))
 	} else {
-		var deadline time.Time // none: wake-ups end the wait
-		if timeout > 0 {
-			deadline = time.Now().Add(timeout)
-		}
-		if err := p.epoll.SetReadDeadline(deadline); err != nil {
+		if err := p.epoll.SetReadDeadline(time.Now().Add(timeout)); err != nil {
 			return fmt.Errorf("epoll deadline: %w", err)
 		}
 		if err := p.epollConn.Read(poll); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			return fmt.Errorf("wait on epoll: %w", err)
 		}
+	}
+	if polls == 1 {
+		// Ready without parking: let a goroutine the last pass readied (an
+		// Events reader) run before this one carries on, as parking would.
+		runtime.Gosched()
 	}
 	if werr != nil {
 		if errors.Is(werr, unix.EINTR) {
@@ -619,11 +623,9 @@ func (p *pump) closeSockets() {
 	if p.t.wake != nil {
 		p.t.wake.close()
 	}
-	if p.epoll != nil {
-		_ = p.epoll.Close() // closes epfd, after taking it out of the poller
+	if p.epoll != nil { // set with epfd, which it owns
+		_ = p.epoll.Close() // takes epfd out of Go's poller, then closes it
 		p.epoll = nil
-	} else if p.epfd >= 0 {
-		_ = unix.Close(p.epfd)
 	}
 	p.epfd = -1
 }
@@ -652,7 +654,7 @@ type routerMessage struct {
 
 // recvRouterMessage reads one whole message. Parts past the second are
 // read and dropped, so a message of many parts costs no Go memory. The
-// identity part carries no metadata when zmq_poll prefetched the message,
+// identity part carries no metadata when libzmq prefetched the message,
 // so the address is asked of every part until one has it.
 func recvRouterMessage(sock *zmq.Socket) (msg routerMessage, err error) {
 	want := []string{peerAddressProperty}
