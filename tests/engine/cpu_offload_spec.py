@@ -143,7 +143,11 @@ def _allow_amx() -> None:
     Sapphire Rapids or later host the worker dies of SIGILL the first time
     that kernel runs, unless something else in the process asked first. The
     worker builds its offloading worker before any forward pass: ask here."""
-    if torch.cpu._is_amx_tile_supported() and not torch.cpu._init_amx():
+    supported = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private: torch 2.13
+    init = getattr(torch.cpu, "_init_amx", None)
+    if supported is None or init is None:
+        raise RuntimeError("this torch has no torch.cpu._init_amx: update _allow_amx for it")
+    if supported() and not init():
         raise RuntimeError("this CPU has AMX tiles but Linux refused the worker the right to use them")
 
 

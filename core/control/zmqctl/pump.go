@@ -262,9 +262,9 @@ func (p *pump) wait(timeout time.Duration) error {
 			return fmt.Errorf("wait on epoll: %w", err)
 		}
 	}
-	if polls == 1 {
-		// Ready without parking: let a goroutine the last pass readied (an
-		// Events reader) run before this one carries on, as parking would.
+	if timeout == 0 || (polls == 1 && (n > 0 || werr != nil)) {
+		// Carrying on without parking: let a goroutine the last pass
+		// readied (an Events reader) run first, as parking would.
 		runtime.Gosched()
 	}
 	if werr != nil {

@@ -6,9 +6,10 @@
 //     with the same code for 2 peers in 2 processes, in two rounds: paced
 //     (requests start at -rate per second in all, Poisson, whatever is in
 //     flight: the same load for both meshes, so the ratio of the p99s shows
-//     what more peers cost) and closed (every peer keeps one request in
-//     flight: 32 times the requests of 2 peers, so on a small host the
-//     latency is what Little's law makes of the CPU, printed as such);
+//     what more peers cost; each latency counts from when its request was
+//     due) and closed (every peer keeps one request in flight: 32 times
+//     the requests in flight of 2 peers, so on a small host the latency is
+//     what Little's law makes of the CPU, printed as such);
 //   - the CPU of all processes a lookup, above what the idle mesh uses;
 //   - what a session costs: RSS and open descriptors of one child before and
 //     after its peers connect to every other peer, divided by its sessions;
@@ -34,10 +35,10 @@
 // asking; libzmq's own threads apart): on a small host the figures depend on
 // it. Prints, e.g. (2 cores):
 //
-//	scale: 64 peers / 8 processes at the 2 peers' load (1000 lookups/s in all): lookup p50 0.67 ms p99 4.97 ms; 2 peers: p50 0.38 ms p99 1.97 ms; p99 ratio 2.53 (goal <= 2)
-//	scale: CPU a lookup at that load, above the idle mesh's: 931 µs with 64 peers, 531 µs with 2 (ratio 1.75; ...)
-//	scale: saturated (one request in flight per peer): 64 peers p99 30.88 ms, 2 peers p99 0.87 ms (ratio 35.38): ...
-//	scale: CPU a lookup when saturated, above the idle mesh's: 202 µs with 64 peers, 202 µs with 2 (ratio 1.00; ...)
+//	scale: 64 peers / 8 processes at the same load as 2 peers (1000 lookups/s in all): lookup p50 1.15 ms p99 3.02 ms; 2 peers: p50 0.76 ms p99 1.62 ms; p99 ratio 1.86 (goal <= 2)
+//	scale: CPU a lookup at that load, above the idle mesh's: 712 µs with 64 peers, 470 µs with 2 (ratio 1.51; ...)
+//	scale: saturated (one request in flight per peer): 64 peers p99 28.07 ms, 2 peers p99 0.85 ms (ratio 32.99): ...
+//	scale: CPU a lookup when saturated, above the idle mesh's: 180 µs with 64 peers, 198 µs with 2 (ratio 0.91; ...)
 //	scale: per session: 98.8 KiB RSS, 5.00 fds (one process, 8 peers, 504 sessions: ...)
 //	scale: ZMQ contexts per process: [1] with 8 peers each (...)
 package main
@@ -57,6 +58,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -105,6 +107,10 @@ func main() {
 	flag.IntVar(&p.maxPerHost, "max-peers-per-host", 64,
 		"max_peers_per_host of every peer (the default, 32, refuses part of a 64-peer mesh on one address)")
 	flag.Parse()
+	if !(p.rate > 0) || p.procs < 1 || p.perProc < 1 {
+		fmt.Fprintln(os.Stderr, "scale: -rate, -procs and -peers-per-proc must be positive")
+		os.Exit(2)
+	}
 	var err error
 	if n := os.Getenv(childEnv); n != "" {
 		err = runChild(p, n, os.Getenv(baseEnv))
@@ -152,18 +158,24 @@ var roundModes = []string{closedLoop, paced}
 type round struct {
 	lat           []time.Duration
 	failed, wrong int
-	wall          time.Duration // the longest child's
-	// CPU in cores (all processes) and the part of libzmq's threads.
-	cores, zmqCores float64
+	wall          time.Duration // the longest child's, until its last peer finished
+	// CPU seconds of all processes over the round, and of libzmq's threads.
+	cpu, zmqCPU float64
 }
 
 func (r *round) rate() float64 { return float64(len(r.lat)) / max(r.wall.Seconds(), 1e-9) }
 
+// cores is the CPU of all processes over the round, in cores.
+func (r *round) cores() (all, zmq float64) {
+	w := max(r.wall.Seconds(), 1e-9)
+	return r.cpu / w, r.zmqCPU / w
+}
+
 // cpuPerLookup is the CPU of all processes per lookup, and the same above
-// what the idle mesh uses anyway (heartbeats, host loops), in µs.
+// what the idle mesh would have used anyway (heartbeats, host loops), in µs.
 func (r *round) cpuPerLookup(idleCores float64) (all, aboveIdle float64) {
 	n := float64(max(len(r.lat), 1))
-	return r.cores * r.wall.Seconds() / n * 1e6, max(r.cores-idleCores, 0) * r.wall.Seconds() / n * 1e6
+	return r.cpu / n * 1e6, max(r.cpu-idleCores*r.wall.Seconds(), 0) / n * 1e6
 }
 
 // setup is what one mesh measured.
@@ -195,14 +207,15 @@ func runParent(p params) error {
 		for _, mode := range roundModes {
 			r := s.rounds[mode]
 			all, above := r.cpuPerLookup(s.idleCores)
+			cores, zmqCores := r.cores()
 			fmt.Printf("scale: %d peers, %s: %d lookups of %d keys in %v (%.0f/s; %d failed, %d wrong answers), p50 %s p99 %s max %s; CPU %.2f cores (libzmq threads %.2f), %.0f µs a lookup (%.0f above the idle mesh's)\n",
 				s.peers, mode, len(r.lat), p.keys, r.wall.Round(time.Millisecond), r.rate(), r.failed, r.wrong,
-				ms(pct(r.lat, 0.50)), ms(pct(r.lat, 0.99)), ms(pct(r.lat, 1)), r.cores, r.zmqCores, all, above)
+				ms(pct(r.lat, 0.50)), ms(pct(r.lat, 0.99)), ms(pct(r.lat, 1)), cores, zmqCores, all, above)
 			failed += r.failed + r.wrong
 		}
 	}
 	sp, lp := small.rounds[paced], large.rounds[paced]
-	fmt.Printf("scale: %d peers / %d processes at the 2 peers' load (%.0f lookups/s in all): lookup p50 %s p99 %s; 2 peers: p50 %s p99 %s; p99 ratio %.2f (goal <= 2)\n",
+	fmt.Printf("scale: %d peers / %d processes at the same load as 2 peers (%.0f lookups/s in all): lookup p50 %s p99 %s; 2 peers: p50 %s p99 %s; p99 ratio %.2f (goal <= 2)\n",
 		large.peers, large.procs, p.rate, ms(pct(lp.lat, 0.5)), ms(pct(lp.lat, 0.99)), ms(pct(sp.lat, 0.5)), ms(pct(sp.lat, 0.99)),
 		float64(pct(lp.lat, 0.99))/float64(max(pct(sp.lat, 0.99), 1)))
 	_, sAbove := sp.cpuPerLookup(small.idleCores)
@@ -392,15 +405,15 @@ func runRound(children []*benchproc.Child, mode string, perPeer float64) (*round
 				continue
 			}
 			var failed, wrong int
-			var cores, zmqCores float64
+			var cpu, zmqCPU float64
 			var wallUs int64
-			if _, err := fmt.Sscanf(line, "measured %d %d %f %f %d", &failed, &wrong, &cores, &zmqCores, &wallUs); err != nil {
+			if _, err := fmt.Sscanf(line, "measured %d %d %f %f %d", &failed, &wrong, &cpu, &zmqCPU, &wallUs); err != nil {
 				return nil, fmt.Errorf("child %d said %q, expected lat or measured", i, line)
 			}
 			r.failed += failed
 			r.wrong += wrong
-			r.cores += cores
-			r.zmqCores += zmqCores
+			r.cpu += cpu
+			r.zmqCPU += zmqCPU
 			r.wall = max(r.wall, time.Duration(wallUs)*time.Microsecond)
 			break
 		}
@@ -471,6 +484,9 @@ type peer struct {
 	toConnect map[int]time.Time // targets still to confirm -> next try
 	connected chan struct{}
 	connErr   string
+
+	notify     *os.File // a pollable copy of fd, for the host loop's waits
+	notifyConn syscall.RawConn
 
 	j         int     // index in its child, in plan.results
 	plan      *plan   // the round the loop is in
@@ -636,14 +652,18 @@ func measureRound(peers []*peer, ph *phases, duration time.Duration, readLine fu
 	cpu0, t0 := cpuNow(), time.Now()
 	ph.plan.Store(pl)
 	ph.phase.Store(phaseMeasure)
-	failed, wrong := 0, 0
 	for j, pr := range peers {
-		r := pl.results[j]
 		select {
-		case <-r.done:
+		case <-pl.results[j].done:
 		case <-time.After(duration + 2*lookupBound):
 			return fmt.Errorf("peer %d did not finish measuring (its host loop is stuck):\n%s", pr.g, stacks())
 		}
+	}
+	// Measured before printing: writing the latencies is not the round's.
+	wall := time.Since(t0)
+	cpu, zmqCPU := cpuNow().seconds(cpu0)
+	failed, wrong := 0, 0
+	for _, r := range pl.results {
 		for i := 0; i < len(r.lat); i += chunk {
 			var b strings.Builder
 			b.WriteString("lat")
@@ -655,8 +675,7 @@ func measureRound(peers []*peer, ph *phases, duration time.Duration, readLine fu
 		failed += r.failed
 		wrong += r.wrong
 	}
-	wall := time.Since(t0)
-	fmt.Println("measured", failed, wrong, cpuNow().since(cpu0, wall), wall.Microseconds())
+	fmt.Println("measured", failed, wrong, cpu, zmqCPU, wall.Microseconds())
 	return nil
 }
 
@@ -699,7 +718,18 @@ func openPeer(p params, g int) (*peer, error) {
 		_ = t.Shutdown()
 		return nil, err
 	}
-	pr := &peer{t: t, g: g, fd: fd, p: p, held: map[string]int64{}, asks: map[string]*ask{},
+	notify, err := pollable(fd)
+	if err != nil {
+		_ = t.Shutdown()
+		return nil, fmt.Errorf("notification fd: %w", err)
+	}
+	notifyConn, err := notify.SyscallConn()
+	if err != nil {
+		notify.Close()
+		_ = t.Shutdown()
+		return nil, fmt.Errorf("notification fd: %w", err)
+	}
+	pr := &peer{t: t, g: g, fd: fd, notify: notify, notifyConn: notifyConn, p: p, held: map[string]int64{}, asks: map[string]*ask{},
 		rng:       rand.New(rand.NewPCG(uint64(g), uint64(time.Now().UnixNano()))),
 		toConnect: map[int]time.Time{}, connected: make(chan struct{}), res: &result{}}
 	id := t.LocalID()
@@ -720,7 +750,7 @@ func shutdownAll(peers []*peer) {
 				continue
 			}
 			wg.Add(1)
-			go func() { defer wg.Done(); _ = pr.t.Shutdown(); _ = pr.t.CloseNotify() }()
+			go func() { defer wg.Done(); pr.notify.Close(); _ = pr.t.Shutdown(); _ = pr.t.CloseNotify() }()
 		}
 		wg.Wait()
 		close(done)
@@ -740,17 +770,6 @@ func shutdownAll(peers []*peer) {
 // Ps, while a goroutine blocked in a syscall holds one, and 8 of them in a
 // process of 2 Ps would starve the peers' own goroutines.
 func (pr *peer) loop(ph *phases, quit <-chan struct{}) {
-	notify, err := pollable(pr.fd)
-	if err != nil {
-		pr.note("notification fd: " + err.Error())
-		return
-	}
-	defer notify.Close()
-	rc, err := notify.SyscallConn()
-	if err != nil {
-		pr.note("notification fd: " + err.Error())
-		return
-	}
 	buf := make([]byte, 8)
 	drain := func(fd uintptr) bool {
 		_, err := unix.Read(int(fd), buf)
@@ -762,20 +781,19 @@ func (pr *peer) loop(ph *phases, quit <-chan struct{}) {
 			return
 		default:
 		}
+		phase := ph.phase.Load()
+		pl := pr.plan
+		pacing := phase == phaseMeasure && pl != nil && pl.paced && !pr.res.finished
 		wait := pr.p.step
-		if len(pr.asks) == 0 {
-			switch ph.phase.Load() {
-			case phaseQuiet:
-				wait = quietStep
-			case phaseMeasure: // paced and idle: sleep until the next start
-				if pl := pr.plan; pl != nil && pl.paced && !pr.res.finished {
-					wait = min(quietStep, max(0, time.Until(pr.nextStart)))
-				}
-			}
+		if len(pr.asks) == 0 && (phase == phaseQuiet || pacing) {
+			wait = quietStep
+		}
+		if pacing { // wake for the next start, on time
+			wait = min(wait, max(0, time.Until(pr.nextStart)))
 		}
 		if wait > 0 {
-			_ = notify.SetReadDeadline(time.Now().Add(wait))
-			_ = rc.Read(drain) // a deadline's error is the step
+			_ = pr.notify.SetReadDeadline(time.Now().Add(wait))
+			_ = pr.notifyConn.Read(drain) // a deadline's error is the step
 		}
 		pr.collect()
 		pr.drive(ph)
@@ -913,8 +931,9 @@ func (pr *peer) drive(ph *phases) {
 // measure starts the requests of round pl that are due and ends the round
 // once its time is up and nothing is in flight.
 func (pr *peer) measure(pl *plan, now time.Time) {
-	if pl != pr.plan {
-		pr.plan, pr.res, pr.nextStart = pl, pl.results[pr.j], now
+	if pl != pr.plan { // a new round: arrivals from now on, no burst at its start
+		pr.plan, pr.res = pl, pl.results[pr.j]
+		pr.nextStart = now.Add(pr.interarrival(pl))
 	}
 	if pr.res.finished {
 		return
@@ -931,14 +950,23 @@ func (pr *peer) measure(pl *plan, now time.Time) {
 	case !pl.paced && len(pr.asks) == 0:
 		batch = append(batch, pr.startRandom())
 	case pl.paced:
-		// Poisson arrivals; a loop that fell behind starts what is due
-		// at once, so a slow host shows as latency, not as fewer requests.
+		// Poisson arrivals; a loop that fell behind starts what is due at
+		// once, each timed from when it was due, so a slow host shows as
+		// latency, not as fewer or faster requests.
 		for !now.Before(pr.nextStart) {
-			batch = append(batch, pr.startRandom())
-			pr.nextStart = pr.nextStart.Add(time.Duration(pr.rng.ExpFloat64() / pl.perPeer * float64(time.Second)))
+			if a := pr.startRandom(); a != nil {
+				a.start = pr.nextStart
+				batch = append(batch, a)
+			}
+			pr.nextStart = pr.nextStart.Add(pr.interarrival(pl))
 		}
 	}
 	pr.lookup(slices.DeleteFunc(batch, func(a *ask) bool { return a == nil }))
+}
+
+// interarrival is the time to a paced peer's next request.
+func (pr *peer) interarrival(pl *plan) time.Duration {
+	return time.Duration(pr.rng.ExpFloat64() / pl.perPeer * float64(time.Second))
 }
 
 // startRandom starts a request at a random other peer: keys-1 keys it
@@ -1096,6 +1124,11 @@ func cpuNow() cpu {
 		}
 	}
 	return c
+}
+
+// seconds is the CPU used since c0: all of it and libzmq's threads'.
+func (c cpu) seconds(c0 cpu) (total, zmq float64) {
+	return (c.total - c0.total).Seconds(), float64(c.zmqTick-c0.zmqTick) / benchproc.UserHZ
 }
 
 // since is "<cores> <zmq cores>": CPU used since c0 over wall, in cores.
