@@ -213,12 +213,17 @@ def test_remote_decoder_with_remote_kv_source(cluster, source, prefiller, decode
     dec.call("finish", decoder, dec_req)
     # The logs of every process involved, only on failure: the cause may be
     # on either side (a stock decoder that could not open its session logs why).
-    assert got["results"] == ["HIT"] * 4, _logs(*{id(n): n for n in (src, pre, dec)}.values())
+    assert got["results"] == ["HIT"] * 4, _shown(_logs(*{id(n): n for n in (src, pre, dec)}.values()))
     assert got["rows"] == prefix_rows + new_rows
 
 
 def _logs(*nodes):
     return [line for node in nodes for line in node.call("take_logs")]
+
+
+def _shown(lines):
+    """Log lines as an assertion message pytest prints whole (it truncates a list's repr)."""
+    return "\n".join(["logs:", *lines])
 
 
 # Odd-seed engines (PYTHONHASHSEED differs) and the compatible engine of the
@@ -284,7 +289,7 @@ FAIL_FAST_S = 1.0
 def test_seed_mismatch_falls_back_before_the_handshake_timeout(cluster, producer, consumer):
     got, lines = _pull_across_refusal(cluster, producer, consumer)
     assert got["results"] == ["MISS", "MISS"]
-    assert got["elapsed"] < FAIL_FAST_S, (got["elapsed"], lines)
+    assert got["elapsed"] < FAIL_FAST_S, _shown([f"elapsed {got['elapsed']:.2f} s", *lines])
 
 
 # A PeerKVTier that serves TCP only has no data path in common with vLLM's
@@ -297,5 +302,5 @@ def test_seed_mismatch_falls_back_before_the_handshake_timeout(cluster, producer
 def test_no_shared_data_path_is_refused_and_named(cluster, producer, consumer):
     got, lines = _pull_across_refusal(cluster, producer, consumer)
     assert got["results"] == ["MISS", "MISS"]
-    assert got["elapsed"] < FAIL_FAST_S, (got["elapsed"], lines)
+    assert got["elapsed"] < FAIL_FAST_S, _shown([f"elapsed {got['elapsed']:.2f} s", *lines])
     assert any("no data path shared with peer" in line and "offers no tcp path" in line for line in lines), lines
