@@ -472,7 +472,6 @@ type peer struct {
 	t     *tier.Tier
 	g     int
 	ports []string // every peer's control port, by global index
-	fd    int
 	held  map[string]int64
 	seen  [tier.NewsKinds]uint64
 	jobs  int64
@@ -729,7 +728,7 @@ func openPeer(p params, g int) (*peer, error) {
 		_ = t.Shutdown()
 		return nil, fmt.Errorf("notification fd: %w", err)
 	}
-	pr := &peer{t: t, g: g, fd: fd, notify: notify, notifyConn: notifyConn, p: p, held: map[string]int64{}, asks: map[string]*ask{},
+	pr := &peer{t: t, g: g, notify: notify, notifyConn: notifyConn, p: p, held: map[string]int64{}, asks: map[string]*ask{},
 		rng:       rand.New(rand.NewPCG(uint64(g), uint64(time.Now().UnixNano()))),
 		toConnect: map[int]time.Time{}, connected: make(chan struct{}), res: &result{}}
 	id := t.LocalID()
@@ -1133,6 +1132,6 @@ func (c cpu) seconds(c0 cpu) (total, zmq float64) {
 
 // since is "<cores> <zmq cores>": CPU used since c0 over wall, in cores.
 func (c cpu) since(c0 cpu, wall time.Duration) string {
-	return fmt.Sprintf("%.3f %.3f", (c.total-c0.total).Seconds()/wall.Seconds(),
-		float64(c.zmqTick-c0.zmqTick)/benchproc.UserHZ/wall.Seconds())
+	total, zmq := c.seconds(c0)
+	return fmt.Sprintf("%.3f %.3f", total/wall.Seconds(), zmq/wall.Seconds())
 }
