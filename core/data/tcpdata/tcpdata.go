@@ -260,14 +260,18 @@ func (t *Transport) RemovePeer(peerID string) {
 	}
 }
 
-// dropLink fails every transfer link carries, then shuts it down (in that
-// order, so the transfers report reason, not the closed connections).
+// dropLink fails every transfer link carries, then shuts it down. The
+// reason is recorded before the connections close, so a sender whose write
+// the shutdown cuts reports reason, not "use of closed network connection".
 func (t *Transport) dropLink(link *peerLink, reason error) {
 	t.mu.Lock()
 	var failed []*transfer
 	for _, tr := range t.pending {
 		if tr.link == link {
 			failed = append(failed, tr)
+			if tr.err == nil {
+				tr.err = reason
+			}
 		}
 	}
 	t.mu.Unlock()
