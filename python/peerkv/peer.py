@@ -18,6 +18,7 @@ import threading
 import weakref
 from collections.abc import Iterable, Sequence
 from ctypes import byref, c_int32, c_int64, c_size_t
+from itertools import chain
 from typing import Any, NamedTuple
 
 from peerkv import _lib
@@ -268,9 +269,9 @@ class Peer:
         """lookup for several requests and on_schedule_end, in one call; the
         LOOKUP_* of every key, in order."""
         n = len(requests)
-        ids = (ctypes.c_char_p * n)(*(req_id.encode() for req_id, _ in requests))
-        counts = (c_size_t * n)(*(len(ks) for _, ks in requests))
-        blob = b"".join(b"".join(ks) for _, ks in requests)
+        ids = (ctypes.c_char_p * n)(*[req_id.encode() for req_id, _ in requests])
+        counts = (c_size_t * n)(*[len(ks) for _, ks in requests])
+        blob = b"".join(chain.from_iterable(ks for _, ks in requests))
         total = sum(counts)
         key_len = len(requests[0][1][0]) if total and requests[0][1] else self.key_len
         if total == 0:

@@ -200,9 +200,10 @@ class _RequestState:
         self.fixed = fixed
         self.answers: dict[bytes, LookupResult] = {}
         # Keys in the order the library first saw them: the library reports
-        # changed answers by position in it.
+        # changed answers by position in it. lookup queues a key only while
+        # it has no answer, so a step's unsent keys hold no key twice.
         self.order: list[bytes] = []
-        self.positions: dict[bytes, int] = {}
+        self.positions: dict[bytes, int] = {}  # order's index, built at the first re-ask
         self.unsent: list[bytes] = []  # asked this step, sent at its end
         self.queued = False  # in PeerKVTier._to_send
 
@@ -394,16 +395,13 @@ class PeerKVTier(SecondaryTierManager):
             keys, state.unsent = state.unsent, []  # each key once: lookup asks only keys not in answers
             if not keys or state.fixed is not None:
                 continue  # finished or failed since
-            positions, order = state.positions, state.order
-            if not positions:  # the first ask, the usual case
-                positions = state.positions = dict(zip(keys, range(len(keys))))
-                if len(positions) == len(keys):
-                    order.extend(keys)
-                else:  # a key twice: positions count each key once, as the library does
-                    positions.clear()
-                    positions.update(zip(dict.fromkeys(keys), range(len(keys))))
-                    order.extend(positions)
+            order = state.order
+            if not order:  # the first ask, the usual case: no key twice (see lookup)
+                order.extend(keys)
             else:  # asked again after a load: a key keeps its position
+                positions = state.positions
+                if not positions:
+                    positions.update(zip(order, range(len(order))))
                 for key in keys:
                     if key not in positions:
                         positions[key] = len(order)

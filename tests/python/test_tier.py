@@ -127,6 +127,22 @@ def test_p2p_partial_hits_load_only_hits(cluster):
     assert metrics.get("vllm:peerkv_lookup_rtt_seconds_sum", 0) > 0, metrics
 
 
+def test_keys_asked_after_a_load_are_answered_in_their_own_places(cluster):
+    """A request that loaded a prefix and then asks further keys (a longer
+    prompt, a chunked prefill) gets each new key's own answer and row."""
+    a, b = cluster.a, cluster.b
+    keys, rows = random_keys(6), random_rows(5)
+    a.call("store", "a", "src-more", None, keys[:5], rows)
+    source = cluster.source("remote_kv_source", "a", new_kv_id())
+    first = b.call("pull", "b", "c-more", source, keys[:2], PULL_TIMEOUT_S)
+    assert first["results"] == ["HIT"] * 2 and first["rows"] == rows[:2]
+    more = b.call("pull", "b", "c-more", source, keys, PULL_TIMEOUT_S)
+    assert more["results"] == ["HIT"] * 5 + ["MISS"]
+    assert more["rows"][:5] == rows
+    b.call("finish", "b", "c-more")
+    a.call("finish", "a", "src-more")
+
+
 def test_prefiller_pulls_prefix_and_serves_decoder(cluster):
     """remote_decoder + remote_kv_source: B pulls a prefix from A, computes the
     rest, and serves everything to a decoder (a_dec) that never saw either."""
