@@ -35,6 +35,9 @@ HERE = Path(__file__).resolve().parent
 BLOCK_SIZE = 32  # CPU attention needs a multiple of 32
 MODEL_NAME = "tiny"
 
+sys.path.insert(0, str(REPO / "tests" / "python"))
+from loopback_ports import control_port  # noqa: E402
+
 
 def core_for(index: int) -> int:
     """The core engine number `index` is pinned to (round robin)."""
@@ -42,9 +45,9 @@ def core_for(index: int) -> int:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range: one from bind(0) may be taken
+    by another engine's outgoing connection before this engine binds it."""
+    return control_port()
 
 
 def library_path() -> Path:
