@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 BLOCK_SIZE = 32  # CPU attention needs a multiple of 32
 MODEL_NAME = "tiny"
 
-sys.path.insert(0, str(REPO / "tests" / "python"))
+sys.path.append(str(REPO / "tests" / "python"))  # loopback_ports only
 from loopback_ports import control_port  # noqa: E402
 
 

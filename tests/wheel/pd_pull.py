@@ -32,7 +32,7 @@ KID = "wheel-pd-1"
 
 
 def free_port() -> int:
-    # Below Linux's ephemeral range: see tests/python/peerkv_node.control_port.
+    # Below Linux's ephemeral range: see tests/python/loopback_ports.control_port.
     rng = random.Random()
     for _ in range(200):
         port = rng.randrange(20000, 32000)
