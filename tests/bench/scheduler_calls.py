@@ -117,14 +117,17 @@ def config(kind: str, port: int) -> dict:
 
 
 class Elapsed(NamedTuple):
-    wall_ns: int
-    cpu_ns: int  # this thread's CPU time: what the scheduler thread paid
+    """Wall and this thread's CPU time (what the scheduler thread paid), in
+    ns from Clock; .per and .us scale both."""
+
+    wall: float
+    cpu: float
 
     def per(self, n: int) -> "Elapsed":
-        return Elapsed(self.wall_ns / n, self.cpu_ns / n)
+        return Elapsed(self.wall / n, self.cpu / n)
 
     def us(self) -> "Elapsed":
-        return Elapsed(self.wall_ns / 1e3, self.cpu_ns / 1e3)
+        return Elapsed(self.wall / 1e3, self.cpu / 1e3)
 
 
 class Clock:
@@ -337,7 +340,7 @@ def report(what: str, samples: dict[str, list[Elapsed]]) -> None:
         got = {k: [getattr(e, field) for e in samples[k]] for k in KINDS}
         v, p = (statistics.median(got[k]) for k in KINDS)
         ranges = ", ".join(f"{k} {fmt(min(got[k]))}..{fmt(max(got[k]))}" for k in KINDS)
-        label = "" if field == "wall_ns" else "; scheduler-thread CPU: "
+        label = "" if field == "wall" else "; scheduler-thread CPU: "
         line.append(f"{label}vllm {fmt(v)} µs, peerkv {fmt(p)} µs, ratio {p / v:.2f} "
                     f"(min..max over {len(got['vllm'])} reps: {ranges})")
     print(f"scheduler_calls: {what}: {''.join(line)}", flush=True)

@@ -16,33 +16,21 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import select
-import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import peerkv
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))  # loopback_ports only, after the wheel's peerkv
+from loopback_ports import control_port  # noqa: E402
 
 KEY_LEN = 36
 ROWS, ROW_LEN = 16, 64 * 1024
 N_KEYS = 12
 KID = "wheel-pd-1"
-
-
-def free_port() -> int:
-    # Below Linux's ephemeral range: see tests/python/loopback_ports.control_port.
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 32000)
-        try:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port")
 
 
 def options(port: int, encrypt: bool) -> dict:
@@ -106,7 +94,7 @@ def prefiller(port: int, encrypt: bool) -> int:
 
 
 def decoder(encrypt: bool, prefiller_library: str | None = None) -> int:
-    producer_port, port = free_port(), free_port()
+    producer_port, port = control_port(), control_port()
     env = dict(os.environ)
     if prefiller_library:
         env["PEERKV_LIBRARY"] = prefiller_library
