@@ -52,10 +52,11 @@ class Cluster:
             self.all = [self.a, self.s]
         else:
             self.b = engines.Engine("B", model, LOGS, core=core(1))
-            # Never on A's core: while C holds pinned rows for A, vLLM keeps
-            # C stepping, and its worker spinning on A's core starved A's
-            # worker until the pins expired (the chain test, 30 s stalls).
-            # A core of its own where there is one; else B's.
+            # A core of its own where there is one; else B's. While C holds
+            # pinned rows vLLM keeps it stepping, and when the engines were
+            # in separate sessions (CPU groups under autogroup) that starved
+            # the engine beside it until the pins expired (30 s stalls); they
+            # share one session now (engines.Engine.start).
             self.c = engines.Engine("C", model, LOGS, core=core(2) if (os.cpu_count() or 1) > 2 else core(1))
             self.all = [self.a, self.b, self.c]
 

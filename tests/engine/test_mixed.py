@@ -3,10 +3,12 @@
 ways. Run with PEERKV_ENGINE_STOCK=1 (`make test-engine-mixed`, a stage of
 `make test`), which starts only A and S (see conftest.py).
 
-A request's reference output is computed with a `cache_salt` of its own: the
-salt changes every block hash, so the reference neither reads nor leaves KV
-under the hashes the scenario pulls, and it can run on the very engine that
-pulls afterwards."""
+A PD request's reference output is computed with a `cache_salt` of its own:
+the salt changes every block hash, so the reference neither reads nor leaves
+KV under the hashes the scenario pulls, and it can run on the very engine that
+pulls afterwards. It is the salted prompt answered a second time, from the
+engine's own cache (engines.rerun_from_cache: the decoder computes the tail
+the same way)."""
 
 from __future__ import annotations
 
@@ -28,10 +30,12 @@ def _needs_stock_engine(cluster):
 
 
 def computed_alone(engine: engines.Engine, prompt: str) -> dict:
-    """The engine's output for prompt with nothing reused."""
-    out = engine.complete(prompt, cache_salt=f"reference-{uuid.uuid4().hex}")
-    assert engines.cached_tokens(out) == 0, "a salted reference reused KV"
-    return out
+    """The engine's output for prompt from KV it computed under a salt of
+    its own, which nothing else reads."""
+    salt = f"reference-{uuid.uuid4().hex}"
+    first = engine.complete(prompt, max_tokens=1, cache_salt=salt)
+    assert engines.cached_tokens(first) == 0, "a salted reference reused KV"
+    return engines.rerun_from_cache(engine, prompt, cache_salt=salt)
 
 
 def test_stock_vllm_pulls_from_peerkv(cluster):

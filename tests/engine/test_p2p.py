@@ -26,7 +26,7 @@ def metric(engine: engines.Engine, name: str) -> float:
 
 
 def pull_and_check(cluster, source, consumer, prompt, kv_id, expect_cached=None):
-    reference = source.complete(prompt)  # source computes everything, and caches it
+    reference = engines.rerun_from_cache(source, prompt)
     n = reference["usage"]["prompt_tokens"]
     hits_before = metric(consumer, "vllm:external_prefix_cache_hits_total")
     pulled = consumer.complete(prompt, kv_transfer_params=source_params(source, kv_id))
@@ -59,7 +59,7 @@ def test_pull_from_an_idle_source(cluster):
 def test_pull_from_a_busy_source(cluster):
     a, b = cluster.a, cluster.b
     prompt = engines.unique_prompt("busy", 700)
-    reference = a.complete(prompt)
+    reference = engines.rerun_from_cache(a, prompt)
     stop = threading.Event()
 
     def keep_busy():
@@ -85,7 +85,10 @@ def test_partial_hit_recomputes_the_rest(cluster):
     tail = " " + engines.unique_prompt("rest", 300)
     head_tokens = a.complete(head, max_tokens=1)["usage"]["prompt_tokens"]  # A caches the head
     full = head + tail
-    reference = c.complete(full)  # C computes all of it
+    # C with the same head cached computes the rest as B must.
+    c.complete(head, max_tokens=1)
+    reference = c.complete(full)
+    assert cached_tokens(reference) == head_tokens // BLOCK_SIZE * BLOCK_SIZE
     pulled = b.complete(full, kv_transfer_params=source_params(a, "part-1"))
     assert token_ids(pulled) == token_ids(reference)
     got = cached_tokens(pulled)

@@ -23,7 +23,7 @@ def run_pd(cluster, proxy_factory, order):
         "--prefiller", engine_arg(a), "--engine", engine_arg(b), "--order", order
     )
     prompt = engines.unique_prompt(f"pd{order}", 700)
-    reference = c.complete(prompt, max_tokens=8)
+    reference = engines.rerun_from_cache(c, prompt)
     out = engines.complete(proxy.url, prompt, max_tokens=8)
     assert out["_headers"].get("x-peerkv-target", "").startswith(b.url), out["_headers"]
     assert out["_headers"].get("x-peerkv-kv-request-id")
@@ -45,7 +45,7 @@ def test_prefiller_pulls_its_prefix_from_a_third_engine(cluster, proxy_factory):
     proxy = proxy_factory("--prefiller", engine_arg(a), "--engine", engine_arg(b),
                           "--engine", engine_arg(c))
     prompt = engines.unique_prompt("chain", 700)
-    reference = c.complete(prompt, max_tokens=8)  # C computes and caches it
+    reference = engines.rerun_from_cache(c, prompt)  # C computes and caches it
     hits_before = a.metrics().get("vllm:external_prefix_cache_hits_total", 0.0)
     out = engines.complete(
         proxy.url,

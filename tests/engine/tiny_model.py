@@ -78,7 +78,9 @@ def build(out: Path) -> Path:
     model = LlamaForCausalLM(config)
     # Random weights give near-uniform logits, where greedy decoding turns on
     # rounding. A sharper output layer makes the argmax margin wide, so
-    # "identical greedy tokens" compares KV, not noise.
+    # "identical greedy tokens" compares KV, not noise; about 1 prompt in 50
+    # still flips when its tail is computed in other pieces, so the suite
+    # compares against the same pieces (engines.rerun_from_cache).
     with torch.no_grad():
         model.lm_head.weight.mul_(20.0)
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
