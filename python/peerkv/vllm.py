@@ -296,6 +296,7 @@ class PeerKVTier(SecondaryTierManager):
         self._seed_checked = False
         self._peer: Peer | None = None
         self._waker: EngineWaker | None = None
+        self._polled = False  # vLLM's tier-poll thread serves this tier
         self._early_poller: EarlyPoller | None = None
         self._early_poll_tried = False
         # Requests whose answers the library may still change, by req_id
@@ -314,9 +315,10 @@ class PeerKVTier(SecondaryTierManager):
         self._local_id = started.get("local_id") or self._local_id
         self._forward_logs()  # how the Go runtime was sized, which paths serve
         self._waker = self._start_engine_waker(offloading_spec)
+        self._polled = _off_thread_polling(offloading_spec)
         # With vLLM's tier-poll thread running, an EarlyPoller starts at the
         # first serve_external_requests (it needs the manager behind parent).
-        self._early_poll_tried = self._waker is not None or not _off_thread_polling(offloading_spec)
+        self._early_poll_tried = self._waker is not None or not self._polled
         logger.info(
             "PeerKVTier %s: %d rows x %d bytes (block_len), key_len %d, config fingerprint %s, data paths %s",
             self._local_id,
@@ -551,6 +553,12 @@ class PeerKVTier(SecondaryTierManager):
     def has_pending_work(self) -> bool:
         if self._local_results:
             return True
+        if self._polled:
+            # vLLM's tier-poll thread (and the early poller) serve peers and
+            # collect results between steps, and every job in flight is in
+            # the manager's own table, which keeps the engine stepping: a
+            # step of our own would find nothing the poll thread does not.
+            return False
         if self._waker is not None:
             # The waker steps the engine when the library has news; jobs in
             # flight and lookups waiting for a re-offer need no step until then.

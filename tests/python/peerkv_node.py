@@ -273,6 +273,22 @@ class _Node:
             "answered": answered,
         }
 
+    def ask(self, name: str, req_id: str, params: dict | None, keys: list[bytes]) -> list[str]:
+        """One scheduler step of lookups for keys (no load follows): what a
+        request's first step asks its sources."""
+        manager = self.managers[name]
+        ctx = self._ctx(name, req_id, params)
+        with manager_lock(manager):
+            results = [manager.lookup(key, ctx).name for key in keys]
+        self._step(name, [req_id])
+        return results
+
+    def tier_pending(self, name: str) -> bool:
+        """The tier's own has_pending_work(), apart from the manager's."""
+        manager = self.managers[name]
+        with manager_lock(manager):
+            return manager.secondary_tiers[0].has_pending_work()
+
     def step(self, name: str, count: int = 1) -> None:
         for _ in range(count):
             self._step(name)
