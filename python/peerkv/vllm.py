@@ -556,9 +556,12 @@ class PeerKVTier(SecondaryTierManager):
         if self._polled:
             # vLLM's tier-poll thread (and the early poller) serve peers and
             # collect results between steps, and every job in flight is in
-            # the manager's own table, which keeps the engine stepping: a
-            # step of our own would find nothing the poll thread does not.
-            return False
+            # the manager's own table, which keeps the engine stepping. Only
+            # an inbound lookup with keys still pending needs steps: a
+            # promotion it waits for (from another tier) is submitted at
+            # on_schedule_end, never by the poll thread; likewise work left
+            # at a serve pass's cap, which sends no new signal.
+            return bool(self._inbound_ctx) or self._inbound_more
         if self._waker is not None:
             # The waker steps the engine when the library has news; jobs in
             # flight and lookups waiting for a re-offer need no step until then.
