@@ -50,6 +50,17 @@ def random_rows(n: int) -> list[bytes]:
     return [os.urandom(ROW_BYTES) for _ in range(n)]
 
 
+def wait_until(predicate: Any, timeout_s: float = 5.0) -> bool:
+    """Whether predicate() became true within timeout_s (checked every 5 ms,
+    and once more at the deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return bool(predicate())
+
+
 def new_kv_id() -> str:
     """A fresh kv_request_id, as an orchestrator mints one per transfer."""
     return uuid.uuid4().hex

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from peerkv._engine_wake import EarlyPoller, EngineWaker, find_engine_wakeup
+from peerkv_node import wait_until
 from vllm.v1.engine import EngineCoreRequestType
 
 WAKEUP = EngineCoreRequestType.WAKEUP
@@ -43,15 +44,6 @@ def _tier_constructor():
     return nested()
 
 
-def _wait(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return False
-
-
 @pytest.mark.parametrize("engine_cls", [EngineCoreProc, DPEngineCoreProc])
 def test_finds_the_engine_being_built_and_wakes_it(engine_cls):
     engine = engine_cls(_tier_constructor)
@@ -76,11 +68,11 @@ def test_signal_sets_pending_and_wakes_until_collected():
         time.sleep(0.05)
         assert not waker.pending and not woken, "woke without a signal"
         os.eventfd_write(fd, 1)
-        assert _wait(lambda: waker.pending and woken)
+        assert wait_until(lambda: waker.pending and woken)
         waker.collecting()
         assert not waker.pending
         os.eventfd_write(fd, 1)
-        assert _wait(lambda: waker.pending and len(woken) == 2)
+        assert wait_until(lambda: waker.pending and len(woken) == 2)
     finally:
         started = time.monotonic()
         waker.stop()
@@ -113,9 +105,9 @@ def test_a_failing_wake_does_not_kill_the_thread():
     waker = EngineWaker(fd, wake, name="test-wake")
     try:
         os.eventfd_write(fd, 1)
-        assert _wait(lambda: len(calls) == 1)
+        assert wait_until(lambda: len(calls) == 1)
         os.eventfd_write(fd, 1)
-        assert _wait(lambda: len(calls) == 2)
+        assert wait_until(lambda: len(calls) == 2)
     finally:
         waker.stop()
         os.close(fd)
@@ -147,7 +139,7 @@ def test_a_signal_runs_one_poll_round_under_the_manager_lock():
         time.sleep(0.05)
         assert manager.rounds == 0, "polled without a signal"
         os.eventfd_write(fd, 1)
-        assert _wait(lambda: manager.rounds == 1)
+        assert wait_until(lambda: manager.rounds == 1)
         time.sleep(0.05)
         assert manager.rounds == 1, "one signal, more than one round"
         assert manager.unlocked_rounds == 0
@@ -179,9 +171,9 @@ def test_a_failing_round_does_not_kill_the_poller(caplog):
     try:
         with caplog.at_level("ERROR", logger="vllm.peerkv"):
             os.eventfd_write(fd, 1)
-            assert _wait(lambda: manager.rounds == 1)
+            assert wait_until(lambda: manager.rounds == 1)
             os.eventfd_write(fd, 1)
-            assert _wait(lambda: manager.rounds == 2)
+            assert wait_until(lambda: manager.rounds == 2)
         assert not manager.lock.locked(), "a failed round kept the lock"
         assert "early tier-poll round failed" in caplog.text
     finally:

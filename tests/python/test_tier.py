@@ -20,6 +20,7 @@ from peerkv_node import (
     new_kv_id,
     random_keys,
     random_rows,
+    wait_until,
 )
 from vllm_compat import HAS_TIER_POLL_THREAD
 
@@ -339,15 +340,6 @@ def test_a_steps_lookups_go_to_the_library_in_one_call(cluster):
     cluster.a.call("finish", "a", pid)
 
 
-def _wait_for(check, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
-
-
 @pytest.mark.skipif(
     not HAS_TIER_POLL_THREAD,
     reason="vLLM 0.32 has no tier-poll thread; there the engine waker steps the engine (test_engine_wake.py)",
@@ -361,15 +353,15 @@ def test_a_pinning_producer_steps_for_the_manager_alone_and_idles_once_released(
     ks, rows = random_keys(3), random_rows(3)
     cluster.a.call("store", "a", pid, None, ks, rows)
     cluster.a.call("finish", "a", pid)
-    assert _wait_for(lambda: not cluster.a.call("pending", "a"), 5.0), "the producer never went idle"
+    assert wait_until(lambda: not cluster.a.call("pending", "a"), 5.0), "the producer never went idle"
     assert cluster.b.call("ask", "b", cid, cluster.source("remote_kv_source", "a", kid), ks) == ["RETRY"] * 3
     # A answers on its poll thread and pins the three rows until B fetches or ends.
-    assert _wait_for(lambda: cluster.a.call("pending", "a"), 5.0), "the producer's manager holds no pin job"
+    assert wait_until(lambda: cluster.a.call("pending", "a"), 5.0), "the producer's manager holds no pin job"
     assert not cluster.a.call("tier_pending", "a")
     assert not cluster.b.call("tier_pending", "b")
     cluster.b.call("finish", "b", cid)
     released_within = FAST_TIMEOUTS["store_timeout_s"] / 2  # well before the pin would expire
-    assert _wait_for(lambda: not cluster.a.call("pending", "a"), released_within), (
+    assert wait_until(lambda: not cluster.a.call("pending", "a"), released_within), (
         "the producer kept its pin (and its engine stepping) after the consumer's request ended"
     )
 
