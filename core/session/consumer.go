@@ -233,6 +233,29 @@ func (s *Session) FinishConsumer(kvRequestID string) {
 			s.send(&protocol.AbortFetch{KVRequestID: kvRequestID, RoundSeq: round})
 		}
 	}
+	s.closeLookup(kvRequestID, r)
+}
+
+// EndLookup ends a request's lookups here while the request goes on: the
+// terminal fetch releases every row the peer pinned for its answers, and
+// nothing more is asked under kvRequestID. It does nothing, and says
+// false, while a fetch of the request from this peer is in flight.
+func (s *Session) EndLookup(kvRequestID string) bool {
+	r := s.consumer.requests[kvRequestID]
+	if r == nil {
+		return true
+	}
+	if len(r.loads) > 0 {
+		return false
+	}
+	s.closeLookup(kvRequestID, r)
+	return true
+}
+
+// closeLookup sends the terminal fetch if the peer holds lookup state for
+// the request, and forgets its probes.
+func (s *Session) closeLookup(kvRequestID string, r *consumerRequest) {
+	c := &s.consumer
 	if r.lookupOpen {
 		r.lookupOpen = false
 		s.send(&protocol.Fetch{KVRequestID: kvRequestID, Keys: [][]byte{}, BlockIndexes: []uint64{}, RoundSeq: r.round})

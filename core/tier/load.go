@@ -266,7 +266,28 @@ func (t *Tier) settleLoad(l *pullLoad) {
 		t.report(l.jobID, false, 0)
 		return
 	}
+	t.releaseUnused(l)
 	t.report(l.jobID, true, int64(l.landed)*int64(t.region.RowLen))
+}
+
+// releaseUnused ends the lookups of the sources that gave a landed load no
+// row. Their answers pinned rows no fetch will read, and a producer's
+// engine keeps stepping while its rows are pinned (vLLM steps while its
+// manager holds jobs), so they go now rather than when the request ends.
+// Such a source serves the request no more; one still fetching for
+// another of its loads is kept.
+func (t *Tier) releaseUnused(l *pullLoad) {
+	if !l.pull.probe {
+		return // PD: the prefiller is the only source, and this load used it
+	}
+	for i, src := range l.pull.sources {
+		if src.down != "" || l.perSrc[i] > 0 || src.s.Dead() {
+			continue
+		}
+		if src.s.EndLookup(src.KVRequestID) {
+			src.down = fmt.Sprintf("released once load job %d landed from its other sources", l.jobID)
+		}
+	}
 }
 
 // tickLoads applies loads' deadlines and asks probing parts again.

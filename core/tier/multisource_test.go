@@ -283,6 +283,40 @@ func TestAShortPrefixStaysWithTheFirstSource(t *testing.T) {
 	r.finish("c")
 }
 
+// A source whose answers gave the load no row holds pins no fetch will
+// read: they go once the load lands, while the request goes on, and the
+// source is asked nothing more for it.
+func TestASourceTheLoadDidNotUseReleasesItsPinsOnceTheLoadLands(t *testing.T) {
+	r := newMultiRig(t, 2)
+	r.srcs[0].hold(span(0, 10)...)
+	r.srcs[1].hold(span(0, 10)...)
+	_, err := r.cons.StartRequest("c", urls(r.srcs...))
+	require.NoError(t, err)
+	r.lookupAll("c", keys(span(0, 10)...))
+	unused := r.srcs[1]
+	require.EqualValues(t, 1, unused.Stats().JobsInFlight, "its answer pinned the rows it holds")
+
+	require.True(t, r.load("c", 1, span(0, 10)).Success)
+	require.Equal(t, []int{10, 0}, r.rowsBy(span(0, 10)))
+	require.Eventually(t, func() bool {
+		st := unused.Stats()
+		return st.JobsInFlight == 0 && st.InboundActive == 0
+	}, 3*time.Second, 2*time.Millisecond, "the unused source still pins rows: %+v", unused.Stats())
+	unused.collect()
+	require.Len(t, unused.seen, 1, "the unused source's host got its pin job back")
+	for _, pin := range unused.seen {
+		assert.False(t, pin.Success, "nothing was fetched from it")
+	}
+
+	// The request goes on: a key asked now goes to the source that served it.
+	r.srcs[0].hold(10)
+	unused.hold(10)
+	got := r.lookupSettled("c", keys(10), 3*time.Second)
+	assert.Equal(t, allHit(1), got)
+	assert.EqualValues(t, 1, unused.Stats().InboundLookups, "the released source is asked nothing more")
+	r.finish("c")
+}
+
 func TestDisjointHoldingsMakeOnePrefix(t *testing.T) {
 	r := newMultiRig(t, 3)
 	r.srcs[0].hold(span(0, 10)...)

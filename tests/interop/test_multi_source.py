@@ -12,7 +12,7 @@ consumer's rows show byte for byte where every key came from.
 import pytest
 
 from interop_node import InteropNode
-from peerkv_node import ROW_BYTES, control_port, new_kv_id, random_keys, random_rows
+from peerkv_node import FAST_TIMEOUTS, ROW_BYTES, control_port, new_kv_id, random_keys, random_rows, wait_until
 from test_mixed_cluster import HOST, PEERKV, PULL_TIMEOUT_S, VLLM, Cluster, _rid
 
 
@@ -103,3 +103,30 @@ def test_stock_vllm_serves_when_the_first_source_is_down(cluster):
     assert got["rows"] == rows
     assert got["elapsed"] < 5.0, "a source that never answers does not hold back keys another one has"
     assert cluster.nodes["c"].call("stats", "c")["jobs_unreported"] == 0
+
+
+@pytest.mark.parametrize("unused", ["v", "p"])
+def test_a_source_the_load_did_not_use_is_released_before_the_request_ends(cluster, unused):
+    """Both hold the same 8 keys, and a prefix this short comes from the
+    first source alone. The other answered HIT and pinned its rows; they are
+    released once the load lands (its engine stops stepping for them), not
+    when the request ends or the producer's store timeout passes."""
+    keys, rows = random_keys(8), random_rows(8)
+    _hold(cluster, "v", keys, rows)
+    _hold(cluster, "p", keys, rows)
+    first = "p" if unused == "v" else "v"
+    c, req = cluster.nodes["c"], _rid("unused")
+    params = {"remote_kv_source": [_url(cluster, first), _url(cluster, unused)]}
+    node = cluster.nodes[unused]
+    try:
+        c.call("ask", "c", req, params, keys)
+        assert wait_until(lambda: node.call("jobs_in_flight", unused) == 1, timeout_s=PULL_TIMEOUT_S), (
+            f"{unused} never pinned the rows it was asked for")
+        got = c.call("pull", "c", req, params, keys, PULL_TIMEOUT_S)
+        assert got["results"] == ["HIT"] * 8
+        assert got["rows"] == rows
+        assert wait_until(lambda: node.call("jobs_in_flight", unused) == 0,
+                          timeout_s=FAST_TIMEOUTS["store_timeout_s"] / 2), (
+            f"{unused} still pins rows for a request whose load came from {first}")
+    finally:
+        c.call("finish", "c", req)

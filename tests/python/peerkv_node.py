@@ -310,6 +310,13 @@ class _Node:
         with manager_lock(manager):
             return manager.has_pending_work()
 
+    def jobs_in_flight(self, name: str) -> int:
+        """The manager's transfer jobs not yet finished, a producer's pinned
+        rows included (stock vLLM's tier keeps has_pending_work true for good)."""
+        manager = self.managers[name]
+        with manager_lock(manager):
+            return len(manager._jobs)
+
     def stats(self, name: str) -> dict[str, Any]:
         tier = self.managers[name].secondary_tiers[0]
         return tier._peer.stats()
