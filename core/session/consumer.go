@@ -236,19 +236,23 @@ func (s *Session) FinishConsumer(kvRequestID string) {
 	s.closeLookup(kvRequestID, r)
 }
 
-// EndLookup ends a request's lookups here while the request goes on: the
-// terminal fetch releases every row the peer pinned for its answers, and
-// nothing more is asked under kvRequestID. It does nothing, and says
-// false, while a fetch of the request from this peer is in flight.
-func (s *Session) EndLookup(kvRequestID string) bool {
+// HoldsAnswers reports whether the peer holds answers of the request that
+// no fetch closed (rows it may have pinned for them), with no fetch of the
+// request in flight.
+func (s *Session) HoldsAnswers(kvRequestID string) bool {
 	r := s.consumer.requests[kvRequestID]
-	if r == nil {
-		return true
-	}
-	if len(r.loads) > 0 {
+	return r != nil && r.lookupOpen && len(r.loads) == 0
+}
+
+// EndLookup ends a request's lookups here while the request goes on, where
+// HoldsAnswers: the terminal fetch releases every row the peer pinned for
+// its answers, and nothing more is asked under kvRequestID. It says whether
+// it did.
+func (s *Session) EndLookup(kvRequestID string) bool {
+	if !s.HoldsAnswers(kvRequestID) {
 		return false
 	}
-	s.closeLookup(kvRequestID, r)
+	s.closeLookup(kvRequestID, s.consumer.requests[kvRequestID])
 	return true
 }
 

@@ -272,6 +272,7 @@ func (t *Tier) probesAnswered(s *session.Session, kv string) {
 	for _, p := range t.pulls[kv] {
 		if p.uses(s) {
 			t.markStale(p)
+			t.releaseServed(p) // a late answer may name only keys that landed
 		}
 	}
 }

@@ -266,26 +266,51 @@ func (t *Tier) settleLoad(l *pullLoad) {
 		t.report(l.jobID, false, 0)
 		return
 	}
-	t.releaseUnused(l)
+	l.pull.markLanded(l.keys)
+	t.releaseServed(l.pull)
 	t.report(l.jobID, true, int64(l.landed)*int64(t.region.RowLen))
 }
 
-// releaseUnused ends the lookups of the sources that gave a landed load no
-// row. Their answers pinned rows no fetch will read, and a producer's
+// releaseServed ends the lookups of p's sources that can give the request
+// nothing more: each has answered every key the host asked, and every key
+// it reported is already in the host's CPU rows (from it or another
+// source). Their answers pinned rows no fetch will read, and a producer's
 // engine keeps stepping while its rows are pinned (vLLM steps while its
 // manager holds jobs), so they go now rather than when the request ends.
-// Such a source serves the request no more; one still fetching for
-// another of its loads is kept.
-func (t *Tier) releaseUnused(l *pullLoad) {
-	if !l.pull.probe {
-		return // PD: the prefiller is the only source, and this load used it
+// Checked when a load lands and when a source answers after one did. A
+// source a fetch served holds no such pins and keeps serving: its answers
+// still stand for the keys it gave.
+func (t *Tier) releaseServed(p *pull) {
+	if !p.probe || p.landedKeys == 0 {
+		return // PD: the prefiller is the only source, asked nothing
 	}
-	for i, src := range l.pull.sources {
-		if src.down != "" || l.perSrc[i] > 0 || src.s.Dead() {
+	for _, src := range p.sources {
+		if src.down != "" || src.s.Dead() || !src.s.HoldsAnswers(src.KVRequestID) || !p.servedBy(src) {
 			continue
 		}
-		if src.s.EndLookup(src.KVRequestID) {
-			src.down = fmt.Sprintf("released once load job %d landed from its other sources", l.jobID)
+		src.s.EndLookup(src.KVRequestID)
+		src.down = "released: every key it reported was loaded from another source"
+	}
+}
+
+// servedBy reports whether src answered every key of p and each key it
+// reported as a hit has landed.
+func (p *pull) servedBy(src *pullSource) bool {
+	for _, a := range p.order {
+		hit, known := src.s.Probed(src.KVRequestID, a.key)
+		if !known || (hit && !a.landed) {
+			return false
+		}
+	}
+	return true
+}
+
+// markLanded records that a successful load wrote the rows of its keys.
+func (p *pull) markLanded(keys [][]byte) {
+	for _, k := range keys {
+		if a := p.byKey[string(k)]; a != nil && !a.landed {
+			a.landed = true
+			p.landedKeys++
 		}
 	}
 }

@@ -283,9 +283,9 @@ func TestAShortPrefixStaysWithTheFirstSource(t *testing.T) {
 	r.finish("c")
 }
 
-// A source whose answers gave the load no row holds pins no fetch will
-// read: they go once the load lands, while the request goes on, and the
-// source is asked nothing more for it.
+// A source whose every reported key landed (from another source) holds
+// pins no fetch will read: they go once the load lands, while the request
+// goes on, and the source is asked nothing more for it.
 func TestASourceTheLoadDidNotUseReleasesItsPinsOnceTheLoadLands(t *testing.T) {
 	r := newMultiRig(t, 2)
 	r.srcs[0].hold(span(0, 10)...)
@@ -425,9 +425,41 @@ func TestASlowSourceDoesNotHoldThePullBack(t *testing.T) {
 	assert.Equal(t, allHit(32), r.lookupSettled("c", keys(all...), 3*time.Second))
 	require.True(t, r.load("c", 1, all).Success)
 	assert.Equal(t, []int{32, 0}, r.rowsBy(all), "only the source that answered serves")
-	r.srcs[1].paused = false // it answers late; its pins are released at finish
+	r.srcs[1].paused = false // it answers late, naming only keys that landed: its pins go at once
+	late := r.srcs[1]
+	require.Eventually(t, func() bool {
+		r.serveAll()
+		st := late.Stats()
+		return st.InboundLookups == 1 && st.JobsInFlight == 0 && st.InboundActive == 0
+	}, 3*time.Second, 2*time.Millisecond, "the late source still pins rows: %+v", late.Stats())
 	r.finish("c")
 	assert.Zero(t, r.srcs[1].Stats().BytesOut)
+}
+
+// A load that lands before a slower source answered does not end that
+// source: the keys only it has come from it in a later load.
+func TestASourceThatHasKeysNotLoadedYetKeepsServing(t *testing.T) {
+	r := newMultiRig(t, 2)
+	r.srcs[0].hold(span(0, 30)...)
+	r.srcs[1].hold(span(10, 40)...)
+	r.srcs[1].paused = true
+	_, err := r.cons.StartRequest("c", urls(r.srcs...))
+	require.NoError(t, err)
+	all := keys(span(0, 40)...)
+	require.Eventually(t, func() bool {
+		got := r.cons.lookup("c", all)
+		require.NoError(t, r.cons.OnScheduleEnd())
+		r.serveAll()
+		return assert.ObjectsAreEqual(allHit(30), got[:30])
+	}, 3*time.Second, 2*time.Millisecond, "the answered source's prefix is HIT")
+	require.True(t, r.load("c", 1, span(0, 30)).Success)
+	assert.Equal(t, []int{30, 0}, r.rowsBy(span(0, 30)))
+
+	r.srcs[1].paused = false // the host asks on about the keys it has not loaded
+	assert.Equal(t, allHit(10), r.lookupSettled("c", all[30:], 3*time.Second), "keys 30-39 are only at the slower source")
+	require.True(t, r.load("c", 2, span(30, 40)).Success)
+	assert.Equal(t, []int{0, 10}, r.rowsBy(span(30, 40)))
+	r.finish("c")
 }
 
 func TestASourceFailingMidLoadFailsOver(t *testing.T) {

@@ -26,6 +26,8 @@ type pull struct {
 	spare   []keyAnswer // allocated ahead for the keys of one host call (reserve)
 	keyBuf  []byte      // room for their copies, likewise
 	settled int
+	// landedKeys counts keys whose rows a successful load wrote.
+	landedKeys int
 	// failed: a load failed, so every lookup answers MISS and the host
 	// recomputes. It belongs to this request alone: a later request reusing
 	// a kv id starts clean.
@@ -53,6 +55,8 @@ type keyAnswer struct {
 	key  []byte
 	last LookupResult
 	told LookupResult // what the host was told last (it asks again only after RETRY)
+	// landed: a successful load of this request wrote the key's row.
+	landed bool
 }
 
 // mintKVID returns a kv_request_id no other consumer can pick: 128 random bits.

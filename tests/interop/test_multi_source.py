@@ -108,9 +108,9 @@ def test_stock_vllm_serves_when_the_first_source_is_down(cluster):
 @pytest.mark.parametrize("unused", ["v", "p"])
 def test_a_source_the_load_did_not_use_is_released_before_the_request_ends(cluster, unused):
     """Both hold the same 8 keys, and a prefix this short comes from the
-    first source alone. The other answered HIT and pinned its rows; they are
-    released once the load lands (its engine stops stepping for them), not
-    when the request ends or the producer's store timeout passes."""
+    first source alone. The other answered HIT and pinned its rows; every key
+    it has landed, so they are released then (its engine stops stepping for
+    them), not when the request ends or the producer's store timeout passes."""
     keys, rows = random_keys(8), random_rows(8)
     _hold(cluster, "v", keys, rows)
     _hold(cluster, "p", keys, rows)
