@@ -293,10 +293,14 @@ func (t *Tier) releaseServed(p *pull) {
 	}
 }
 
-// servedBy reports whether src answered every key of p and each key it
-// reported as a hit has landed.
+// servedBy reports whether src answered every key of p up to the end of
+// its prefix (the first MISS: no key after it is ever loaded) and each key
+// it reported as a hit has landed.
 func (p *pull) servedBy(src *pullSource) bool {
 	for _, a := range p.order {
+		if a.last == Miss {
+			return true
+		}
 		hit, known := src.s.Probed(src.KVRequestID, a.key)
 		if !known || (hit && !a.landed) {
 			return false

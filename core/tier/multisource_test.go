@@ -317,6 +317,32 @@ func TestASourceTheLoadDidNotUseReleasesItsPinsOnceTheLoadLands(t *testing.T) {
 	r.finish("c")
 }
 
+// Keys past the end of the cached prefix are never loaded, so what the
+// sources say of them does not keep a source whose hits landed.
+func TestAPromptLongerThanTheCachedPrefixStillReleasesTheUnusedSource(t *testing.T) {
+	r := newMultiRig(t, 2)
+	r.srcs[0].hold(span(0, 10)...)
+	r.srcs[1].hold(span(0, 10)...)
+	_, err := r.cons.StartRequest("c", urls(r.srcs...))
+	require.NoError(t, err)
+	got := r.lookupAll("c", keys(span(0, 11)...))
+	require.Equal(t, allHit(10), got[:10])
+	// Keys asked once the prefix is known to end are MISS here and now:
+	// no source is asked about them.
+	for _, res := range r.cons.lookup("c", keys(span(11, 16)...)) {
+		require.Equal(t, tier.Miss, res)
+	}
+	unused := r.srcs[1]
+	require.EqualValues(t, 1, unused.Stats().JobsInFlight, "its answer pinned the rows it holds")
+
+	require.True(t, r.load("c", 1, span(0, 10)).Success)
+	require.Eventually(t, func() bool {
+		st := unused.Stats()
+		return st.JobsInFlight == 0 && st.InboundActive == 0
+	}, 3*time.Second, 2*time.Millisecond, "the unused source still pins rows: %+v", unused.Stats())
+	r.finish("c")
+}
+
 func TestDisjointHoldingsMakeOnePrefix(t *testing.T) {
 	r := newMultiRig(t, 3)
 	r.srcs[0].hold(span(0, 10)...)
