@@ -272,9 +272,9 @@ func (t *Tier) settleLoad(l *pullLoad) {
 }
 
 // releaseServed ends the lookups of p's sources that can give the request
-// nothing more: each has answered every key the host asked, and every key
-// it reported is already in the host's CPU rows (from it or another
-// source). Their answers pinned rows no fetch will read, and a producer's
+// nothing more: each has answered every key the host asked up to the end
+// of the prefix, and every key it reported is already in the host's CPU
+// rows (from another source). Their answers pinned rows no fetch will read, and a producer's
 // engine keeps stepping while its rows are pinned (vLLM steps while its
 // manager holds jobs), so they go now rather than when the request ends.
 // Checked when a load lands and when a source answers after one did. A
