@@ -93,6 +93,7 @@ class _NotifyThread:
         self._fd = notify_fd
         self._stopping = threading.Event()
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._stop_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -100,19 +101,34 @@ class _NotifyThread:
         raise NotImplementedError
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stopping.set()
-        try:
-            os.write(self._stop_w, b"x")
-        except OSError:
-            pass
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            logger.warning("peerkv thread %s did not stop within %.0fs", self._thread.name, timeout)
-            return  # it still polls the pipe: leave it open
-        os.close(self._stop_r)
-        os.close(self._stop_w)
+        """Ends the thread and closes its pipe. Idempotent: a second call
+        must not close descriptor numbers the process may have reused."""
+        with self._stop_lock:
+            if self._stop_r < 0:
+                return
+            self._stopping.set()
+            try:
+                os.write(self._stop_w, b"x")
+            except OSError:
+                pass
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("peerkv thread %s did not stop within %.0fs", self._thread.name, timeout)
+                return  # it still polls the pipe: leave it open
+            os.close(self._stop_r)
+            os.close(self._stop_w)
+            self._stop_r = self._stop_w = -1
+
+    def _exited(self) -> None:
+        """Runs on the thread as it ends, whatever ended it."""
 
     def _run(self) -> None:
+        try:
+            self._wait_for_signals()
+        finally:
+            self._exited()
+
+    def _wait_for_signals(self) -> None:
         poller = select.poll()
         poller.register(self._fd, select.POLLIN)
         poller.register(self._stop_r, select.POLLIN)
@@ -176,9 +192,17 @@ class EarlyPoller(_NotifyThread):
     under the manager's lock, which covers the whole round as vLLM requires.
     """
 
-    def __init__(self, notify_fd: int, lock: Any, poll: Callable[[], None], name: str) -> None:
+    def __init__(
+        self,
+        notify_fd: int,
+        lock: Any,
+        poll: Callable[[], None],
+        name: str,
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
         self._lock = lock
         self._poll = poll
+        self._on_exit = on_exit
         self._failing_since: float | None = None
         self._failures = 0  # in a row
         self._failure_logged_at = 0.0
@@ -203,6 +227,10 @@ class EarlyPoller(_NotifyThread):
         # Python locks are not fair: pause before the next round so a
         # scheduler thread waiting for the lock gets it (as vLLM's thread does).
         self._stopping.wait(_MIN_ROUND_GAP_S)
+
+    def _exited(self) -> None:
+        if self._on_exit is not None:
+            self._on_exit()
 
     def _failed(self) -> None:
         now = time.monotonic()

@@ -554,8 +554,8 @@ class PeerKVTier(SecondaryTierManager):
         if self._local_results:
             return True
         if self._polled:
-            # vLLM's tier-poll thread (and the early poller) serve peers and
-            # collect results between steps, and every job in flight is in
+            # vLLM's tier-poll thread and the early poller (while it runs:
+            # _early_poller_ended) serve peers and collect results between steps, and every job in flight is in
             # the manager's own table, which keeps the engine stepping. Only
             # an inbound lookup with keys still pending needs steps: a
             # promotion it waits for (from another tier) is submitted at
@@ -794,7 +794,18 @@ class PeerKVTier(SecondaryTierManager):
             )
             return
         lock, round_ = found
-        self._early_poller = EarlyPoller(self._peer.notify_fd(), lock, round_, name="peerkv-early-poll")
+        self._early_poller = EarlyPoller(
+            self._peer.notify_fd(), lock, round_, name="peerkv-early-poll", on_exit=self._early_poller_ended
+        )
+
+    def _early_poller_ended(self) -> None:
+        """On the poller's thread as it ends (given up after failing rounds,
+        its notify fd unreadable, or shutdown). vLLM's own tier-poll thread
+        may have given up as well (it stops after 30 s of failed rounds) and
+        the tier cannot see that, so from now on has_pending_work reports work
+        from the library's news, as without a tier-poll thread: the engine
+        steps, and serves peers, while something is pending."""
+        self._polled = False
 
     def _log_once(self, key: str, fmt: str, *args: Any) -> None:
         if key in self._logged_once:

@@ -184,6 +184,18 @@ class _Node:
 
         threading.Thread(target=run, daemon=True, name=f"engine-{name}").start()
 
+    def end_early_poll(self, name: str) -> None:
+        """Ends the tier's early poller (as when it gives up after failing
+        rounds), then steps the manager while it has_pending_work(), as
+        EngineCore's busy loop does on a vLLM whose tier-poll thread has
+        stopped."""
+        manager = self.managers[name]
+        with manager_lock(manager):
+            poller = manager.secondary_tiers[0]._early_poller
+        assert poller is not None, "the tier runs no early poller"
+        poller.stop()
+        self._start_engine_loop(name, manager)
+
     def _stop_engine_loop(self, name: str) -> None:
         stop = self.__dict__.get("_engine_loops", {}).pop(name, None)
         if stop is not None:

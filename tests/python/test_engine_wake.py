@@ -179,3 +179,43 @@ def test_a_failing_round_does_not_kill_the_poller(caplog):
     finally:
         poller.stop()
         os.close(fd)
+
+
+def test_a_poller_whose_rounds_keep_failing_gives_up_and_says_so(monkeypatch, caplog):
+    """After _GIVE_UP_AFTER_S of failing rounds (and that many in a row) the
+    poller stops, and its on_exit callback runs, so the tier can go back to
+    asking for engine steps."""
+    import peerkv._engine_wake as engine_wake
+
+    monkeypatch.setattr(engine_wake, "_GIVE_UP_AFTER_S", 0.0)
+    monkeypatch.setattr(engine_wake, "_GIVE_UP_AFTER_FAILURES", 3)
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    manager = _Manager(fail=True)
+    ended = threading.Event()
+    poller = EarlyPoller(fd, manager.lock, manager.poll_tiers, name="test-poll", on_exit=ended.set)
+    try:
+        with caplog.at_level("ERROR", logger="vllm.peerkv"):
+            for rounds in (1, 2):
+                os.eventfd_write(fd, 1)
+                assert wait_until(lambda: manager.rounds == rounds)
+            assert not ended.is_set(), "gave up before _GIVE_UP_AFTER_FAILURES rounds"
+            os.eventfd_write(fd, 1)
+            assert ended.wait(5), "the poller did not end after failing rounds"
+        assert "stopping them" in caplog.text
+        os.eventfd_write(fd, 1)
+        time.sleep(0.05)
+        assert manager.rounds == 3, "a round ran after the poller gave up"
+    finally:
+        poller.stop()
+        os.close(fd)
+
+
+def test_stop_runs_on_exit_once_and_may_be_called_again():
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    manager = _Manager()
+    calls = []
+    poller = EarlyPoller(fd, manager.lock, manager.poll_tiers, name="test-poll", on_exit=lambda: calls.append(1))
+    poller.stop()
+    poller.stop()  # idempotent: closes nothing twice
+    os.close(fd)
+    assert calls == [1]

@@ -387,3 +387,33 @@ def test_an_idle_producer_answers_without_waiting_for_vllms_poll_interval(cluste
     cluster.a.call("finish", "a_slow_poll", pid)
     assert got["results"] == ["HIT"] * 4 and got["rows"] == rows
     assert elapsed < interval_s / 6, f"the pull took {elapsed:.1f} s"
+
+
+@pytest.mark.skipif(
+    not HAS_TIER_POLL_THREAD,
+    reason="vLLM 0.32 has no tier-poll thread; there the engine waker steps an idle producer (test_engine_wake.py)",
+)
+def test_a_producer_whose_early_poller_ended_is_stepped_for_a_peers_lookup(cluster):
+    """With vLLM's tier-poll thread the tier asks for a step only while a
+    peer's lookup is being served. Once its own early poller has ended (it
+    gives up after failing rounds) the tier cannot tell whether vLLM's thread
+    still runs (it gives up too), so it reports the library's news as work:
+    the engine steps and answers the peer instead of leaving it unanswered."""
+    interval_s = 60.0  # vLLM's own rounds come too late to serve this pull
+    cluster.add(cluster.a, "a_poll_ended", spec_options={"tier_poll_interval_s": interval_s})
+    pid, kid = "poll-ended-p", new_kv_id()
+    ks, rows = random_keys(4), random_rows(4)
+    cluster.a.call("store", "a_poll_ended", pid, None, ks, rows)  # starts the early poller
+    cluster.a.call("end_early_poll", "a_poll_ended")
+    try:
+        started = time.monotonic()
+        got = cluster.b.call(
+            "pull", "b", "poll-ended-c", cluster.source("remote_kv_source", "a_poll_ended", kid), ks, 10.0
+        )
+        elapsed = time.monotonic() - started
+        cluster.b.call("finish", "b", "poll-ended-c")
+        cluster.a.call("finish", "a_poll_ended", pid)
+        assert got["results"] == ["HIT"] * 4 and got["rows"] == rows
+        assert elapsed < interval_s / 6, f"the pull took {elapsed:.1f} s"
+    finally:
+        cluster.a.call("shutdown", "a_poll_ended")
