@@ -3,6 +3,9 @@
 //
 //   - zmqctl: two zmqctl Transports in this process; B's consumer echoes
 //     every frame back;
+//   - zmqctl, 2 processes: the same with B in a child process, as two
+//     engines are, and as the pyzmq baseline runs (the ratio to pyzmq is
+//     taken from this case);
 //   - raw: the same topology (each side a bound ROUTER plus a DEALER to the
 //     other, as vLLM's zmq.py) on pebbe/zmq4 sockets read with blocking
 //     receives on dedicated goroutines: the floor for Go over libzmq;
@@ -14,7 +17,7 @@
 // and p99 of each and the ratios, e.g.:
 //
 //	zmqfloor: zmqctl round trip (256 B): p50 80µs; p99 200µs
-//	zmqfloor: ratios p50 (p99): zmqctl/raw 1.10 (1.20); zmqctl/pyzmq 1.30 (1.40)
+//	zmqfloor: ratios p50 (p99): zmqctl/raw 1.10 (1.20); zmqctl (2 processes)/pyzmq 1.30 (1.40)
 package main
 
 import (
@@ -46,7 +49,17 @@ const (
 	waitBound = 5 * time.Second
 )
 
+// echoChildEnv marks the child that runs B of the two-process case.
+const echoChildEnv = "PEERKV_ZMQFLOOR_ECHO"
+
 func main() {
+	if os.Getenv(echoChildEnv) != "" {
+		if err := runEchoChild(); err != nil {
+			fmt.Fprintln(os.Stderr, "zmqfloor child:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	rounds := flag.Int("rounds", 5000, "round trips to time per case")
 	peers := flag.Int("peers", 64, "DEALERs open on A in the many-peers case (0 skips it)")
 	python := flag.String("python", ".venv/bin/python", "Python with pyzmq for the baseline (\"\" skips it)")
@@ -75,6 +88,11 @@ func run(rounds, peers int, python string) error {
 		return fmt.Errorf("zmqctl: %w", err)
 	}
 	fmt.Printf("zmqfloor: zmqctl round trip (%d B): %v\n", frameLen, zc)
+	zc2, err := benchZmqctlTwoProcesses(rounds)
+	if err != nil {
+		return fmt.Errorf("zmqctl, 2 processes: %w", err)
+	}
+	fmt.Printf("zmqfloor: zmqctl round trip, 2 processes: %v\n", zc2)
 	raw, err := benchRaw(rounds)
 	if err != nil {
 		return fmt.Errorf("raw: %w", err)
@@ -105,7 +123,8 @@ func run(rounds, peers int, python string) error {
 	}
 	line := "zmqfloor: ratios p50 (p99): zmqctl/raw " + ratio(zc, raw)
 	if py != nil {
-		line += "; zmqctl/pyzmq " + ratio(zc, *py) + "; raw/pyzmq " + ratio(raw, *py)
+		line += "; zmqctl (2 processes)/pyzmq " + ratio(zc2, *py) + "; zmqctl (1 process)/pyzmq " + ratio(zc, *py) +
+			"; raw (1 process)/pyzmq " + ratio(raw, *py)
 	}
 	fmt.Println(line)
 	return nil
@@ -173,11 +192,16 @@ func benchZmqctl(rounds, extra int) (result, error) {
 			}
 		}
 	}
+	return timeEchoes(a, b.LocalID(), rounds)
+}
+
+// timeEchoes times rounds of a.Send to peer and the echo's arrival.
+func timeEchoes(a *zmqctl.Transport, peer string, rounds int) (result, error) {
 	frame := make([]byte, frameLen)
 	timer := time.NewTimer(waitBound)
 	defer timer.Stop()
 	roundTrip := func() error {
-		if err := a.Send(b.LocalID(), frame); err != nil {
+		if err := a.Send(peer, frame); err != nil {
 			return err
 		}
 		timer.Reset(waitBound)
@@ -197,6 +221,46 @@ func benchZmqctl(rounds, extra int) (result, error) {
 		}
 	}
 	return timeRounds(rounds, roundTrip)
+}
+
+// benchZmqctlTwoProcesses times A in this process against B's echo in a
+// child process.
+func benchZmqctlTwoProcesses(rounds int) (result, error) {
+	child, err := benchproc.Start(waitBound, echoChildEnv+"=1")
+	if err != nil {
+		return result{}, err
+	}
+	defer child.Stop()
+	peer, err := child.ReadLine()
+	if err != nil {
+		return result{}, err
+	}
+	a, err := newTransport()
+	if err != nil {
+		return result{}, err
+	}
+	defer a.Close()
+	return timeEchoes(a, peer, rounds)
+}
+
+// runEchoChild is B of the two-process case: it prints its peer id, echoes
+// every frame to its sender and exits when stdin closes.
+func runEchoChild() error {
+	b, err := newTransport()
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	go func() {
+		for ev := range b.Events() {
+			if ev.Kind == control.EventFrame {
+				_ = b.Send(ev.PeerID, ev.Frame)
+			}
+		}
+	}()
+	fmt.Println(b.LocalID())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return nil
 }
 
 func bindEphemeral(s *zmq.Socket) (int, error) {
