@@ -555,8 +555,9 @@ class PeerKVTier(SecondaryTierManager):
             return True
         if self._polled:
             # vLLM's tier-poll thread and the early poller (while it runs:
-            # _early_poller_ended) serve peers and collect results between steps, and every job in flight is in
-            # the manager's own table, which keeps the engine stepping. Only
+            # _early_poller_ended) serve peers and collect results between
+            # steps, and every job in flight is in the manager's own table,
+            # which keeps the engine stepping. Only
             # an inbound lookup with keys still pending needs steps: a
             # promotion it waits for (from another tier) is submitted at
             # on_schedule_end, never by the poll thread; likewise work left
