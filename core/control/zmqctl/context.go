@@ -26,9 +26,7 @@ const maxSockets = 1<<16 - 1
 // in one context that walk grows with the process's connections. In the
 // 64-peer scale bench (8 peers a process, interleaved runs) four threads
 // matched a context per peer (1828-3429 lookups/s against 1975-2584); two
-// were 1.5x slower, eight no faster. With 5 s heartbeats and no TTL the
-// walks matter less, but four still gave the best paced p99 (ratio to 2
-// peers 1.76-1.94, against 1.85-3.2 with two threads and 2.7-6.9 with one).
+// were 1.5x slower, eight no faster.
 const ioThreads = 4
 
 // errForkedChild refuses a child that would use its parent's context:

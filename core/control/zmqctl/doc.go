@@ -32,9 +32,9 @@
 // same). A peer that restarts with the same "host:port" can therefore be
 // refused, its frames silently not routed, while the receiver still holds the
 // old connection. A cleanly closed peer is released at once; a peer that died
-// without closing its socket is reaped by the ZMTP heartbeat (interval 5 s,
-// timeout 10 s, on the ROUTER and every DEALER; see Options), so expect
-// up to ~15 s before a restarted peer with the same id is heard. The sender's identity must equal the string
+// without closing its socket is reaped by the ZMTP heartbeat (interval 2 s,
+// timeout 10 s, TTL 10 s, as vLLM, on the ROUTER and every DEALER), so expect
+// up to ~12 s before a restarted peer with the same id is heard. The sender's identity must equal the string
 // the receiver dialed, or the receiver sees its replies as a new peer.
 //
 // # Peer loss
