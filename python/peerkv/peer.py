@@ -18,7 +18,6 @@ import threading
 import weakref
 from collections.abc import Iterable, Sequence
 from ctypes import byref, c_int32, c_int64, c_size_t
-from itertools import chain
 from typing import Any, NamedTuple
 
 from peerkv import _lib
@@ -265,23 +264,27 @@ class Peer:
             self._check(rc)
             return self._mode.value
 
-    def lookup_many(self, requests: Sequence[tuple[str, Sequence[bytes]]]) -> Sequence[int]:
+    def lookup_many(self, requests: Sequence[tuple[str | bytes, Sequence[bytes]]]) -> Sequence[int]:
         """lookup for several requests and on_schedule_end, in one call; the
-        LOOKUP_* of every key, in order."""
-        n = len(requests)
-        ids = (ctypes.c_char_p * n)(*[req_id.encode() for req_id, _ in requests])
-        counts = (c_size_t * n)(*[len(ks) for _, ks in requests])
-        blob = b"".join(chain.from_iterable(ks for _, ks in requests))
-        total = sum(counts)
-        key_len = len(requests[0][1][0]) if total and requests[0][1] else self.key_len
-        if total == 0:
-            key_len = 0
-        elif key_len <= 0 or len(blob) != total * key_len:
+        LOOKUP_* of every key, in order. A request id may be given encoded
+        (UTF-8), as the vLLM tier does: it calls once per step with many."""
+        ids: list[bytes] = []
+        counts: list[int] = []
+        flat: list[bytes] = []
+        for req_id, ks in requests:
+            ids.append(req_id if isinstance(req_id, bytes) else req_id.encode())
+            counts.append(len(ks))
+            flat.extend(ks)
+        n, total = len(ids), len(flat)
+        blob = b"".join(flat)
+        key_len = len(flat[0]) if total else 0
+        if total and (key_len <= 0 or len(blob) != total * key_len):
             raise InvalidArgumentError("keys of different lengths in one call")
         results = (c_int32 * total)()
         with self._lock:
             rc = self._lib.peerkv_lookup_many(
-                self._h(), n, ids, counts, blob, key_len, results, self._err, _ERR_CAP
+                self._h(), n, (ctypes.c_char_p * n)(*ids), (c_size_t * n)(*counts), blob, key_len, results,
+                self._err, _ERR_CAP,
             )
             self._check(rc)
         return results

@@ -190,11 +190,12 @@ class _RequestState:
     """What the tier knows about one request, cached on its ReqContext: what
     the library told it about each key, so vLLM's lookups need no call."""
 
-    __slots__ = ("started", "req_id", "fixed", "answers", "order", "positions", "unsent", "queued")
+    __slots__ = ("started", "req_id", "req_id_bytes", "fixed", "answers", "order", "positions", "unsent", "queued")
 
     def __init__(self, started: bool, req_id: str = "", fixed: LookupResult | None = LookupResult.MISS) -> None:
         self.started = started
         self.req_id = req_id
+        self.req_id_bytes = req_id.encode()  # as lookup_many passes it, once per request
         # The answer for every key (MISS: not pulling or failed; HIT: a PD
         # decoder), or None: each key is asked of the sources.
         self.fixed = fixed
@@ -303,6 +304,10 @@ class PeerKVTier(SecondaryTierManager):
         # (added at on_new_request, removed at on_request_finished).
         self._tracked: dict[str, _RequestState] = {}
         self._to_send: list[_RequestState] = []  # requests with keys asked this step
+        # The request lookup saw last and its state: vLLM looks up every key
+        # of one request in a row, and get_state is a call per key. One
+        # tuple, replaced whole; reset wherever a context's state is set.
+        self._last_lookup: tuple[ReqContext | None, _RequestState | None] = (None, None)
         self._inbound_more = False  # the last serve pass stopped at its cap
         self._seen = [0] * 4  # news counts collected, by peerkv.peer.NEWS_*
 
@@ -335,6 +340,7 @@ class PeerKVTier(SecondaryTierManager):
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         self._check_hash_seed_once()
+        self._last_lookup = (None, None)  # this context's state is about to be set
         params = req_context.kv_transfer_params
         if not params or self._peer is None:
             req_context.set_state(_RequestState(started=False))
@@ -371,7 +377,10 @@ class PeerKVTier(SecondaryTierManager):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         # Called per key per step: answered from what the library told us.
-        state = req_context.get_state(_RequestState)
+        ctx, state = self._last_lookup
+        if ctx is not req_context:
+            state = req_context.get_state(_RequestState)
+            self._last_lookup = (req_context, state)
         if state is None:
             return _MISS
         answer = state.answers.get(key, state.fixed)
@@ -412,7 +421,7 @@ class PeerKVTier(SecondaryTierManager):
         if not requests:
             return
         try:
-            results = self._peer.lookup_many([(state.req_id, keys) for state, keys in requests])
+            results = self._peer.lookup_many([(state.req_id_bytes, keys) for state, keys in requests])
         except PeerKVError as exc:
             self._log_once("lookup_many", "sending lookups failed: %s; those requests recompute", exc)
             for state, _ in requests:
@@ -453,6 +462,7 @@ class PeerKVTier(SecondaryTierManager):
         state.started = False
         state.fail()
         self._tracked.pop(req_context.req_id, None)
+        self._last_lookup = (None, None)  # holds no finished request
         try:
             self._peer.request_finish(req_context.req_id)
         except PeerKVError as exc:

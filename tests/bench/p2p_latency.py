@@ -33,7 +33,9 @@ from peerkv_node import ROW_BYTES, control_port, new_kv_id, random_keys, random_
 
 KEYS = 16
 ROUNDS = 30
-STEP_MS = 1.0
+# The consumer's step interval; P2P_LATENCY_STEP_MS=0.05 approximates an
+# engine that steps without pause while a request waits (vLLM 0.33).
+STEP_MS = float(os.environ.get("P2P_LATENCY_STEP_MS", "1.0"))
 BUSY_HOLD_MS, BUSY_GAP_MS = 30.0, 1.0
 HOST = "127.0.0.1"
 

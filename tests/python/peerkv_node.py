@@ -306,6 +306,23 @@ class _Node:
         self._step(name, [req_id])
         return results
 
+    def ask_interleaved(self, name: str, requests: list[tuple[str, dict | None, list[bytes]]]) -> dict[str, list[str]]:
+        """One scheduler step whose lookups of the tier alternate between
+        requests key by key (vLLM asks one request after another; this is the
+        worst case for anything that remembers the last request looked up).
+        The tier's own answers: the manager would start promotions on HITs."""
+        manager = self.managers[name]
+        tier = manager.secondary_tiers[0]
+        ctxs = [(req_id, self._ctx(name, req_id, params), keys) for req_id, params, keys in requests]
+        results: dict[str, list[str]] = {req_id: [] for req_id, _, _ in requests}
+        with manager_lock(manager):
+            for i in range(max(len(keys) for _, _, keys in ctxs)):
+                for req_id, ctx, keys in ctxs:
+                    if i < len(keys):
+                        results[req_id].append(tier.lookup(keys[i], ctx).name)
+        self._step(name, [req_id for req_id, _, _ in requests])
+        return results
+
     def tier_pending(self, name: str) -> bool:
         """The tier's own has_pending_work(), apart from the manager's."""
         manager = self.managers[name]

@@ -144,6 +144,45 @@ def test_keys_asked_after_a_load_are_answered_in_their_own_places(cluster):
     a.call("finish", "a", "src-more")
 
 
+def test_lookups_alternating_between_requests_get_each_requests_own_answers(cluster):
+    """Within one step, lookups of a P2P request, a PD decoder and a request
+    without kv_transfer_params alternate key by key: each gets its own
+    answers (RETRY then the source's HIT/MISS, HIT, MISS), also in the steps
+    after the answers came, and after one of them finished and a new request
+    took its id."""
+    a, b = cluster.a, cluster.b
+    keys, rows = random_keys(4), random_rows(3)
+    a.call("store", "a", "src-alt", None, keys[:3], rows)
+    kid = new_kv_id()
+    pd_keys, pd_rows = random_keys(4), random_rows(4)
+    a.call("store", "a", "pf-alt", {"remote_decoder": {"kv_request_id": kid}}, pd_keys, pd_rows)
+    requests = [
+        ("alt-p2p", cluster.source("remote_kv_source", "a", new_kv_id()), keys),
+        ("alt-pd", cluster.source("remote_prefiller", "a", kid), pd_keys),
+        ("alt-local", None, random_keys(4)),
+    ]
+    deadline = time.monotonic() + PULL_TIMEOUT_S
+    while True:
+        got = b.call("ask_interleaved", "b", requests)
+        assert got["alt-pd"] == ["HIT"] * 4, got
+        assert got["alt-local"] == ["MISS"] * 4, got
+        if "RETRY" not in got["alt-p2p"]:
+            break
+        assert time.monotonic() < deadline, got
+        time.sleep(0.005)
+    assert got["alt-p2p"] == ["HIT"] * 3 + ["MISS"], got
+    pd = b.call("pull", "b", "alt-pd", requests[1][1], pd_keys, PULL_TIMEOUT_S)  # the prefiller's store is fetched
+    assert pd["results"] == ["HIT"] * 4 and pd["rows"] == pd_rows
+    b.call("finish", "b", "alt-pd")
+    again = b.call("ask_interleaved", "b", [requests[0], ("alt-pd", None, pd_keys)])
+    assert again["alt-p2p"] == ["HIT"] * 3 + ["MISS"], again
+    assert again["alt-pd"] == ["MISS"] * 4, again  # a new request under the finished one's id: its own state
+    for req_id in ("alt-p2p", "alt-pd", "alt-local"):
+        b.call("finish", "b", req_id)
+    a.call("finish", "a", "src-alt")
+    a.call("finish", "a", "pf-alt")
+
+
 def test_prefiller_pulls_prefix_and_serves_decoder(cluster):
     """remote_decoder + remote_kv_source: B pulls a prefix from A, computes the
     rest, and serves everything to a decoder (a_dec) that never saw either."""
