@@ -46,9 +46,10 @@ type Transport interface {
 	Connect(peerID string) error
 	// Send queues one frame for peerID.
 	Send(peerID string, frame []byte) error
-	// Disconnect closes the connection to peerID. Frames already sent get a
-	// short, bounded chance to go out (a goodbye must reach a peer we
-	// reject); no EventPeerDown follows.
+	// Disconnect ends our use of the connection to peerID. Frames already
+	// sent get a short, bounded chance to go out (a goodbye must reach a
+	// peer we reject); no EventPeerDown follows. A Send or Connect soon
+	// after may reuse the connection, and is reported as usual from then.
 	Disconnect(peerID string)
 	// Events is the inbound stream; see the package contract.
 	Events() <-chan Event

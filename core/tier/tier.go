@@ -313,7 +313,7 @@ func (t *Tier) onEvent(ev control.Event) {
 				t.logf("WARNING", "refusing peer %s (from %s): %s", ev.PeerID, ev.Addr, why)
 				if ev.PeerID != t.env.LocalID {
 					_ = t.send(ev.PeerID, &protocol.Disconnect{})
-					t.ctl.Disconnect(ev.PeerID) // the goodbye lingers briefly; no connection stays behind
+					t.ctl.Disconnect(ev.PeerID) // the goodbye lingers briefly, then the connection closes
 				}
 				return
 			}

@@ -103,7 +103,7 @@ func (s *sharedContext) release(ctx *zmq.Context) error {
 }
 
 // lingerBound is how long the last release's Term may wait for DEALERs
-// that Transports closed by Disconnect, at most.
+// that Transports parked by Disconnect and closed at Close, at most.
 func (s *sharedContext) lingerBound() time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -27,15 +27,34 @@
 //
 // # Identity rules
 //
-// A ROUTER routes by identity and does not hand an identity over to a new
-// connection (vLLM sets no ROUTER_HANDOVER, and neither do we, to behave the
-// same). A peer that restarts with the same "host:port" can therefore be
-// refused, its frames silently not routed, while the receiver still holds the
-// old connection. A cleanly closed peer is released at once; a peer that died
-// without closing its socket is reaped by the ZMTP heartbeat (interval 2 s,
-// timeout 10 s, TTL 10 s, as vLLM, on the ROUTER and every DEALER), so expect
-// up to ~12 s before a restarted peer with the same id is heard. The sender's identity must equal the string
-// the receiver dialed, or the receiver sees its replies as a new peer.
+// A ROUTER routes by identity. libzmq's ROUTER without ROUTER_HANDOVER
+// (vLLM's, and ours in plaintext) reads a new connection's routing id,
+// finds it taken by an older connection, and never reads the new
+// connection again: every frame on it is lost, even after the old one has
+// gone. Hence:
+//
+//   - Toward any ROUTER we do not open a second connection under our
+//     identity while the first is ours to reuse: a DEALER the owner
+//     disconnected stays open for DisconnectLinger, and a Send or Connect
+//     meanwhile takes it back (see Teardown).
+//   - In plaintext our ROUTER keeps handover off: with it, anyone who can
+//     reach the port could dial under an established peer's id and leave
+//     that peer's connection unread (libzmq stops reading it; it closes
+//     only when the heartbeat times out, ~12 s), again and again. Without
+//     it, such a dialer is the one left unread; what it can still do is
+//     dial first, before the peer's own connection exists (docs/security.md,
+//     D6).
+//   - Under CURVE only members can dial, and our ROUTER sets handover: a
+//     member that restarted before we saw its old link close is heard on
+//     its new connection at once.
+//
+// A peer that died without closing its socket is reaped by the ZMTP
+// heartbeat (interval 2 s, timeout 10 s, TTL 10 s, as vLLM, on the ROUTER
+// and every DEALER). In plaintext a restarted peer whose new connection
+// arrived before that is unheard on it until that connection ends (a
+// peerkv peer's handshake with us times out, and a later one dials anew). The
+// sender's identity must equal the string the receiver dialed, or the
+// receiver sees its replies as a new peer.
 //
 // # Peer loss
 //
@@ -50,9 +69,12 @@
 //
 // # Teardown
 //
-// A DEALER closed by Disconnect lingers up to Options.DisconnectLinger so a
-// goodbye queued on a connection that is not up yet still goes out (a
-// rejected peer must hear why); peers found dead and Close use linger 0.
+// Disconnect parks the DEALER: it stays open, unreported, for
+// Options.DisconnectLinger, so a goodbye queued on a connection that is not
+// up yet still goes out (a rejected peer must hear why), then it is closed
+// with linger 0. A Send or Connect to the peer meanwhile takes the same
+// DEALER back. Peers found dead are closed with linger 0; Close gives a
+// parked DEALER the rest of its linger.
 // Each DEALER's monitor is stopped before its reader or the DEALER closes:
 // libzmq's I/O thread sends monitor events with a blocking send, and one
 // raised with no reader left would stall every socket of the context,

@@ -36,10 +36,10 @@ type Options struct {
 	// SendHWM bounds the frames queued per peer, both in libzmq (ZMQ_SNDHWM)
 	// and in front of it (Send fails with ErrSendQueueFull beyond that).
 	SendHWM int
-	// DisconnectLinger bounds how long a DEALER closed by Disconnect keeps
-	// flushing frames already handed to libzmq (the goodbye to a peer we
-	// reject goes out on a connection that may not be up yet). vLLM's
-	// DEALERs linger 500 ms.
+	// DisconnectLinger bounds how long a DEALER the owner disconnected
+	// stays open flushing frames already queued (the goodbye to a peer we
+	// reject goes out on a connection that may not be up yet), and may be
+	// taken back by a Send or Connect. vLLM's DEALERs linger 500 ms.
 	DisconnectLinger time.Duration
 	// MaxFrameBytes bounds one inbound frame (ZMQ_MAXMSGSIZE on every
 	// socket): libzmq drops the connection of a peer that announces a larger

@@ -30,7 +30,17 @@ type peerConn struct {
 	// go out when the DEALER polls writable. stalledSince bounds the wait.
 	pending      [][]byte
 	stalledSince time.Time
+
+	// parkedUntil is set when the owner disconnected the peer: the DEALER
+	// stays open until then (Options.DisconnectLinger) so a goodbye still
+	// goes out, and a Send or Connect meanwhile takes it back instead of
+	// dialing a second connection under our identity, which a ROUTER
+	// without handover (vLLM's) would never read. Nothing about a parked
+	// peer is reported.
+	parkedUntil time.Time
 }
+
+func (pc *peerConn) parked() bool { return !pc.parkedUntil.IsZero() }
 
 // heartbeat applies the ZMTP heartbeat settings vLLM uses on all sockets.
 func heartbeat(sock *zmq.Socket, o Options) error {

@@ -173,6 +173,16 @@ func (p *pump) configureRouter(bind endpoint) error {
 	if err := p.router.SetRouterMandatory(1); err != nil {
 		return fmt.Errorf("set router mandatory: %w", err)
 	}
+	// Under CURVE a new connection under a routing id in use takes it over
+	// (the old one is no longer read): a member that restarted before we saw
+	// its old link close is heard at once. Without handover libzmq consumes
+	// the new connection's routing id, finds it taken and never reads that
+	// connection again. Plaintext keeps it off, as vLLM: there anyone could
+	// dial under an established peer's id and leave it unheard until the
+	// heartbeat closes its connection, again and again.
+	if err := p.router.SetRouterHandover(p.t.opts.Curve != nil); err != nil {
+		return fmt.Errorf("set router handover: %w", err)
+	}
 	if err := p.router.SetIpv6(bind.ipv6); err != nil {
 		return fmt.Errorf("set ipv6: %w", err)
 	}
@@ -323,7 +333,7 @@ func (p *pump) handleReady() {
 
 // retime keeps pc in the timed set while it has a deadline.
 func (p *pump) retime(pc *peerConn) {
-	if pc.deadline.IsZero() && pc.stalledSince.IsZero() {
+	if pc.deadline.IsZero() && pc.stalledSince.IsZero() && !pc.parked() {
 		delete(p.timed, pc)
 	} else {
 		p.timed[pc] = struct{}{}
@@ -344,6 +354,9 @@ func (p *pump) pollTimeout(now time.Time) time.Duration {
 		}
 		if !pc.stalledSince.IsZero() {
 			timeout = min(timeout, pc.stalledSince.Add(p.t.opts.SendTimeout).Sub(now))
+		}
+		if pc.parked() {
+			timeout = min(timeout, pc.parkedUntil.Sub(now))
 		}
 	}
 	return max(timeout, 0)
@@ -404,8 +417,8 @@ func (p *pump) runCommands(batch []command) {
 		case cmdSend:
 			p.send(c)
 		case cmdDisconnect:
-			if pc := p.peers[c.peerID]; pc != nil {
-				p.forget(pc, p.t.opts.DisconnectLinger)
+			if pc := p.peers[c.peerID]; pc != nil && !pc.parked() {
+				p.park(pc)
 				p.t.log.Info("peer disconnected on request", "peer", c.peerID)
 			}
 		}
@@ -418,8 +431,8 @@ func (p *pump) runCommands(batch []command) {
 // takes the queue and the pump stalls or drops the peer as usual.
 func (p *pump) sendDirect(peerID string, frame []byte) bool {
 	pc := p.peers[peerID]
-	if pc == nil || len(pc.pending) > 0 || !pc.stalledSince.IsZero() {
-		return false
+	if pc == nil || pc.parked() || len(pc.pending) > 0 || !pc.stalledSince.IsZero() {
+		return false // a parked peer is taken back by the pump (peer)
 	}
 	if _, err := pc.dealer.SendBytes(frame, zmq.DONTWAIT); err != nil {
 		return false
@@ -495,6 +508,11 @@ func (p *pump) watchDealer(pc *peerConn) {
 // it reports the peer down and returns nil.
 func (p *pump) peer(peerID string, ep endpoint) *peerConn {
 	if pc := p.peers[peerID]; pc != nil {
+		if pc.parked() {
+			pc.parkedUntil = time.Time{}
+			p.retime(pc)
+			p.t.log.Debug("peer taken back after its disconnect", "peer", peerID)
+		}
 		return pc
 	}
 	pc, err := openPeer(p.ctx, p.affinity, p.t.localID, peerID, ep, nextMonitorAddr(), p.t.opts)
@@ -540,6 +558,8 @@ func (p *pump) expireDeadlines(now time.Time) {
 	o := p.t.opts
 	for pc := range p.timed {
 		switch {
+		case pc.parked() && !now.Before(pc.parkedUntil):
+			p.forget(pc, 0) // its linger is over
 		case !pc.deadline.IsZero() && now.After(pc.deadline):
 			p.peerDown(pc, fmt.Errorf("%w: no ZMTP handshake within %v", ErrConnectTimeout, o.ConnectTimeout))
 		case !pc.stalledSince.IsZero() && now.Sub(pc.stalledSince) > o.SendTimeout:
@@ -550,7 +570,16 @@ func (p *pump) expireDeadlines(now time.Time) {
 
 func (p *pump) peerDown(pc *peerConn, err error) {
 	p.forget(pc, 0)
-	p.reportDown(pc.id, err)
+	if !pc.parked() { // its owner is done with it
+		p.reportDown(pc.id, err)
+	}
+}
+
+// park ends the owner's use of pc (Disconnect): see peerConn.parkedUntil.
+// Frames still waiting in front of libzmq keep going out meanwhile.
+func (p *pump) park(pc *peerConn) {
+	pc.parkedUntil = time.Now().Add(p.t.opts.DisconnectLinger)
+	p.retime(pc)
 }
 
 func (p *pump) reportDown(peerID string, err error) {
@@ -635,8 +664,11 @@ func (p *pump) closeSockets() {
 func (p *pump) closePeers() {
 	p.t.mu.Lock()
 	defer p.t.mu.Unlock()
+	now := time.Now()
 	for _, pc := range p.peers {
-		p.forget(pc, 0) // as vLLM: closing does not wait for peers
+		// As vLLM, closing does not wait for peers; a goodbye to a parked
+		// one keeps the rest of its linger (the context's end waits for it).
+		p.forget(pc, max(pc.parkedUntil.Sub(now), 0))
 	}
 }
 

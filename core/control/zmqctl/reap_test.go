@@ -85,3 +85,68 @@ func restartedPeerHeard(t *testing.T, ctx *zmq.Context, b *Transport, id string)
 		}
 	}
 }
+
+// Under CURVE a member that dials again under its identity while its old
+// connection is still up (it restarted before we saw the old link close)
+// is heard on the new connection at once: the ROUTER hands the id over.
+func TestACurveMemberThatRedialsUnderItsIdentityIsHeardAtOnce(t *testing.T) {
+	opts := Options{Curve: curveKeys(t, "cluster secret")}
+	b := newTestTransport(t, opts)
+	ctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	defer ctx.Term()
+	id := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	dial := func() *zmq.Socket {
+		d, err := ctx.NewSocket(zmq.DEALER)
+		require.NoError(t, err)
+		require.NoError(t, d.SetLinger(0))
+		require.NoError(t, d.SetIdentity(id))
+		require.NoError(t, secureDealer(d, opts))
+		require.NoError(t, d.Connect("tcp://"+b.LocalID()))
+		return d
+	}
+	old := dial()
+	defer old.Close()
+	_, err = old.SendBytes([]byte("hello"), 0)
+	require.NoError(t, err)
+	require.Equal(t, []byte("hello"), nextEvent(t, b, 5*time.Second).Frame)
+
+	fresh := dial()
+	defer fresh.Close()
+	for i := range 3 {
+		_, err = fresh.SendBytes([]byte(fmt.Sprintf("again %d", i)), 0)
+		require.NoError(t, err)
+		ev := nextEvent(t, b, 2*time.Second)
+		require.Equal(t, id, ev.PeerID)
+		require.Equal(t, fmt.Sprintf("again %d", i), string(ev.Frame))
+	}
+}
+
+// In plaintext anyone can dial under an established peer's id; that must
+// not cost the peer its connection: the ROUTER keeps reading the peer's,
+// and the impostor's frames are the ones not read.
+func TestAPlaintextDialerUnderAnEstablishedPeersIDDoesNotSilenceIt(t *testing.T) {
+	b := newTestTransport(t, Options{})
+	ctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	defer ctx.Term()
+	id := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	peer := foreignDealer(t, ctx, id, "tcp://"+b.LocalID(), false)
+	defer peer.Close()
+	_, err = peer.SendBytes([]byte("hello"), 0)
+	require.NoError(t, err)
+	require.Equal(t, []byte("hello"), nextEvent(t, b, 5*time.Second).Frame)
+
+	impostor := foreignDealer(t, ctx, id, "tcp://"+b.LocalID(), false)
+	defer impostor.Close()
+	_, err = impostor.SendBytes([]byte("forged"), 0)
+	require.NoError(t, err)
+	time.Sleep(200 * time.Millisecond) // the impostor's connection is up
+	for i := range 3 {
+		_, err = peer.SendBytes([]byte(fmt.Sprintf("still here %d", i)), 0)
+		require.NoError(t, err)
+		ev := nextEvent(t, b, 2*time.Second)
+		require.Equal(t, id, ev.PeerID)
+		require.Equal(t, fmt.Sprintf("still here %d", i), string(ev.Frame))
+	}
+}

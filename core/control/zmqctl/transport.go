@@ -118,9 +118,11 @@ func (t *Transport) Send(peerID string, frame []byte) error {
 	return t.enqueue(cmdSend, peerID, frame) // copied there unless libzmq took it
 }
 
-// Disconnect closes the DEALER to peerID. Frames libzmq already holds keep
-// going out for up to Options.DisconnectLinger; frames still waiting in
-// front of libzmq are dropped. No EventPeerDown is reported for it.
+// Disconnect ends our use of the DEALER to peerID: frames already queued
+// keep going out for up to Options.DisconnectLinger, after which it is
+// closed; a Send or Connect before then takes it back, so the peer never
+// sees two connections under our identity. Nothing about the peer is
+// reported after Disconnect.
 func (t *Transport) Disconnect(peerID string) {
 	_ = t.enqueue(cmdDisconnect, peerID, nil)
 }
@@ -179,12 +181,12 @@ func (t *Transport) releasedLocked(peerID string, frames int) {
 	}
 }
 
-// Close stops the pump, which closes every socket (linger 0), frees the
-// port and releases the process's ZMQ context, then closes Events. The
-// last Transport of the process to close terminates the context, which
-// waits for DEALERs that any Transport closed by a recent Disconnect, each
-// for up to its Options.DisconnectLinger; Close allows for that on top of
-// Options.CloseTimeout. Idempotent.
+// Close stops the pump, which closes every socket (linger 0, or the rest
+// of its linger for a DEALER parked by Disconnect), frees the port and
+// releases the process's ZMQ context, then closes Events. The last
+// Transport of the process to close terminates the context, which waits
+// for those lingering DEALERs, each for up to its Options.DisconnectLinger;
+// Close allows for that on top of Options.CloseTimeout. Idempotent.
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
 		t.stopAccepting()

@@ -209,6 +209,29 @@ func TestDisconnectIsSilentAndReconnectWorks(t *testing.T) {
 	assert.Equal(t, []byte("two"), nextEvent(t, b, 5*time.Second).Frame)
 }
 
+// The tier disconnects a peer (a refusal, a session's end) and may speak to
+// it again at once (its next connect). Both the goodbye and what follows
+// must arrive: a second DEALER dialed under our identity while the first
+// lingered would be a connection libzmq's ROUTER never reads (vLLM's has
+// no handover), and every frame on it would be lost.
+func TestFramesRightAfterADisconnectArrive(t *testing.T) {
+	a := newTestTransport(t, Options{})
+	b := newTestTransport(t, Options{}) // plaintext: no handover, as vLLM's ROUTER
+	for i := range 50 {
+		require.NoError(t, a.Send(b.LocalID(), []byte(fmt.Sprintf("goodbye %d", i))))
+		a.Disconnect(b.LocalID())
+		require.NoError(t, a.Send(b.LocalID(), []byte(fmt.Sprintf("hello %d", i))))
+		for _, want := range []string{"goodbye", "hello"} {
+			ev := nextEvent(t, b, 2*time.Second)
+			require.Equal(t, control.EventFrame, ev.Kind)
+			require.Equal(t, fmt.Sprintf("%s %d", want, i), string(ev.Frame))
+		}
+	}
+	a.Disconnect(b.LocalID())
+	noEvent(t, a, 100*time.Millisecond) // a disconnected peer is never reported
+	require.Eventually(t, func() bool { return a.Stats().OpenPeers == 0 }, 2*time.Second, 10*time.Millisecond)
+}
+
 func TestPeerThatStopsReadingIsReportedDown(t *testing.T) {
 	silent := silentListener(t) // never reads, so libzmq's queue fills
 	sendTimeout := 300 * time.Millisecond
