@@ -113,12 +113,20 @@ func TestACurveMemberThatRedialsUnderItsIdentityIsHeardAtOnce(t *testing.T) {
 
 	fresh := dial()
 	defer fresh.Close()
+	requireHeard(t, b, fresh, id, "again")
+}
+
+// requireHeard sends three frames from d (dialed under id) and requires
+// that b receives each, in order, from id.
+func requireHeard(t *testing.T, b *Transport, d *zmq.Socket, id, text string) {
+	t.Helper()
 	for i := range 3 {
-		_, err = fresh.SendBytes([]byte(fmt.Sprintf("again %d", i)), 0)
+		frame := fmt.Sprintf("%s %d", text, i)
+		_, err := d.SendBytes([]byte(frame), 0)
 		require.NoError(t, err)
 		ev := nextEvent(t, b, 2*time.Second)
 		require.Equal(t, id, ev.PeerID)
-		require.Equal(t, fmt.Sprintf("again %d", i), string(ev.Frame))
+		require.Equal(t, frame, string(ev.Frame))
 	}
 }
 
@@ -142,11 +150,5 @@ func TestAPlaintextDialerUnderAnEstablishedPeersIDDoesNotSilenceIt(t *testing.T)
 	_, err = impostor.SendBytes([]byte("forged"), 0)
 	require.NoError(t, err)
 	time.Sleep(200 * time.Millisecond) // the impostor's connection is up
-	for i := range 3 {
-		_, err = peer.SendBytes([]byte(fmt.Sprintf("still here %d", i)), 0)
-		require.NoError(t, err)
-		ev := nextEvent(t, b, 2*time.Second)
-		require.Equal(t, id, ev.PeerID)
-		require.Equal(t, fmt.Sprintf("still here %d", i), string(ev.Frame))
-	}
+	requireHeard(t, b, peer, id, "still here")
 }
