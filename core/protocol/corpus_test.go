@@ -114,6 +114,8 @@ func fuzzSeeds(t testing.TB) map[string][]byte {
 		"keys", [][]byte{key(1), key(2)}, "block_indexes", []uint64{1}, "round_seq", 0)
 	seeds["malformed_nil_keys"] = seedMap(t, "type", "lookup", "kv_request_id", "r", "keys", rawMsgpack{0xc0}, "round_seq", 0)
 	seeds["malformed_not_a_map"] = []byte{0x90}
+	seeds["malformed_array_key"] = seedMap(t, "type", "disconnect", rawMsgpack{0x91, 0x30}, 1)
+	seeds["malformed_map_key"] = seedMap(t, "type", "disconnect", rawMsgpack{0x81, 0x30, 0x30}, 1)
 	seeds["malformed_zero_num_blocks"] = seedMap(t, "type", "peerkv_paths", "agent_metadata", []byte{}, "base_addr", 0,
 		"num_blocks", 0, "data_transport", "", "data_addr", "", "same_host", "", "mac", []byte{})
 	return seeds

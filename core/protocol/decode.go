@@ -150,15 +150,21 @@ func scan(b []byte, lim Limits) (*parsed, error) {
 			return nil, malformed("message: %v", err)
 		}
 		id, known := field(0), false
-		if k.Kind == kindStr {
+		switch k.Kind {
+		case kindStr:
 			id, known = lookupField(k.Bytes)
+		case kindMap, kindArray:
+			// msgspec (vLLM's decoder) refuses a map as a key and turns an
+			// array into a tuple; other decoders cannot hash either. No peer
+			// sends one: refuse both rather than guess.
+			return nil, malformed("message: key: %s cannot be a map key", k.describe())
 		}
 		if known {
 			if f.at[id] != 0 {
 				return nil, malformed("%s: duplicate key", id)
 			}
 			f.at[id] = f.r.off + 1
-		} else if err := f.r.skip(k, 1); err != nil { // a map or array used as a key
+		} else if err := f.r.skip(k, 1); err != nil {
 			return nil, malformed("message: key: %v", err)
 		}
 		v, err := f.r.next()

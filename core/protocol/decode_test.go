@@ -267,6 +267,20 @@ func TestDecodeIgnoresUnknownKeys(t *testing.T) {
 		m.(*Connect).PeerKV)
 }
 
+// A map or an array as a key: msgspec refuses the first and makes a tuple of
+// the second; an independent decoder hashes neither. Both are malformed;
+// other scalar keys are unknown keys, skipped.
+func TestDecodeRefusesContainersAsKeys(t *testing.T) {
+	for name, key := range map[string][]byte{"array": {0x91, 0x30}, "map": {0x81, 0x30, 0x30}} {
+		frame := append([]byte{0x82, 0xa4, 't', 'y', 'p', 'e', 0xaa}, "disconnect"...)
+		frame = append(append(frame, key...), 0x01)
+		m, err := Decode(frame, Limits{})
+		require.ErrorIs(t, err, ErrMalformed, name)
+		assert.Nil(t, m)
+		assert.Contains(t, err.Error(), "cannot be a map key", name)
+	}
+}
+
 func TestDecodeConnectOptionalFields(t *testing.T) {
 	m, err := Decode(build(t, validConnect(kv{"config_fingerprint", nil})...), Limits{})
 	require.NoError(t, err, "vLLM reads config_fingerprint with a default")
