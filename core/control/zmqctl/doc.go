@@ -36,11 +36,11 @@
 //   - Toward any ROUTER we do not open a second connection under our
 //     identity while the first is ours to reuse: a DEALER the owner
 //     disconnected stays open for DisconnectLinger, and a Send or Connect
-//     meanwhile takes it back (see Teardown). A dial in the instant after a
-//     DEALER closed (its linger over, or the peer found dead) can still
-//     reach the remote ROUTER before it has seen the old connection end;
-//     that connection is then unread until it fails (a peerkv session's
-//     handshake times out and a later one dials anew).
+//     meanwhile takes it back (see Teardown). A new DEALER to a peer whose
+//     last one closed less than 100 ms ago (its linger over, or the peer
+//     found dead) holds its connect until then, so the remote ROUTER sees
+//     the old connection end first; frames sent meanwhile wait in front of
+//     it.
 //   - In plaintext our ROUTER keeps handover off: with it, anyone who can
 //     reach the port could dial under an established peer's id and leave
 //     that peer's connection unread (libzmq stops reading it; it closes

@@ -38,6 +38,12 @@ type peerConn struct {
 	// without handover (vLLM's) would never read. Nothing about a parked
 	// peer is reported.
 	parkedUntil time.Time
+
+	// dialAt holds back the DEALER's connect until then: we closed our last
+	// connection to the peer a moment ago, and the peer's ROUTER must see it
+	// end before one under the same identity arrives (see pump.closed).
+	dialAt time.Time
+	ep     endpoint
 }
 
 func (pc *peerConn) parked() bool { return !pc.parkedUntil.IsZero() }
@@ -61,7 +67,18 @@ func heartbeat(sock *zmq.Socket, o Options) error {
 // unique in the context (nextMonitorAddr) because libzmq frees inproc
 // names asynchronously.
 func openPeer(ctx *zmq.Context, affinity uint64, localID, peerID string, ep endpoint, monitorAddr string, o Options) (pc *peerConn, err error) {
-	pc = &peerConn{id: peerID, deadline: time.Now().Add(o.ConnectTimeout), monitorFd: -1, dealerFd: -1}
+	return openPeerAt(ctx, affinity, localID, peerID, ep, monitorAddr, o, time.Time{})
+}
+
+// openPeerAt is openPeer with the connect held back until dialAt (zero:
+// now); the pump dials it then (peerConn.dial).
+func openPeerAt(ctx *zmq.Context, affinity uint64, localID, peerID string, ep endpoint, monitorAddr string, o Options,
+	dialAt time.Time) (pc *peerConn, err error) {
+	start := time.Now()
+	if dialAt.After(start) {
+		start = dialAt
+	}
+	pc = &peerConn{id: peerID, deadline: start.Add(o.ConnectTimeout), monitorFd: -1, dealerFd: -1, dialAt: dialAt, ep: ep}
 	defer func() {
 		if err != nil {
 			pc.close(0)
@@ -98,10 +115,19 @@ func openPeer(ctx *zmq.Context, affinity uint64, localID, peerID string, ep endp
 	if err = pc.monitor.Connect(monitorAddr); err != nil {
 		return pc, fmt.Errorf("connect monitor %s: %w", monitorAddr, err)
 	}
-	if err = pc.dealer.Connect(ep.addr); err != nil {
-		return pc, fmt.Errorf("connect %s: %w", ep.addr, err)
+	if dialAt.IsZero() {
+		err = pc.dial()
 	}
-	return pc, nil
+	return pc, err
+}
+
+// dial connects the DEALER.
+func (pc *peerConn) dial() error {
+	pc.dialAt = time.Time{}
+	if err := pc.dealer.Connect(pc.ep.addr); err != nil {
+		return fmt.Errorf("connect %s: %w", pc.ep.addr, err)
+	}
+	return nil
 }
 
 // close releases the DEALER, keeping it up to linger to flush frames

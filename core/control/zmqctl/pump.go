@@ -22,6 +22,9 @@ const (
 	idlePoll = time.Second
 	// backlogPoll is the retry period while the Events channel is full.
 	backlogPoll = time.Millisecond
+	// redialSettle is how long a new DEALER to a peer waits to dial after
+	// the last one closed (pump.closed).
+	redialSettle = 100 * time.Millisecond
 	// routerBatch bounds ROUTER reads per iteration so commands stay prompt.
 	routerBatch = 256
 )
@@ -60,6 +63,11 @@ type pump struct {
 	// timed holds the peers with a running deadline (handshake or stalled
 	// queue), so the walk per iteration is over those only.
 	timed map[*peerConn]struct{}
+	// closed holds, for each peer whose DEALER closed in the last
+	// redialSettle, when a new DEALER to it may dial: a ROUTER without
+	// handover never reads a second connection under our identity, and the
+	// peer's may not have seen the last one end yet. Pruned as it expires.
+	closed map[string]time.Time
 
 	epfd                    int
 	epoll                   *os.File // owns epfd once set: Go's poller watches it
@@ -82,7 +90,7 @@ func newPump(t *Transport, bind endpoint) (p *pump, err error) {
 		return nil, err
 	}
 	p = &pump{t: t, ctx: ctx, affinity: nextAffinity(), epfd: -1, routerMore: true,
-		peers: map[string]*peerConn{}, timed: map[*peerConn]struct{}{}, fds: map[int32]fdTarget{},
+		peers: map[string]*peerConn{}, timed: map[*peerConn]struct{}{}, closed: map[string]time.Time{}, fds: map[int32]fdTarget{},
 		events: make([]unix.EpollEvent, 64)}
 	defer func() {
 		if err != nil {
@@ -333,7 +341,7 @@ func (p *pump) handleReady() {
 
 // retime keeps pc in the timed set while it has a deadline.
 func (p *pump) retime(pc *peerConn) {
-	if pc.deadline.IsZero() && pc.stalledSince.IsZero() && !pc.parked() {
+	if pc.deadline.IsZero() && pc.stalledSince.IsZero() && !pc.parked() && pc.dialAt.IsZero() {
 		delete(p.timed, pc)
 	} else {
 		p.timed[pc] = struct{}{}
@@ -357,6 +365,9 @@ func (p *pump) pollTimeout(now time.Time) time.Duration {
 		}
 		if pc.parked() {
 			timeout = min(timeout, pc.parkedUntil.Sub(now))
+		}
+		if !pc.dialAt.IsZero() {
+			timeout = min(timeout, pc.dialAt.Sub(now))
 		}
 	}
 	return max(timeout, 0)
@@ -431,7 +442,7 @@ func (p *pump) runCommands(batch []command) {
 // takes the queue and the pump stalls or drops the peer as usual.
 func (p *pump) sendDirect(peerID string, frame []byte) bool {
 	pc := p.peers[peerID]
-	if pc == nil || pc.parked() || len(pc.pending) > 0 || !pc.stalledSince.IsZero() {
+	if pc == nil || pc.parked() || !pc.dialAt.IsZero() || len(pc.pending) > 0 || !pc.stalledSince.IsZero() {
 		return false // a parked peer is taken back by the pump (peer)
 	}
 	if _, err := pc.dealer.SendBytes(frame, zmq.DONTWAIT); err != nil {
@@ -515,7 +526,14 @@ func (p *pump) peer(peerID string, ep endpoint) *peerConn {
 		}
 		return pc
 	}
-	pc, err := openPeer(p.ctx, p.affinity, p.t.localID, peerID, ep, nextMonitorAddr(), p.t.opts)
+	var dialAt time.Time
+	if until, ok := p.closed[peerID]; ok {
+		delete(p.closed, peerID)
+		if time.Now().Before(until) {
+			dialAt = until
+		}
+	}
+	pc, err := openPeerAt(p.ctx, p.affinity, p.t.localID, peerID, ep, nextMonitorAddr(), p.t.opts, dialAt)
 	if err != nil {
 		p.reportDown(peerID, fmt.Errorf("%w: %v", ErrSocket, err))
 		return nil
@@ -556,10 +574,24 @@ func (p *pump) watchMonitor(pc *peerConn) error {
 // outlived its deadline.
 func (p *pump) expireDeadlines(now time.Time) {
 	o := p.t.opts
+	for id, until := range p.closed {
+		if !now.Before(until) {
+			delete(p.closed, id)
+		}
+	}
 	for pc := range p.timed {
 		switch {
 		case pc.parked() && !now.Before(pc.parkedUntil):
 			p.forget(pc, 0) // its linger is over
+		case !pc.dialAt.IsZero() && !now.Before(pc.dialAt):
+			if err := pc.dial(); err != nil {
+				p.peerDown(pc, fmt.Errorf("%w: %v", ErrSocket, err))
+				continue
+			}
+			p.retime(pc)
+			if len(pc.pending) > 0 {
+				p.flushPeer(pc) // connect attached the pipe: no fd wake-up tells of the room
+			}
 		case !pc.deadline.IsZero() && now.After(pc.deadline):
 			p.peerDown(pc, fmt.Errorf("%w: no ZMTP handshake within %v", ErrConnectTimeout, o.ConnectTimeout))
 		case !pc.stalledSince.IsZero() && now.Sub(pc.stalledSince) > o.SendTimeout:
@@ -600,6 +632,7 @@ func (p *pump) forget(pc *peerConn, linger time.Duration) {
 	p.unwatch(pc.dealerFd)
 	pc.close(linger)
 	p.t.counters.openPeers.Add(-1)
+	p.closed[pc.id] = time.Now().Add(redialSettle)
 }
 
 // emit queues an event behind any backlog, so events stay in order.
