@@ -38,9 +38,10 @@
 //     disconnected stays open for DisconnectLinger, and a Send or Connect
 //     meanwhile takes it back (see Teardown). A new DEALER to a peer whose
 //     last one closed less than 100 ms ago (its linger over, or the peer
-//     found dead) holds its connect until then, so the remote ROUTER sees
-//     the old connection end first; frames sent meanwhile wait in front of
-//     it.
+//     found dead) holds its connect until then, so that on a working
+//     network the remote ROUTER sees the old connection end first (a FIN
+//     lost or delayed longer can still cost the new one, until that
+//     connection fails); frames sent meanwhile wait in front of it.
 //   - In plaintext our ROUTER keeps handover off: with it, anyone who can
 //     reach the port could dial under an established peer's id and leave
 //     that peer's connection unread (libzmq stops reading it; it closes

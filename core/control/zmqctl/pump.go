@@ -468,6 +468,11 @@ func (p *pump) send(c command) {
 // queue is not yet a dead peer: the rest waits for POLLOUT, up to
 // SendTimeout.
 func (p *pump) flushPeer(pc *peerConn) {
+	if !pc.dialAt.IsZero() {
+		// Not connected yet: libzmq would refuse with EAGAIN and the stall
+		// clock would start early. The dial flushes (expireDeadlines).
+		return
+	}
 	sent := 0
 	defer func() {
 		p.t.counters.framesOut.Add(uint64(sent))
@@ -526,12 +531,11 @@ func (p *pump) peer(peerID string, ep endpoint) *peerConn {
 		}
 		return pc
 	}
+	// The hold stays recorded (expireDeadlines prunes it): an open that
+	// fails must not let the next one dial at once.
 	var dialAt time.Time
-	if until, ok := p.closed[peerID]; ok {
-		delete(p.closed, peerID)
-		if time.Now().Before(until) {
-			dialAt = until
-		}
+	if until, ok := p.closed[peerID]; ok && time.Now().Before(until) {
+		dialAt = until
 	}
 	pc, err := openPeerAt(p.ctx, p.affinity, p.t.localID, peerID, ep, nextMonitorAddr(), p.t.opts, dialAt)
 	if err != nil {
@@ -610,7 +614,12 @@ func (p *pump) peerDown(pc *peerConn, err error) {
 // park ends the owner's use of pc (Disconnect): see peerConn.parkedUntil.
 // Frames still waiting in front of libzmq keep going out meanwhile.
 func (p *pump) park(pc *peerConn) {
-	pc.parkedUntil = time.Now().Add(p.t.opts.DisconnectLinger)
+	// A DEALER still held back gets its whole linger after it dials.
+	from := time.Now()
+	if pc.dialAt.After(from) {
+		from = pc.dialAt
+	}
+	pc.parkedUntil = from.Add(p.t.opts.DisconnectLinger)
 	p.retime(pc)
 }
 

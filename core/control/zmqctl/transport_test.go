@@ -232,6 +232,43 @@ func TestFramesRightAfterADisconnectArrive(t *testing.T) {
 	require.Eventually(t, func() bool { return a.Stats().OpenPeers == 0 }, 2*time.Second, 10*time.Millisecond)
 }
 
+// closeAndLetGo sends one frame to b, disconnects it and waits out the
+// linger, so a's next DEALER to b is held back (under 100 ms ago closed).
+func closeAndLetGo(t *testing.T, a, b *Transport) {
+	t.Helper()
+	require.NoError(t, a.Send(b.LocalID(), []byte("first")))
+	require.Equal(t, []byte("first"), nextEvent(t, b, 5*time.Second).Frame)
+	a.Disconnect(b.LocalID())
+	require.Eventually(t, func() bool { return a.Stats().OpenPeers == 0 }, 2*time.Second, time.Millisecond)
+}
+
+// A frame sent while the new DEALER waits to dial is not a stalled send:
+// a send timeout shorter than the wait must not drop the peer.
+func TestASendWaitingForTheRedialIsNotAStall(t *testing.T) {
+	a := newTestTransport(t, Options{DisconnectLinger: time.Millisecond, SendTimeout: 20 * time.Millisecond})
+	b := newTestTransport(t, Options{})
+	closeAndLetGo(t, a, b)
+	require.NoError(t, a.Send(b.LocalID(), []byte("again")))
+	ev := nextEvent(t, b, 5*time.Second)
+	require.Equal(t, control.EventFrame, ev.Kind)
+	assert.Equal(t, []byte("again"), ev.Frame)
+	noEvent(t, a, 50*time.Millisecond)
+}
+
+// A goodbye to a peer just closed, sent and disconnected before the new
+// DEALER dials, still gets its whole linger once it does.
+func TestAGoodbyeWhileTheRedialWaitsStillArrives(t *testing.T) {
+	a := newTestTransport(t, Options{DisconnectLinger: 20 * time.Millisecond})
+	b := newTestTransport(t, Options{})
+	closeAndLetGo(t, a, b)
+	require.NoError(t, a.Send(b.LocalID(), []byte("goodbye")))
+	a.Disconnect(b.LocalID())
+	ev := nextEvent(t, b, 5*time.Second)
+	require.Equal(t, control.EventFrame, ev.Kind)
+	assert.Equal(t, []byte("goodbye"), ev.Frame)
+	noEvent(t, a, 50*time.Millisecond) // a disconnected peer is never reported
+}
+
 func TestPeerThatStopsReadingIsReportedDown(t *testing.T) {
 	silent := silentListener(t) // never reads, so libzmq's queue fills
 	sendTimeout := 300 * time.Millisecond
