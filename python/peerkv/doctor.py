@@ -118,6 +118,9 @@ def report(result: dict[str, Any], want: dict[str, Any]) -> tuple[list[str], int
     problems = mismatches(result, want)
     if not result.get("handshake") and result.get("reason"):
         lines.append(f"  why: {result['reason']}")
+    if result.get("log"):
+        lines.append("  library log during the probe:")
+        lines.extend("    " + line for line in result["log"])
     for line in problems:
         lines.append(f"  MISMATCH {line}")
     unchecked = [f for f in FIELDS if f not in want]
@@ -146,11 +149,16 @@ def probe(peer: str, options: dict[str, Any], want: dict[str, Any], timeout: flo
     }
     region = bytearray(row_len)
     with Peer(region, 1, row_len, create) as doctor:
+        doctor.take_logs()  # its own start-up, not the probe's
         result = doctor.probe(peer, timeout)
         # Stay reachable a moment: a stock vLLM peer dials back and sends
         # its replies to our endpoint, and its control thread stalls on a
         # send to an endpoint that vanished mid-handshake.
         time.sleep(_LINGER_S)
+        if not result.get("handshake"):
+            # What the library saw on the way (a dropped connection, a
+            # refusal) says more than the one-line reason.
+            result["log"] = doctor.take_logs()
         return result
 
 

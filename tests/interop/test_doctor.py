@@ -75,7 +75,7 @@ def test_stock_mismatches_are_named_with_both_values(stock):
     node, port = stock
     status, result = doctor_stepping(node, port, "--block-len", str(ROW_BYTES * 2), "--hash-seed", "not-the-seed",
                                      "--config-fingerprint", "0123456789abcdef")
-    assert status == 1
+    assert status == 1, result
     fields = [line.split(":")[0] for line in result["mismatches"]]
-    assert fields == ["block_len", "config_fingerprint", "hash_seed"]
+    assert fields == ["block_len", "config_fingerprint", "hash_seed"], result
     assert str(ROW_BYTES) in result["mismatches"][0] and str(ROW_BYTES * 2) in result["mismatches"][0]

@@ -84,3 +84,6 @@ def test_an_unreachable_peer_fails_within_the_timeout():
     status, result = doctor(control_port(), "--block-len", str(ROW_BYTES))
     assert status == 1 and not result["handshake"]
     assert result["reason"]
+    # The library's own account of the probe comes with it, and only that.
+    assert any("session closed" in line for line in result["log"]), result["log"]
+    assert not any("GOMAXPROCS" in line for line in result["log"]), result["log"]
