@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,15 +18,23 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/tests/noptrace"
 )
 
 // The consumer of most tests is another process: this test binary
 // re-executed with childEnv = "<local id> <rows> <row len> <skip>".
 const childEnv = "PEERKV_SHMDATA_TEST_CHILD"
 
+// A producer child: this test binary re-executed with producerEnv =
+// "<local id> <rows> <row len> <consumer id> <offer>" (runProducerChild).
+const producerEnv = "PEERKV_SHMDATA_TEST_PRODUCER"
+
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(childEnv); spec != "" {
 		os.Exit(runChild(spec))
+	}
+	if spec := os.Getenv(producerEnv); spec != "" {
+		os.Exit(runProducerChild(spec))
 	}
 	os.Exit(m.Run())
 }
@@ -103,6 +113,66 @@ func runChild(spec string) int {
 			fmt.Println("unknown command", cmd)
 		}
 	}
+	return 0
+}
+
+// runProducerChild refuses itself access to other processes' memory, as
+// Yama's ptrace_scope=1 refuses an engine toward its sibling (noptrace),
+// then writes each of its patterned rows i to row i of the consumer and
+// prints "ok" or what failed.
+func runProducerChild(spec string) int {
+	fields := strings.SplitN(spec, " ", 5)
+	if len(fields) != 5 {
+		fmt.Println("producer spec: want 5 fields")
+		return 2
+	}
+	id, consumerID, offerString := fields[0], fields[3], fields[4]
+	rows, err1 := strconv.Atoi(fields[1])
+	rowLen, err2 := strconv.Atoi(fields[2])
+	if err := errors.Join(err1, err2); err != nil {
+		fmt.Println("producer spec:", err)
+		return 2
+	}
+	if err := noptrace.Enter(); err != nil {
+		fmt.Println(err)
+		return 2
+	}
+	region, _, _, err := memfdRegion(rows, rowLen, 0)
+	if err != nil {
+		fmt.Println("producer region:", err)
+		return 2
+	}
+	fillPattern(region)
+	tr, err := New(Options{Region: region, LocalID: id, Workers: 3})
+	if err != nil {
+		fmt.Println("producer New:", err)
+		return 2
+	}
+	defer tr.Close()
+	if err := tr.AddPeer(consumerID, offered(offerString)); err != nil {
+		fmt.Println("AddPeer:", err)
+		return 2
+	}
+	all := make([]uint64, rows)
+	for i := range all {
+		all[i] = uint64(i)
+	}
+	job, err := tr.Write(consumerID, all, all)
+	if err != nil {
+		fmt.Println("Write:", err)
+		return 2
+	}
+	select {
+	case c := <-tr.Completions():
+		if c.ID != job || c.Err != nil {
+			fmt.Printf("completion %d: %v\n", c.ID, c.Err)
+			return 2
+		}
+	case <-time.After(10 * time.Second):
+		fmt.Println("no completion within 10s")
+		return 2
+	}
+	fmt.Println("ok")
 	return 0
 }
 

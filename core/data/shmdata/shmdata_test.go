@@ -1,10 +1,13 @@
 package shmdata
 
 import (
+	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -28,9 +31,7 @@ func producer(t testing.TB, id string, rows, rowLen int, logf ...func(string, ..
 	t.Helper()
 	region, _, fd, err := memfdRegion(rows, rowLen, 0)
 	require.NoError(t, err)
-	for i := range region.Mem {
-		region.Mem[i] = byte(i*7) ^ byte(i/rowLen) ^ 0x5a
-	}
+	fillPattern(region)
 	opts := Options{Region: region, LocalID: id, Workers: 3}
 	if len(logf) > 0 {
 		opts.Logf = logf[0]
@@ -43,6 +44,14 @@ func producer(t testing.TB, id string, rows, rowLen int, logf ...func(string, ..
 		_ = unix.Close(fd)
 	})
 	return tr, region
+}
+
+// fillPattern fills every row with a pattern that differs per row.
+func fillPattern(region data.Region) {
+	rowLen := int(region.RowLen)
+	for i := range region.Mem {
+		region.Mem[i] = byte(i*7) ^ byte(i/rowLen) ^ 0x5a
+	}
 }
 
 func completion(t testing.TB, tr *Transport, id uint64) error {
@@ -84,6 +93,35 @@ func TestRowsLandByteForByteAndNothingElse(t *testing.T) {
 	}
 	sum := sha256.Sum256(want)
 	assert.Equal(t, hex.EncodeToString(sum[:]), cons.ask("sum"), "every written row holds its source row, every other byte is untouched")
+}
+
+// Engines are siblings: under Yama's ptrace_scope=1 (Ubuntu's default)
+// neither may ptrace the other or use process_vm_writev on it. The
+// same-host path needs neither: the consumer hands over its region's fd.
+func TestAProducerRefusedPtraceStillWritesEveryRow(t *testing.T) {
+	const rows, rowLen = 64, 8192
+	region, _, fd, err := memfdRegion(rows, rowLen, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(region.Mem); _ = unix.Close(fd) })
+	cons, err := New(Options{Region: region, LocalID: consID})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cons.Close() })
+
+	self, err := os.Executable()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d %s %s", producerEnv, prodID, rows, rowLen, consID, cons.Offer(prodID)),
+		"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "the producer said: %s", out)
+	require.Equal(t, "ok\n", string(out))
+
+	want := make([]byte, rows*rowLen)
+	fillPattern(data.Region{Mem: want, RowLen: rowLen})
+	assert.True(t, bytes.Equal(want, region.Mem), "every row landed byte for byte")
 }
 
 func TestWritesStayWithinTheGrantedRows(t *testing.T) {
