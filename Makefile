@@ -189,11 +189,13 @@ test: setup-python ## everything: build + visibility gate, vet, go test -race, f
 bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, pull latency vs upstream, scheduler-thread cost of the tier calls vs upstream, lookup round trips, host-call cost, one prefix from 1/2/3 sources and a 1 GiB same-host fetch into a warm and a cold region vs memcpy, an idle peer's CPU per data_transport, lookup latency of a 64-peer mesh vs 2 peers and memory/fds per session; then Go micro-benchmarks
 	$(GO) run ./tests/bench/datapath
 	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/p2p_latency.py 2>/dev/null
+	PEERKV_LIBRARY=$(abspath $(LIB)) P2P_LATENCY_STEP_MS=0.05 P2P_LATENCY_ROUND_ONLY=1 $(PYTHON) tests/bench/p2p_latency.py 2>/dev/null
 	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/scheduler_calls.py
 	$(GO) run ./tests/bench/control
 	$(GO) run ./tests/bench/zmqfloor
 	$(GO) run ./tests/bench/multisource
 	$(GO) run ./tests/bench/idle
+	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/idle_tiers.py 2>/dev/null
 	$(GO) run ./tests/bench/scale
 	$(GO) test -run '^$$' -bench . -benchmem ./core/protocol ./core/control/zmqctl ./core/data/tcpdata ./core/data/shmdata ./core/data/multipath ./nixl ./core/tier
 

@@ -36,6 +36,9 @@ ROUNDS = 30
 # The consumer's step interval; P2P_LATENCY_STEP_MS=0.05 approximates an
 # engine that steps without pause while a request waits (vLLM 0.33).
 STEP_MS = float(os.environ.get("P2P_LATENCY_STEP_MS", "1.0"))
+# P2P_LATENCY_ROUND_ONLY=1: only the idle P2P scenario, whose lookup round
+# is the figure (make bench runs it again at a 0.05 ms step).
+ROUND_ONLY = os.environ.get("P2P_LATENCY_ROUND_ONLY") == "1"
 BUSY_HOLD_MS, BUSY_GAP_MS = 30.0, 1.0
 HOST = "127.0.0.1"
 
@@ -53,7 +56,7 @@ def pull_once(prod_node, producer, cons_node, consumer, port, mode):
     prod_node.call("finish", producer, src)
     if got["results"] != ["HIT"] * KEYS or got["rows"] != rows:
         raise SystemExit(f"{consumer} <- {producer} ({mode}): not every row arrived intact: {got['results']}")
-    return got["elapsed"] * 1000, got["answered"] * 1000
+    return got["elapsed"] * 1000, got["answered"] * 1000, got["answered_steps"]
 
 
 def measure(kind, config, scenarios):
@@ -73,8 +76,8 @@ def measure(kind, config, scenarios):
             a.call("busy", prod, BUSY_HOLD_MS if busy else 0, BUSY_GAP_MS)
             pulls = [pull_once(a, prod, b, cons, port, mode) for _ in range(ROUNDS)]
             a.call("busy", prod, 0, 0)
-            ms = sorted(total for total, _ in pulls)
-            results[mode, busy] = ms, [answered for _, answered in pulls]
+            ms = sorted(total for total, _, _ in pulls)
+            results[mode, busy] = ms, [answered for _, answered, _ in pulls], [steps for _, _, steps in pulls]
             label = f"{mode}{' busy producer' if busy else ''}"
             print(f"p2p_latency: {label:18s} {kind:6s} {KEYS} keys x {ROW_BYTES // 1024} KiB: "
                   f"median {statistics.median(ms):.1f} ms, p90 {ms[int(0.9 * len(ms))]:.1f} ms "
@@ -86,7 +89,7 @@ def measure(kind, config, scenarios):
 
 
 def main():
-    scenarios = [(mode, busy) for busy in (False, True) for mode in ("p2p", "pd")]
+    scenarios = [("p2p", False)] if ROUND_ONLY else [(mode, busy) for busy in (False, True) for mode in ("p2p", "pd")]
     results = {kind: measure(kind, config, scenarios)
                for kind, config in (("vllm", vllm_p2p_config), ("peerkv", peerkv_config))}
     for mode, busy in scenarios:
@@ -95,13 +98,22 @@ def main():
         print(f"p2p_latency: {label:18s} ours ÷ upstream (median time to all-HIT): {ours / theirs:.2f}")
     # The P2P lookup round alone (a PD decoder answers without one): from
     # the first lookup until no key is RETRY, as the consumer's scheduler sees it.
-    rates = {}
+    # A round is a whole number of the consumer's steps, and at least one:
+    # its first lookup cannot know the answer. So no tier's round is shorter
+    # than the consumer's step period (its lookups, on_schedule_end and the
+    # pause), and at this step no tier can do better than upstream's round
+    # ÷ that period.
+    rates, periods = {}, []
     for kind in results:
         answered = statistics.median(results[kind]["p2p", False][1])
+        steps = statistics.median(results[kind]["p2p", False][2])
+        periods += [t / n for t, n in zip(results[kind]["p2p", False][1], results[kind]["p2p", False][2]) if n]
         rates[kind] = 1000 / answered
-        print(f"p2p_latency: p2p lookup round through the managers, {kind:6s}: median {answered:.2f} ms "
-              f"({rates[kind]:.0f} rounds/s per request)")
-    print(f"p2p_latency: p2p lookup rounds/s, ours ÷ upstream: {rates['peerkv'] / rates['vllm']:.2f}")
+        print(f"p2p_latency: p2p lookup round through the managers, {kind:6s}: median {answered:.2f} ms, "
+              f"{steps:g} steps ({rates[kind]:.0f} rounds/s per request)")
+    period = statistics.median(periods)
+    print(f"p2p_latency: p2p lookup rounds/s, ours ÷ upstream: {rates['peerkv'] / rates['vllm']:.2f} "
+          f"(the consumer's step takes {period:.2f} ms: at most {1000 / period / rates['vllm']:.2f} at this step)")
 
 
 if __name__ == "__main__":

@@ -262,7 +262,9 @@ class _Node:
         start = time.monotonic()
         deadline = start + timeout
         answered = None  # when no key was RETRY any more: the lookup round's end
+        passes = answered_steps = 0  # lookup passes so far; the steps the round took
         while len(final) < len(keys) and time.monotonic() < deadline:
+            passes += 1
             with manager_lock(manager):
                 retry = False
                 for key in keys:
@@ -277,6 +279,7 @@ class _Node:
                         retry = True
             if answered is None and not retry:
                 answered = time.monotonic() - start
+                answered_steps = passes - 1
             self._step(name, [req_id])
             time.sleep(step_s)
         elapsed = time.monotonic() - start
@@ -294,6 +297,7 @@ class _Node:
             "rows": [rows.get(k) for k in keys],
             "elapsed": elapsed,
             "answered": answered,
+            "answered_steps": answered_steps,
         }
 
     def ask(self, name: str, req_id: str, params: dict | None, keys: list[bytes]) -> list[str]:

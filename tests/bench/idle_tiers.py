@@ -1,0 +1,80 @@
+"""Idle CPU of an engine process, with peerkv's tier and with stock vLLM's
+p2p tier, in one run: the baseline for tests/bench/idle (which measures the
+library alone, per data_transport).
+
+Each tier kind runs in two node processes of its own (the interop test
+nodes: a real TieringOffloadingManager, vLLM's tier-poll thread included),
+each tier with its default configuration. Measured twice per kind: with no
+peer ever met, and after one P2P pull between the two (sessions open, data
+paths registered). The figure is one node process's CPU time (user +
+system, every thread, from /proc/<pid>/stat) over IDLE_S of wall time,
+after SETTLE_S without a request.
+
+Run from the repository root: .venv/bin/python tests/bench/idle_tiers.py
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+for sub in ("python", "tests/python", "tests/interop", "tests/bench"):
+    sys.path.insert(0, str(REPO / sub))
+os.environ.setdefault("PEERKV_LIBRARY", str(REPO / "build" / "libpeerkv.so"))
+
+from interop_node import InteropNode, peerkv_config, vllm_p2p_config  # noqa: E402
+from p2p_latency import pull_once  # noqa: E402
+from peerkv_node import control_port  # noqa: E402
+
+SETTLE_S = float(os.environ.get("IDLE_TIERS_SETTLE_S", "2"))
+IDLE_S = float(os.environ.get("IDLE_TIERS_IDLE_S", "5"))
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system time of every thread of pid so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime: fields 14 and 15
+
+
+def idle_share(node: InteropNode) -> float:
+    """The node's CPU over IDLE_S, as a share of one core."""
+    time.sleep(SETTLE_S)
+    pid = node.process.pid
+    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(IDLE_S)
+    return (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
+
+
+def measure(kind: str, config) -> tuple[float, float]:
+    a, b = InteropNode(), InteropNode()
+    try:
+        a.ready(), b.ready()
+        prod, cons = f"{kind}_prod", f"{kind}_cons"
+        port = control_port()
+        a.call("add", prod, config(port), timeout=60)
+        b.call("add", cons, config(control_port()), timeout=60)
+        alone = idle_share(a)
+        pull_once(a, prod, b, cons, port, "p2p")
+        connected = idle_share(a)
+        return alone, connected
+    finally:
+        a.close()
+        b.close()
+
+
+def main() -> None:
+    # One kind at a time: stock vLLM's NIXL progress thread would take CPU
+    # from the other's processes.
+    shares = {kind: measure(kind, config) for kind, config in (("vllm", vllm_p2p_config), ("peerkv", peerkv_config))}
+    for i, label in enumerate(("no peer met", "one peer connected")):
+        ours, theirs = shares["peerkv"][i], shares["vllm"][i]
+        print(f"idle_tiers: engine process idle, {label}: peerkv tier {ours:.1%} of a core, "
+              f"vLLM p2p tier {theirs:.1%}; ours ÷ upstream {ours / theirs:.2f} "
+              f"(both include vLLM's tier-poll thread; {IDLE_S:g} s)")
+
+
+if __name__ == "__main__":
+    main()
