@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -187,7 +189,13 @@ func startChild(t testing.TB, id string, rows, rowLen, skip int) *child {
 	t.Helper()
 	self, err := os.Executable()
 	require.NoError(t, err)
-	cmd := exec.Command(self, "-test.run=^$")
+	return startChildCmd(t, exec.Command(self, "-test.run=^$"), id, rows, rowLen, skip)
+}
+
+// startChildCmd starts cmd, a re-execution of this test binary, as a
+// consumer child.
+func startChildCmd(t testing.TB, cmd *exec.Cmd, id string, rows, rowLen, skip int) *child {
+	t.Helper()
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d %d", childEnv, id, rows, rowLen, skip),
 		"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0") // the race runtime otherwise idles 1s at exit
 	cmd.Stderr = os.Stderr
@@ -239,4 +247,35 @@ func (c *child) ask(format string, args ...any) string {
 	_, err := fmt.Fprintf(c.stdin, format+"\n", args...)
 	require.NoError(c.t, err)
 	return c.line()
+}
+
+// otherUser is the uid and gid another user's processes run as here.
+const otherUser = 65534 // nobody
+
+// commandAsOtherUser runs this test binary as otherUser: a copy of it, in a
+// directory that user may enter (go test's own is the caller's alone). It
+// needs root; without root the test is skipped, unless
+// PEERKV_REQUIRE_SECOND_USER=1 (make test-go) makes that a failure.
+func commandAsOtherUser(t *testing.T) *exec.Cmd {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("PEERKV_REQUIRE_SECOND_USER") == "1" {
+			t.Fatal("starting a process as another user needs root (PEERKV_REQUIRE_SECOND_USER=1)")
+		}
+		t.Skip("starting a process as another user needs root")
+	}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	bin, err := os.ReadFile(self)
+	require.NoError(t, err)
+	dir, err := os.MkdirTemp("", "peerkv-shmdata-other-user-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	require.NoError(t, os.Chmod(dir, 0o755))
+	path := filepath.Join(dir, filepath.Base(self))
+	require.NoError(t, os.WriteFile(path, bin, 0o755))
+	cmd := exec.Command(path, "-test.run=^$")
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: otherUser, Gid: otherUser}}
+	return cmd
 }

@@ -2,13 +2,13 @@ package shmdata
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -95,33 +95,83 @@ func TestRowsLandByteForByteAndNothingElse(t *testing.T) {
 	assert.Equal(t, hex.EncodeToString(sum[:]), cons.ask("sum"), "every written row holds its source row, every other byte is untouched")
 }
 
+// consumerRegion is a memfd region in this process, zeroed, and a
+// transport serving it as consID.
+func consumerRegion(t *testing.T, rows, rowLen int, logf func(string, ...any)) (*Transport, data.Region) {
+	t.Helper()
+	region, _, fd, err := memfdRegion(rows, rowLen, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(region.Mem); _ = unix.Close(fd) })
+	cons, err := New(Options{Region: region, LocalID: consID, Logf: logf})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cons.Close() })
+	return cons, region
+}
+
+// runProducerCmd runs cmd, a re-execution of this test binary, as a
+// producer child (runProducerChild) writing every row to consID with
+// offer, and returns what it printed.
+func runProducerCmd(t *testing.T, cmd *exec.Cmd, rows, rowLen int, offer string) (string, error) {
+	t.Helper()
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d %s %s", producerEnv, prodID, rows, rowLen, consID, offer),
+		"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
+	cmd.Stderr = os.Stderr
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	require.NoError(t, cmd.Start())
+	bound := time.AfterFunc(30*time.Second, func() { _ = cmd.Process.Kill() })
+	defer bound.Stop()
+	err := cmd.Wait()
+	return out.String(), err
+}
+
 // Engines are siblings: under Yama's ptrace_scope=1 (Ubuntu's default)
 // neither may ptrace the other or use process_vm_writev on it. The
 // same-host path needs neither: the consumer hands over its region's fd.
 func TestAProducerRefusedPtraceStillWritesEveryRow(t *testing.T) {
 	const rows, rowLen = 64, 8192
-	region, _, fd, err := memfdRegion(rows, rowLen, 0)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = unix.Munmap(region.Mem); _ = unix.Close(fd) })
-	cons, err := New(Options{Region: region, LocalID: consID})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cons.Close() })
-
+	cons, region := consumerRegion(t, rows, rowLen, nil)
 	self, err := os.Executable()
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, self, "-test.run=^$")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d %s %s", producerEnv, prodID, rows, rowLen, consID, cons.Offer(prodID)),
-		"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
+	out, err := runProducerCmd(t, exec.Command(self, "-test.run=^$"), rows, rowLen, cons.Offer(prodID))
 	require.NoError(t, err, "the producer said: %s", out)
-	require.Equal(t, "ok\n", string(out))
+	require.Equal(t, "ok\n", out)
 
 	want := make([]byte, rows*rowLen)
 	fillPattern(data.Region{Mem: want, RowLen: rowLen})
 	assert.True(t, bytes.Equal(want, region.Mem), "every row landed byte for byte")
+}
+
+// H1: the kernel's credentials of the socket's other end decide, whatever
+// token or id it presents.
+func TestAProcessOfAnotherUserGetsNoGrantAndIsNotWritten(t *testing.T) {
+	const rows, rowLen = 8, 4096
+	t.Run("its producer gets no fd from our consumer", func(t *testing.T) {
+		var mu sync.Mutex
+		var logs []string
+		cons, region := consumerRegion(t, rows, rowLen, func(format string, args ...any) {
+			mu.Lock()
+			defer mu.Unlock()
+			logs = append(logs, fmt.Sprintf(format, args...))
+		})
+		out, err := runProducerCmd(t, commandAsOtherUser(t), rows, rowLen, cons.Offer(prodID))
+		require.Error(t, err, "the producer of another user wrote: %s", out)
+		assert.Contains(t, out, "AddPeer:", "it failed getting the grant, with the right token and id")
+		assert.Equal(t, make([]byte, rows*rowLen), region.Mem, "nothing was written")
+		mu.Lock()
+		defer mu.Unlock()
+		assert.Contains(t, strings.Join(logs, "\n"), fmt.Sprintf("runs as uid %d", otherUser), "the refusal names the uid")
+	})
+	t.Run("its consumer is not written by our producer", func(t *testing.T) {
+		cons := startChildCmd(t, commandAsOtherUser(t), consID, rows, rowLen, 0)
+		zero := sha256.Sum256(make([]byte, rows*rowLen))
+		tr, _ := producer(t, prodID, rows, rowLen)
+		err := tr.AddPeer(consID, offered(cons.ask("offer %s", prodID)))
+		assert.ErrorContains(t, err, fmt.Sprintf("runs as uid %d", otherUser))
+		_, err = tr.Write(consID, []uint64{0}, []uint64{0})
+		assert.Error(t, err, "no write to a peer that was refused")
+		assert.Equal(t, hex.EncodeToString(zero[:]), cons.ask("sum"), "its region is untouched")
+	})
 }
 
 func TestWritesStayWithinTheGrantedRows(t *testing.T) {
