@@ -6,9 +6,10 @@ Each tier kind runs in two node processes of its own (the interop test
 nodes: a real TieringOffloadingManager, vLLM's tier-poll thread included),
 each tier with its default configuration. Measured twice per kind: with no
 peer ever met, and after one P2P pull between the two (sessions open, data
-paths registered). The figure is one node process's CPU time (user +
-system, every thread, from /proc/<pid>/stat) over IDLE_S of wall time,
-after SETTLE_S without a request.
+paths registered). The figure is the mean of the two processes' CPU time
+(every thread's time on a CPU, in nanoseconds, from
+/proc/<pid>/task/*/schedstat) over IDLE_S of wall time, after SETTLE_S
+without a request.
 
 Run from the repository root: .venv/bin/python tests/bench/idle_tiers.py
 """
@@ -29,23 +30,26 @@ from peerkv_node import control_port  # noqa: E402
 
 SETTLE_S = float(os.environ.get("IDLE_TIERS_SETTLE_S", "2"))
 IDLE_S = float(os.environ.get("IDLE_TIERS_IDLE_S", "5"))
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system time of every thread of pid so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime: fields 14 and 15
+    """Time on a CPU of every live thread of pid so far."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # the thread ended
+    return total / 1e9
 
 
-def idle_share(node: InteropNode) -> float:
-    """The node's CPU over IDLE_S, as a share of one core."""
+def idle_share(*nodes: InteropNode) -> float:
+    """The nodes' mean CPU over IDLE_S, as a share of one core."""
     time.sleep(SETTLE_S)
-    pid = node.process.pid
-    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    pids = [node.process.pid for node in nodes]
+    cpu0, t0 = sum(map(cpu_seconds, pids)), time.monotonic()
     time.sleep(IDLE_S)
-    return (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
+    return (sum(map(cpu_seconds, pids)) - cpu0) / (time.monotonic() - t0) / len(nodes)
 
 
 def measure(kind: str, config) -> tuple[float, float]:
@@ -56,9 +60,9 @@ def measure(kind: str, config) -> tuple[float, float]:
         port = control_port()
         a.call("add", prod, config(port), timeout=60)
         b.call("add", cons, config(control_port()), timeout=60)
-        alone = idle_share(a)
+        alone = idle_share(a, b)
         pull_once(a, prod, b, cons, port, "p2p")
-        connected = idle_share(a)
+        connected = idle_share(a, b)
         return alone, connected
     finally:
         a.close()
@@ -71,9 +75,10 @@ def main() -> None:
     shares = {kind: measure(kind, config) for kind, config in (("vllm", vllm_p2p_config), ("peerkv", peerkv_config))}
     for i, label in enumerate(("no peer met", "one peer connected")):
         ours, theirs = shares["peerkv"][i], shares["vllm"][i]
+        ratio = f"{ours / theirs:.2f}" if theirs > 0 else "n/a (upstream used no CPU)"
         print(f"idle_tiers: engine process idle, {label}: peerkv tier {ours:.1%} of a core, "
-              f"vLLM p2p tier {theirs:.1%}; ours ÷ upstream {ours / theirs:.2f} "
-              f"(both include vLLM's tier-poll thread; {IDLE_S:g} s)")
+              f"vLLM p2p tier {theirs:.1%}; ours ÷ upstream {ratio} "
+              f"(each a mean of 2 processes, vLLM's tier-poll thread included; {IDLE_S:g} s)")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ def pull_once(prod_node, producer, cons_node, consumer, port, mode):
     prod_node.call("finish", producer, src)
     if got["results"] != ["HIT"] * KEYS or got["rows"] != rows:
         raise SystemExit(f"{consumer} <- {producer} ({mode}): not every row arrived intact: {got['results']}")
-    return got["elapsed"] * 1000, got["answered"] * 1000, got["answered_steps"]
+    period = got["step_period"]
+    return got["elapsed"] * 1000, got["answered"] * 1000, got["answered_steps"], None if period is None else period * 1000
 
 
 def measure(kind, config, scenarios):
@@ -76,8 +77,8 @@ def measure(kind, config, scenarios):
             a.call("busy", prod, BUSY_HOLD_MS if busy else 0, BUSY_GAP_MS)
             pulls = [pull_once(a, prod, b, cons, port, mode) for _ in range(ROUNDS)]
             a.call("busy", prod, 0, 0)
-            ms = sorted(total for total, _, _ in pulls)
-            results[mode, busy] = ms, [answered for _, answered, _ in pulls], [steps for _, _, steps in pulls]
+            ms = sorted(pull[0] for pull in pulls)
+            results[mode, busy] = ms, *([pull[i] for pull in pulls] for i in (1, 2, 3))
             label = f"{mode}{' busy producer' if busy else ''}"
             print(f"p2p_latency: {label:18s} {kind:6s} {KEYS} keys x {ROW_BYTES // 1024} KiB: "
                   f"median {statistics.median(ms):.1f} ms, p90 {ms[int(0.9 * len(ms))]:.1f} ms "
@@ -97,23 +98,24 @@ def main():
         label = f"{mode}{' busy producer' if busy else ''}"
         print(f"p2p_latency: {label:18s} ours ÷ upstream (median time to all-HIT): {ours / theirs:.2f}")
     # The P2P lookup round alone (a PD decoder answers without one): from
-    # the first lookup until no key is RETRY, as the consumer's scheduler sees it.
-    # A round is a whole number of the consumer's steps, and at least one:
-    # its first lookup cannot know the answer. So no tier's round is shorter
-    # than the consumer's step period (its lookups, on_schedule_end and the
-    # pause), and at this step no tier can do better than upstream's round
-    # ÷ that period.
-    rates, periods = {}, []
+    # the first lookup until no key is RETRY, as the consumer's scheduler
+    # sees it. A round is a whole number of the consumer's steps, and at
+    # least one: its first lookup cannot know the answer. So our round is
+    # never shorter than one of our consumer's steps (its lookups,
+    # on_schedule_end and the pause), and at this step our rate is at most
+    # upstream's round ÷ that step.
+    rates, periods = {}, {}
     for kind in results:
-        answered = statistics.median(results[kind]["p2p", False][1])
-        steps = statistics.median(results[kind]["p2p", False][2])
-        periods += [t / n for t, n in zip(results[kind]["p2p", False][1], results[kind]["p2p", False][2]) if n]
+        _, answered_ms, steps, step_ms = results[kind]["p2p", False]
+        answered = statistics.median(answered_ms)
         rates[kind] = 1000 / answered
+        timed = [p for p in step_ms if p is not None]
+        periods[kind] = statistics.median(timed) if timed else None
+        step = f", a step {periods[kind]:.2f} ms" if timed else ""
         print(f"p2p_latency: p2p lookup round through the managers, {kind:6s}: median {answered:.2f} ms, "
-              f"{steps:g} steps ({rates[kind]:.0f} rounds/s per request)")
-    period = statistics.median(periods)
-    print(f"p2p_latency: p2p lookup rounds/s, ours ÷ upstream: {rates['peerkv'] / rates['vllm']:.2f} "
-          f"(the consumer's step takes {period:.2f} ms: at most {1000 / period / rates['vllm']:.2f} at this step)")
+              f"{statistics.median(steps):g} steps{step} ({rates[kind]:.0f} rounds/s per request)")
+    bound = "" if periods["peerkv"] is None else f" (at most {1000 / rates['vllm'] / periods['peerkv']:.2f} at this step)"
+    print(f"p2p_latency: p2p lookup rounds/s, ours ÷ upstream: {rates['peerkv'] / rates['vllm']:.2f}{bound}")
 
 
 if __name__ == "__main__":

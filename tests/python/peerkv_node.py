@@ -263,8 +263,10 @@ class _Node:
         deadline = start + timeout
         answered = None  # when no key was RETRY any more: the lookup round's end
         passes = answered_steps = 0  # lookup passes so far; the steps the round took
+        step_period = None  # the mean time from one pass's start to the next's, until the round's end
         while len(final) < len(keys) and time.monotonic() < deadline:
             passes += 1
+            pass_start = time.monotonic()
             with manager_lock(manager):
                 retry = False
                 for key in keys:
@@ -280,6 +282,8 @@ class _Node:
             if answered is None and not retry:
                 answered = time.monotonic() - start
                 answered_steps = passes - 1
+                if answered_steps:
+                    step_period = (pass_start - start) / answered_steps
             self._step(name, [req_id])
             time.sleep(step_s)
         elapsed = time.monotonic() - start
@@ -298,6 +302,7 @@ class _Node:
             "elapsed": elapsed,
             "answered": answered,
             "answered_steps": answered_steps,
+            "step_period": step_period,
         }
 
     def ask(self, name: str, req_id: str, params: dict | None, keys: list[bytes]) -> list[str]:

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,12 +32,19 @@ const childEnv = "PEERKV_SHMDATA_TEST_CHILD"
 // "<local id> <rows> <row len> <consumer id> <offer>" (runProducerChild).
 const producerEnv = "PEERKV_SHMDATA_TEST_PRODUCER"
 
+// A raw claimant: this test binary re-executed with rawClaimEnv =
+// "<local id> <offer>" (runRawClaim).
+const rawClaimEnv = "PEERKV_SHMDATA_TEST_RAW_CLAIM"
+
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(childEnv); spec != "" {
 		os.Exit(runChild(spec))
 	}
 	if spec := os.Getenv(producerEnv); spec != "" {
 		os.Exit(runProducerChild(spec))
+	}
+	if spec := os.Getenv(rawClaimEnv); spec != "" {
+		os.Exit(runRawClaim(spec))
 	}
 	os.Exit(m.Run())
 }
@@ -175,6 +183,52 @@ func runProducerChild(spec string) int {
 		return 2
 	}
 	fmt.Println("ok")
+	return 0
+}
+
+// runRawClaim claims an offer as a producer that checks nothing of the
+// socket's other end: it sends the request with the offer's token and its
+// id, reads everything the consumer sends until it closes, and prints
+// "fds N reply X": the file descriptors that came, and the first reply
+// byte (0 granted, 1 refused; - for none).
+func runRawClaim(spec string) int {
+	id, offerString, _ := strings.Cut(spec, " ")
+	o, err := parseOffer(offerString)
+	if err != nil {
+		fmt.Println("offer:", err)
+		return 2
+	}
+	conn, err := net.DialTimeout("unix", o.socket, 5*time.Second)
+	if err != nil {
+		fmt.Println("dial:", err)
+		return 2
+	}
+	c := conn.(*net.UnixConn)
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	req, err := request{token: o.token, peerID: id}.encode()
+	if err != nil {
+		fmt.Println("request:", err)
+		return 2
+	}
+	_, _ = c.Write(req) // the consumer may have refused and closed already
+	fds, first := 0, "-"
+	for {
+		buf, oob := make([]byte, 512), make([]byte, unix.CmsgSpace(4*4))
+		n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+		got, _ := parseRights(oob[:oobn])
+		for _, fd := range got {
+			_ = unix.Close(fd)
+		}
+		fds += len(got)
+		if n > 0 && first == "-" {
+			first = strconv.Itoa(int(buf[0]))
+		}
+		if err != nil || (n == 0 && oobn == 0) {
+			break
+		}
+	}
+	fmt.Printf("fds %d reply %s\n", fds, first)
 	return 0
 }
 

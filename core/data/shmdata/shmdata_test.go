@@ -113,7 +113,7 @@ func consumerRegion(t *testing.T, rows, rowLen int, logf func(string, ...any)) (
 // offer, and returns what it printed.
 func runProducerCmd(t *testing.T, cmd *exec.Cmd, rows, rowLen int, offer string) (string, error) {
 	t.Helper()
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d %s %s", producerEnv, prodID, rows, rowLen, consID, offer),
+	cmd.Env = append(cmd.Environ(), fmt.Sprintf("%s=%s %d %d %s %s", producerEnv, prodID, rows, rowLen, consID, offer),
 		"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
 	cmd.Stderr = os.Stderr
 	var out bytes.Buffer
@@ -154,13 +154,23 @@ func TestAProcessOfAnotherUserGetsNoGrantAndIsNotWritten(t *testing.T) {
 			defer mu.Unlock()
 			logs = append(logs, fmt.Sprintf(format, args...))
 		})
-		out, err := runProducerCmd(t, commandAsOtherUser(t), rows, rowLen, cons.Offer(prodID))
-		require.Error(t, err, "the producer of another user wrote: %s", out)
-		assert.Contains(t, out, "AddPeer:", "it failed getting the grant, with the right token and id")
+		// It checks nothing of our socket and presents the right token
+		// and id: only our check stands between it and the region's fd.
+		cmd := commandAsOtherUser(t)
+		cmd.Env = append(cmd.Environ(), rawClaimEnv+"="+prodID+" "+cons.Offer(prodID),
+			"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
+		cmd.Stderr = os.Stderr
+		bound := time.AfterFunc(30*time.Second, func() { _ = cmd.Process.Kill() })
+		defer bound.Stop()
+		out, err := cmd.Output()
+		require.NoError(t, err, "the claimant said: %s", out)
+		assert.Equal(t, fmt.Sprintf("fds 0 reply %d\n", statusRefused), string(out), "refused, and no fd came")
 		assert.Equal(t, make([]byte, rows*rowLen), region.Mem, "nothing was written")
-		mu.Lock()
-		defer mu.Unlock()
-		assert.Contains(t, strings.Join(logs, "\n"), fmt.Sprintf("runs as uid %d", otherUser), "the refusal names the uid")
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return strings.Contains(strings.Join(logs, "\n"), fmt.Sprintf("runs as uid %d", otherUser))
+		}, 10*time.Second, 5*time.Millisecond, "the refusal is logged, naming the uid")
 	})
 	t.Run("its consumer is not written by our producer", func(t *testing.T) {
 		cons := startChildCmd(t, commandAsOtherUser(t), consID, rows, rowLen, 0)
