@@ -25,8 +25,7 @@ for sub in ("python", "tests/python", "tests/interop", "tests/bench"):
 os.environ.setdefault("PEERKV_LIBRARY", str(REPO / "build" / "libpeerkv.so"))
 
 from interop_node import InteropNode, peerkv_config, vllm_p2p_config  # noqa: E402
-from p2p_latency import pull_once  # noqa: E402
-from peerkv_node import control_port  # noqa: E402
+from p2p_latency import pull_once, tier_pair  # noqa: E402
 
 SETTLE_S = float(os.environ.get("IDLE_TIERS_SETTLE_S", "2"))
 IDLE_S = float(os.environ.get("IDLE_TIERS_IDLE_S", "5"))
@@ -53,20 +52,10 @@ def idle_share(*nodes: InteropNode) -> float:
 
 
 def measure(kind: str, config) -> tuple[float, float]:
-    a, b = InteropNode(), InteropNode()
-    try:
-        a.ready(), b.ready()
-        prod, cons = f"{kind}_prod", f"{kind}_cons"
-        port = control_port()
-        a.call("add", prod, config(port), timeout=60)
-        b.call("add", cons, config(control_port()), timeout=60)
+    with tier_pair(kind, config) as (a, prod, b, cons, port):
         alone = idle_share(a, b)
         pull_once(a, prod, b, cons, port, "p2p")
-        connected = idle_share(a, b)
-        return alone, connected
-    finally:
-        a.close()
-        b.close()
+        return alone, idle_share(a, b)
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ Each kind runs in two node processes of its own, one after the other.
 Run from the repository root: .venv/bin/python tests/bench/p2p_latency.py
 """
 
+import contextlib
 import os
 import statistics
 import sys
@@ -60,10 +61,12 @@ def pull_once(prod_node, producer, cons_node, consumer, port, mode):
     return got["elapsed"] * 1000, got["answered"] * 1000, got["answered_steps"], None if period is None else period * 1000
 
 
-def measure(kind, config, scenarios):
-    """Every scenario for one tier kind, in two node processes of its own: a
-    tier of the other kind in the same processes would take CPU from it (stock
-    vLLM's NIXL progress thread keeps a core busy)."""
+@contextlib.contextmanager
+def tier_pair(kind, config):
+    """A producer and a consumer tier of one kind, each in a node process of
+    its own: (producer node, its tier's name, consumer node, its tier's name,
+    the producer's port). A tier of another kind in the same processes would
+    take CPU from them (stock vLLM's NIXL progress thread keeps a core busy)."""
     a, b = InteropNode(), InteropNode()
     try:
         a.ready(), b.ready()
@@ -71,6 +74,15 @@ def measure(kind, config, scenarios):
         port = control_port()
         a.call("add", prod, config(port), timeout=60)
         b.call("add", cons, config(control_port()), timeout=60)
+        yield a, prod, b, cons, port
+    finally:
+        a.close()
+        b.close()
+
+
+def measure(kind, config, scenarios):
+    """Every scenario for one tier kind (tier_pair)."""
+    with tier_pair(kind, config) as (a, prod, b, cons, port):
         results = {}
         for mode, busy in scenarios:
             pull_once(a, prod, b, cons, port, mode)  # warm-up: handshake, registration
@@ -84,9 +96,6 @@ def measure(kind, config, scenarios):
                   f"median {statistics.median(ms):.1f} ms, p90 {ms[int(0.9 * len(ms))]:.1f} ms "
                   f"({ROUNDS} pulls, step {STEP_MS} ms)", flush=True)
         return results
-    finally:
-        a.close()
-        b.close()
 
 
 def main():
