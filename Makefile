@@ -128,11 +128,12 @@ fuzz-run:
 		for name in $$(sed -nE 's/^func (Fuzz[A-Za-z0-9_]*)\(.*/\1/p' "$$file"); do \
 			rc=0; $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZ_FOR) "$$pkg" >"$$log" 2>&1 || rc=$$?; \
 			crashes=$$(grep -cE "Failing input written to|failure while testing seed corpus entry" "$$log" || true); \
-			if [ $$rc -ne 0 ] && [ $$crashes -eq 0 ] && grep -qE '^[[:space:]]*context deadline exceeded$$' "$$log"; then \
-				echo "fuzz $$name: failed at its -fuzztime deadline with no input found (Go 1.26's fuzz coordinator race, golang/go#75804, fixed in Go 1.27): once more"; \
+			for again in 1 2; do \
+				if [ $$rc -eq 0 ] || [ $$crashes -ne 0 ] || ! grep -qE '^[[:space:]]*context deadline exceeded$$' "$$log"; then break; fi; \
+				echo "fuzz $$name: failed at its -fuzztime deadline with no input found (Go 1.26's fuzz coordinator race, golang/go#75804, fixed in Go 1.27): again ($$again of 2)"; \
 				rc=0; $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZ_FOR) "$$pkg" >"$$log" 2>&1 || rc=$$?; \
 				crashes=$$(grep -cE "Failing input written to|failure while testing seed corpus entry" "$$log" || true); \
-			fi; \
+			done; \
 			execs=$$(grep -oE 'execs: [0-9]+' "$$log" | tail -n 1 | grep -oE '[0-9]+' || echo 0); \
 			echo "fuzz $$name ($$pkg, $(FUZZ_FOR)): $$execs executions, $$crashes crashes, exit $$rc"; \
 			if [ $$rc -ne 0 ]; then failed=1; sed 's/^/    /' "$$log"; fi; \
@@ -191,7 +192,7 @@ test: setup-python ## everything: build + visibility gate, vet, go test -race, f
 	if [ -n "$$left" ]; then echo "make test: files left in /dev/shm:"; echo "$$left"; exit 1; fi; \
 	echo "make test: all passed in $$(( $$(date +%s) - start ))s"
 
-bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, pull latency vs upstream, scheduler-thread cost of the tier calls vs upstream, lookup round trips, host-call cost, one prefix from 1/2/3 sources and a 1 GiB same-host fetch into a warm and a cold region vs memcpy, an idle peer's CPU per data_transport, lookup latency of a 64-peer mesh vs 2 peers and memory/fds per session; then Go micro-benchmarks
+bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, pull latency vs upstream, scheduler-thread cost of the tier calls vs upstream, lookup round trips, host-call cost, one prefix from 1/2/3 sources and a 1 GiB same-host fetch into a warm and a cold region vs memcpy, an idle peer's CPU per data_transport and an idle engine process's vs upstream, lookup latency of a 64-peer mesh vs 2 peers and memory/fds per session; then Go micro-benchmarks
 	$(GO) run ./tests/bench/datapath
 	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/p2p_latency.py 2>/dev/null
 	PEERKV_LIBRARY=$(abspath $(LIB)) P2P_LATENCY_STEP_MS=0.05 P2P_LATENCY_ROUND_ONLY=1 $(PYTHON) tests/bench/p2p_latency.py 2>/dev/null
