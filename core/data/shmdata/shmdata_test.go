@@ -115,11 +115,19 @@ func runProducerCmd(t *testing.T, cmd *exec.Cmd, rows, rowLen int, offer string)
 	t.Helper()
 	cmd.Env = append(cmd.Environ(), fmt.Sprintf("%s=%s %d %d %s %s", producerEnv, prodID, rows, rowLen, consID, offer),
 		"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
+	return runBounded(t, cmd)
+}
+
+// runBounded runs a child to its end, killed after 30 s, and returns its
+// standard output.
+func runBounded(t *testing.T, cmd *exec.Cmd) (string, error) {
+	t.Helper()
 	cmd.Stderr = os.Stderr
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	require.NoError(t, cmd.Start())
-	bound := time.AfterFunc(30*time.Second, func() { _ = cmd.Process.Kill() })
+	proc := cmd.Process
+	bound := time.AfterFunc(30*time.Second, func() { _ = proc.Kill() })
 	defer bound.Stop()
 	err := cmd.Wait()
 	return out.String(), err
@@ -159,12 +167,9 @@ func TestAProcessOfAnotherUserGetsNoGrantAndIsNotWritten(t *testing.T) {
 		cmd := commandAsOtherUser(t)
 		cmd.Env = append(cmd.Environ(), rawClaimEnv+"="+prodID+" "+cons.Offer(prodID),
 			"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
-		cmd.Stderr = os.Stderr
-		bound := time.AfterFunc(30*time.Second, func() { _ = cmd.Process.Kill() })
-		defer bound.Stop()
-		out, err := cmd.Output()
+		out, err := runBounded(t, cmd)
 		require.NoError(t, err, "the claimant said: %s", out)
-		assert.Equal(t, fmt.Sprintf("fds 0 reply %d\n", statusRefused), string(out), "refused, and no fd came")
+		assert.Equal(t, fmt.Sprintf("fds 0 reply %d\n", statusRefused), out, "refused, and no fd came")
 		assert.Equal(t, make([]byte, rows*rowLen), region.Mem, "nothing was written")
 		require.Eventually(t, func() bool {
 			mu.Lock()
