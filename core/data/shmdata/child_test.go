@@ -232,6 +232,13 @@ func runRawClaim(spec string) int {
 	return 0
 }
 
+// childEnviron is this process's environment plus vars, for a child
+// re-executing this test binary.
+func childEnviron(vars ...string) []string {
+	// The race runtime otherwise idles 1s at exit.
+	return append(append(os.Environ(), vars...), "GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
+}
+
 // child is a consumer process driven over its stdin and stdout.
 type child struct {
 	t     testing.TB
@@ -250,8 +257,7 @@ func startChild(t testing.TB, id string, rows, rowLen, skip int) *child {
 // consumer child.
 func startChildCmd(t testing.TB, cmd *exec.Cmd, id string, rows, rowLen, skip int) *child {
 	t.Helper()
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d %d", childEnv, id, rows, rowLen, skip),
-		"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0") // the race runtime otherwise idles 1s at exit
+	cmd.Env = childEnviron(fmt.Sprintf("%s=%s %d %d %d", childEnv, id, rows, rowLen, skip))
 	cmd.Stderr = os.Stderr
 	stdinR, stdinW, err := os.Pipe()
 	require.NoError(t, err)

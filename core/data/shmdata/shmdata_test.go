@@ -113,8 +113,7 @@ func consumerRegion(t *testing.T, rows, rowLen int, logf func(string, ...any)) (
 // offer, and returns what it printed.
 func runProducerCmd(t *testing.T, cmd *exec.Cmd, rows, rowLen int, offer string) (string, error) {
 	t.Helper()
-	cmd.Env = append(cmd.Environ(), fmt.Sprintf("%s=%s %d %d %s %s", producerEnv, prodID, rows, rowLen, consID, offer),
-		"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
+	cmd.Env = childEnviron(fmt.Sprintf("%s=%s %d %d %s %s", producerEnv, prodID, rows, rowLen, consID, offer))
 	return runBounded(t, cmd)
 }
 
@@ -165,8 +164,7 @@ func TestAProcessOfAnotherUserGetsNoGrantAndIsNotWritten(t *testing.T) {
 		// It checks nothing of our socket and presents the right token
 		// and id: only our check stands between it and the region's fd.
 		cmd := commandAsOtherUser(t)
-		cmd.Env = append(cmd.Environ(), rawClaimEnv+"="+prodID+" "+cons.Offer(prodID),
-			"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
+		cmd.Env = childEnviron(rawClaimEnv + "=" + prodID + " " + cons.Offer(prodID))
 		out, err := runBounded(t, cmd)
 		require.NoError(t, err, "the claimant said: %s", out)
 		assert.Equal(t, fmt.Sprintf("fds 0 reply %d\n", statusRefused), out, "refused, and no fd came")
