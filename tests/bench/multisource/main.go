@@ -17,14 +17,14 @@
 // and into a cold one (its pages dropped before every pull, as in a freshly
 // started engine), each against single-thread memcpy of the same bytes into
 // an equally warm or cold region, measured in the same run. Every producer
-// is refused ptrace and process_vm_readv/writev (tests/noptrace), as an
-// engine is toward its sibling under Yama's ptrace_scope=1:
+// is refused the calls in noptrace.Refused (ptrace, process_vm_writev, ...),
+// as an engine is toward its sibling under Yama's ptrace_scope=1:
 //
 //	multisource: 512x2MiB from 1 source: 2.10 GB/s (load 0.51 s) x1.00
 //	multisource: 512x2MiB from 2 sources: 3.50 GB/s (load 0.31 s) x1.67
 //	multisource: 512x2MiB from 3 sources: 3.90 GB/s (load 0.28 s) x1.86
-//	multisource: same host (shm) 512x2MiB, warm region: 14.2 GB/s (load 0.076 s); memcpy 13.9 GB/s; time ÷ memcpy 0.98; the producer is refused ptrace, process_vm_readv, process_vm_writev
-//	multisource: same host (shm) 512x2MiB, cold region: 1.90 GB/s (load 0.565 s); memcpy 0.95 GB/s; time ÷ memcpy 0.50; the producer is refused ptrace, process_vm_readv, process_vm_writev
+//	multisource: same host (shm) 512x2MiB, warm region: 14.2 GB/s (load 0.076 s); memcpy 13.9 GB/s; time ÷ memcpy 0.98; the producer is refused ptrace, process_vm_readv, process_vm_writev, process_madvise, pidfd_getfd
+//	multisource: same host (shm) 512x2MiB, cold region: 1.90 GB/s (load 0.565 s); memcpy 0.95 GB/s; time ÷ memcpy 0.50; the producer is refused ptrace, process_vm_readv, process_vm_writev, process_madvise, pidfd_getfd
 package main
 
 import (
@@ -110,8 +110,9 @@ func (p params) open(region data.Region, transport string) (*tier.Tier, error) {
 }
 
 // runProducer holds every row and serves lookups until stdin closes. It
-// may not ptrace or process_vm_writev the consumer, as an engine on a host
-// with Yama's ptrace_scope=1 may not its sibling (noptrace).
+// may not reach the consumer's memory with ptrace or process_vm_writev, as
+// an engine on a host with Yama's ptrace_scope=1 may not its sibling's
+// (noptrace).
 func runProducer(p params) error {
 	if err := noptrace.Enter(); err != nil {
 		return err
