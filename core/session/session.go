@@ -92,8 +92,10 @@ type Session struct {
 	orderly bool
 	// rejectCause is set when the handshake failed: one of RejectionCauses.
 	rejectCause string
-	refused     []string     // the fields of our connect the peer refused, as it named them
-	seen        *PeerConnect // the peer's connect as it arrived, before our checks
+	refused     []string // the fields of our connect the peer refused, as it named them
+	// quietRefusal: refuse a stock peer without a goodbye (see RefuseQuietly).
+	quietRefusal bool
+	seen         *PeerConnect // the peer's connect as it arrived, before our checks
 
 	consumer consumer
 	producer producer
@@ -302,9 +304,33 @@ func (s *Session) checkFields(c *protocol.Connect) error {
 		// With a secret, a dialer that has not proved it yet learns nothing.
 		goodbye.Refused = names
 	}
-	_ = s.env.Send(s.peerID, goodbye)
+	if !s.refusesQuietly() {
+		_ = s.env.Send(s.peerID, goodbye)
+	}
 	s.markDead("rejected its connect: " + reason)
 	return nil
+}
+
+// RefuseQuietly makes a refusal of a stock vLLM peer send no goodbye, as
+// vLLM's own refusals do. A stock peer opens a session, and sends its
+// connect, for any frame from a peer it holds none with: the owner sets
+// this on the session that goodbye of ours drew, so two ends that refuse
+// each other stop after one exchange instead of trading connects and
+// goodbyes for as long as both run.
+func (s *Session) RefuseQuietly() { s.quietRefusal = true }
+
+// refusesQuietly: a refusal of this peer sends no goodbye.
+func (s *Session) refusesQuietly() bool {
+	return s.quietRefusal && s.seen != nil && !s.seen.PeerKV
+}
+
+// refuse ends a handshake we refused: with a goodbye, unless quiet.
+func (s *Session) refuse(reason string) {
+	if s.refusesQuietly() {
+		s.markDead(reason)
+		return
+	}
+	s.disconnect(reason)
 }
 
 // reject refuses the peer for cause: one line logged, goodbye sent,
@@ -313,7 +339,7 @@ func (s *Session) reject(cause, format string, args ...any) error {
 	reason := fmt.Sprintf(format, args...)
 	s.env.Logf("ERROR", "rejecting peer %s: %s", s.peerID, reason)
 	s.failHandshake(cause)
-	s.disconnect("rejected its connect: " + reason)
+	s.refuse("rejected its connect: " + reason)
 	return nil
 }
 
@@ -442,7 +468,7 @@ func (s *Session) RegistrationDone(err error) {
 	if err != nil {
 		s.env.Logf("ERROR", "rejecting peer %s: data path registration failed: %v", s.peerID, err)
 		s.failHandshake(CauseDataPath)
-		s.disconnect(fmt.Sprintf("data path registration failed: %v", err))
+		s.refuse(fmt.Sprintf("data path registration failed: %v", err))
 		return
 	}
 	s.state = acked

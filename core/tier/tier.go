@@ -83,6 +83,7 @@ type Tier struct {
 	ended         []*session.Session // sessions that reported their end, for reapDead
 	stats         counters
 	obs           observations // by cause, by path, histograms (observe.go)
+	refused       refusals     // stock peers we dialed and refused lately (refusals.go)
 
 	guardMu  sync.RWMutex
 	expected map[uint64]string // consumer row -> peer allowed to write it
@@ -318,6 +319,9 @@ func (t *Tier) onEvent(ev control.Event) {
 				return
 			}
 			s = t.openSession(ev.PeerID, ev.Addr, false)
+			if t.refused.take(ev.PeerID, t.now()) {
+				s.RefuseQuietly()
+			}
 		}
 		if ev.Addr != "" {
 			s.PinSource(ev.Addr)
@@ -469,6 +473,7 @@ func (t *Tier) onTick() {
 	}
 	t.tickServing(now)
 	t.tickLoads(now)
+	t.refused.expire(now)
 	if len(t.sessions) >= t.cfg.MaxPeers-min(idleReapHeadroom, t.cfg.MaxPeers-1) {
 		t.evictIdle(now, false)
 	}
@@ -521,6 +526,7 @@ func (t *Tier) reapDead() bool {
 			t.logf("WARNING", "peer %s: %s; session closed", id, s.DeathReason())
 		}
 		t.observeEnded(s)
+		t.refused.ended(s, t.now())
 		for _, req := range t.requests {
 			if req.pull != nil && req.pull.uses(s) {
 				t.markStale(req.pull) // its answers may change without it

@@ -275,6 +275,7 @@ def test_hash_seed_mismatch_is_rejected_and_both_sides_stay_healthy(cluster, pro
 # the other's, so the dialing consumer rejects the producer's Connect and
 # falls back at once, long before the handshake timeout.
 FAIL_FAST_S = 1.0
+REFUSAL_SETTLE_S = 1.0
 
 
 @pytest.mark.parametrize(
@@ -290,6 +291,12 @@ def test_seed_mismatch_falls_back_before_the_handshake_timeout(cluster, producer
     got, lines = _pull_across_refusal(cluster, producer, consumer)
     assert got["results"] == ["MISS", "MISS"]
     assert got["elapsed"] < FAIL_FAST_S, _shown([f"elapsed {got['elapsed']:.2f} s", *lines])
+    # The refusal is over: a stock peer opens a session (and sends a connect)
+    # for any frame from a peer it holds none with, so a goodbye for every
+    # refusal kept two peers that refuse each other trading them for good.
+    time.sleep(REFUSAL_SETTLE_S)
+    later = [line for line in _logs(cluster.nodes[producer], cluster.nodes[consumer]) if "rejecting peer" in line]
+    assert len(later) <= 2, _shown(["refusals went on after the pull:", *later])
 
 
 # A PeerKVTier that serves TCP only has no data path in common with vLLM's
@@ -303,4 +310,10 @@ def test_no_shared_data_path_is_refused_and_named(cluster, producer, consumer):
     got, lines = _pull_across_refusal(cluster, producer, consumer)
     assert got["results"] == ["MISS", "MISS"]
     assert got["elapsed"] < FAIL_FAST_S, _shown([f"elapsed {got['elapsed']:.2f} s", *lines])
+    # The refusal is over: a stock peer opens a session (and sends a connect)
+    # for any frame from a peer it holds none with, so a goodbye for every
+    # refusal kept two peers that refuse each other trading them for good.
+    time.sleep(REFUSAL_SETTLE_S)
+    later = [line for line in _logs(cluster.nodes[producer], cluster.nodes[consumer]) if "rejecting peer" in line]
+    assert len(later) <= 2, _shown(["refusals went on after the pull:", *later])
     assert any("no data path shared with peer" in line and "offers no tcp path" in line for line in lines), lines

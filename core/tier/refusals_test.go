@@ -1,0 +1,79 @@
+package tier_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/peerkv/peerkv/core/control"
+	"github.com/peerkv/peerkv/core/protocol"
+)
+
+// stockPeer plays a stock vLLM peer whose hash seed differs from ours. A
+// session of its own that gets our goodbye simply ends; a frame from us
+// when it holds no session (it refused ours and dropped it) opens a new
+// session, which sends its connect at once. redraws says whether each
+// goodbye finds it without a session. It returns the goodbyes it got in d.
+func stockPeer(t *testing.T, r *rawPeer, us string, d time.Duration, redraws bool) int {
+	t.Helper()
+	connect := func() {
+		r.send(us, &protocol.Connect{PeerID: r.id, AgentMetadata: []byte{}, NumBlocks: numRows, BlockLen: rowLen,
+			ConfigFingerprint: "0123456789abcdef", HashSeed: "not ours"})
+	}
+	goodbyes := 0
+	deadline := time.After(d)
+	for {
+		select {
+		case ev := <-r.tr.Events():
+			if ev.Kind != control.EventFrame {
+				continue
+			}
+			m, err := protocol.Decode(ev.Frame, protocol.Limits{MaxFrameBytes: 1 << 20, MaxListItems: 1024, KeyLen: 32})
+			require.NoError(t, err)
+			switch m.(type) {
+			case *protocol.Connect: // we dialed it: its session answers with its connect
+				connect()
+			case *protocol.Disconnect:
+				goodbyes++
+				if redraws {
+					connect()
+				}
+			}
+		case <-deadline:
+			return goodbyes
+		}
+	}
+}
+
+func TestAStockProducerWeRefuseIsRefusedWithOneGoodbyeNotAStorm(t *testing.T) {
+	c := newCluster(t)
+	p := c.peer(1)
+	y := c.raw("127.0.0.1:7996")
+	params := fmt.Sprintf(`{"remote_kv_source":{"kv_request_id":"kv-storm","remote_host":"127.0.0.1","remote_port":%s}}`,
+		y.id[len("127.0.0.1:"):])
+	_, err := p.StartRequest("c", []byte(params))
+	require.NoError(t, err)
+	p.lookup("c", keys(1)) // dials y
+	_ = p.OnScheduleEnd()
+
+	assert.Equal(t, 1, stockPeer(t, y, p.id, 500*time.Millisecond, true),
+		"our refusal says goodbye; the connect that goodbye drew from y's new session is refused silently")
+	logs := string(p.TakeLogs(1 << 16))
+	assert.Equal(t, 2, strings.Count(logs, "hash seed mismatch"), logs)
+	assert.Zero(t, p.Stats().Sessions)
+}
+
+func TestAStockConsumerWeRefuseGetsAGoodbyeEveryTime(t *testing.T) {
+	c := newCluster(t)
+	p := c.peer(1)
+	v := c.raw("127.0.0.1:7995")
+	for range 3 { // three requests, well inside quietRefusalWindow
+		v.send(p.id, &protocol.Connect{PeerID: v.id, AgentMetadata: []byte{}, NumBlocks: numRows, BlockLen: rowLen,
+			ConfigFingerprint: "0123456789abcdef", HashSeed: "not ours"})
+		assert.Equal(t, 1, stockPeer(t, v, p.id, 200*time.Millisecond, false), "each request of a stock consumer fails fast")
+	}
+}
