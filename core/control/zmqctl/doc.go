@@ -45,7 +45,7 @@
 //   - In plaintext our ROUTER keeps handover off: with it, anyone who can
 //     reach the port could dial under an established peer's id and leave
 //     that peer's connection unread (libzmq stops reading it; it closes
-//     only when the heartbeat times out, ~12 s), again and again. Without
+//     only when the heartbeat times out, ~15 s), again and again. Without
 //     it, such a dialer is the one left unread; what it can still do is
 //     dial first, before the peer's own connection exists (docs/security.md,
 //     D6).
@@ -54,12 +54,12 @@
 //     its new connection at once.
 //
 // A peer that died without closing its socket is reaped by the ZMTP
-// heartbeat (interval 2 s, timeout 10 s, TTL 10 s, as vLLM, on the ROUTER
-// and every DEALER). In plaintext a restarted peer whose new connection
-// arrived before that is unheard on it until that connection ends (a
-// peerkv peer's handshake with us times out, and a later one dials anew). The
-// sender's identity must equal the string the receiver dialed, or the
-// receiver sees its replies as a new peer.
+// heartbeat (interval 5 s, timeout 10 s, no TTL, on the ROUTER and every
+// DEALER; Options says why not vLLM's 2 s and TTL). In plaintext a
+// restarted peer whose new connection arrived before that is unheard on it
+// until that connection ends (a peerkv peer's handshake with us times out,
+// and a later one dials anew). The sender's identity must equal the string
+// the receiver dialed, or the receiver sees its replies as a new peer.
 //
 // # Peer loss
 //

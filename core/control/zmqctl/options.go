@@ -6,11 +6,20 @@ import (
 	"time"
 )
 
-// Defaults match vLLM's zmq.py where vLLM has a value.
+// Defaults match vLLM's zmq.py where vLLM has a value, except the heartbeat.
+//
+// vLLM pings every 2 s with a 10 s TTL. libzmq cancels a connection's
+// heartbeat timers (after each ping, and after each TTL-carrying ping it
+// receives) by walking every timer of its I/O thread, so that cost grows
+// with the square of the connections an I/O thread carries: in the 64-peer
+// scale bench (8 peers a process) it was most of the idle mesh's CPU. We
+// ping every 5 s and send no TTL: each end's own pings (ROUTER and DEALER
+// alike) reap a dead or hung link within interval + timeout (15 s), and a
+// TTL cannot reap one on its own anyway (libzmq re-arms it only on the next
+// PING). vLLM peers still ping us at their rate and get their PONGs.
 const (
-	DefaultHeartbeatInterval = 2 * time.Second
+	DefaultHeartbeatInterval = 5 * time.Second
 	DefaultHeartbeatTimeout  = 10 * time.Second
-	DefaultHeartbeatTTL      = 10 * time.Second
 	DefaultConnectTimeout    = 10 * time.Second
 	DefaultSendTimeout       = 10 * time.Second
 	DefaultSendHWM           = 1000
@@ -25,7 +34,9 @@ const (
 type Options struct {
 	HeartbeatInterval time.Duration // ZMQ_HEARTBEAT_IVL
 	HeartbeatTimeout  time.Duration // ZMQ_HEARTBEAT_TIMEOUT
-	HeartbeatTTL      time.Duration // ZMQ_HEARTBEAT_TTL
+	// HeartbeatTTL, when positive, is sent in our PINGs (ZMQ_HEARTBEAT_TTL);
+	// zero sends none (the default; see above).
+	HeartbeatTTL time.Duration
 	// ConnectTimeout bounds the time from opening a DEALER to its completed
 	// ZMTP handshake; past it the peer is reported down.
 	ConnectTimeout time.Duration
@@ -69,7 +80,7 @@ func (o Options) withDefaults() (Options, error) {
 	}{
 		{"HeartbeatInterval", &o.HeartbeatInterval, DefaultHeartbeatInterval},
 		{"HeartbeatTimeout", &o.HeartbeatTimeout, DefaultHeartbeatTimeout},
-		{"HeartbeatTTL", &o.HeartbeatTTL, DefaultHeartbeatTTL},
+		{"HeartbeatTTL", &o.HeartbeatTTL, 0},
 		{"ConnectTimeout", &o.ConnectTimeout, DefaultConnectTimeout},
 		{"SendTimeout", &o.SendTimeout, DefaultSendTimeout},
 		{"CloseTimeout", &o.CloseTimeout, DefaultCloseTimeout},

@@ -48,13 +48,16 @@ type peerConn struct {
 
 func (pc *peerConn) parked() bool { return !pc.parkedUntil.IsZero() }
 
-// heartbeat applies the ZMTP heartbeat settings vLLM uses on all sockets.
+// heartbeat applies the ZMTP heartbeat settings to a socket (all of ours).
 func heartbeat(sock *zmq.Socket, o Options) error {
 	if err := sock.SetHeartbeatIvl(o.HeartbeatInterval); err != nil {
 		return fmt.Errorf("set heartbeat interval: %w", err)
 	}
 	if err := sock.SetHeartbeatTimeout(o.HeartbeatTimeout); err != nil {
 		return fmt.Errorf("set heartbeat timeout: %w", err)
+	}
+	if o.HeartbeatTTL == 0 {
+		return nil
 	}
 	if err := sock.SetHeartbeatTtl(o.HeartbeatTTL); err != nil {
 		return fmt.Errorf("set heartbeat ttl: %w", err)

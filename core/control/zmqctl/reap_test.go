@@ -35,7 +35,7 @@ func foreignDealer(t *testing.T, ctx *zmq.Context, id, addr string, pinging bool
 func TestARestartedPeerIsHeardAfterItsOldLinkDiedSilently(t *testing.T) {
 	for _, dataLast := range []bool{false, true} {
 		t.Run(fmt.Sprintf("data sent last=%v", dataLast), func(t *testing.T) {
-			b := newTestTransport(t, Options{HeartbeatInterval: 200 * time.Millisecond, HeartbeatTimeout: time.Second, HeartbeatTTL: time.Second})
+			b := newTestTransport(t, Options{HeartbeatInterval: 200 * time.Millisecond, HeartbeatTimeout: time.Second}) // no TTL, as shipped
 			proxy := newTestProxy(t, b.LocalID())
 			ctx, err := zmq.NewContext()
 			require.NoError(t, err)

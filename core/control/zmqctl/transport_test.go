@@ -140,7 +140,7 @@ func TestHandshakeDeadlineWithSilentListener(t *testing.T) {
 }
 
 func TestPeerDownAfterPeerCloses(t *testing.T) {
-	opts := Options{HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: 500 * time.Millisecond, HeartbeatTTL: 500 * time.Millisecond}
+	opts := Options{HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: 500 * time.Millisecond} // no TTL, as shipped
 	a := newTestTransport(t, opts)
 	b := newTestTransport(t, opts)
 	require.NoError(t, a.Send(b.LocalID(), []byte("x")))
@@ -156,7 +156,7 @@ func TestPeerDownAfterPeerCloses(t *testing.T) {
 }
 
 func TestHeartbeatDetectsHungPeer(t *testing.T) {
-	opts := Options{HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: 500 * time.Millisecond, HeartbeatTTL: 500 * time.Millisecond}
+	opts := Options{HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: 500 * time.Millisecond} // no TTL, as shipped
 	a := newTestTransport(t, opts)
 	b := newTestTransport(t, opts)
 	proxy := newTestProxy(t, b.LocalID())
