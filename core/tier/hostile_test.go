@@ -88,9 +88,12 @@ func (r *rawPeer) send(to string, m protocol.Message) {
 	require.NoError(r.t, r.tr.Send(to, b))
 }
 
-func (r *rawPeer) connect(to string) {
+func (r *rawPeer) connect(to string) { r.connectWithSeed(to, "42") }
+
+// connectWithSeed sends a stock vLLM connect (no peerkv capabilities).
+func (r *rawPeer) connectWithSeed(to, hashSeed string) {
 	r.send(to, &protocol.Connect{PeerID: r.id, AgentMetadata: []byte{}, NumBlocks: numRows, BlockLen: rowLen,
-		ConfigFingerprint: "0123456789abcdef", HashSeed: "42"})
+		ConfigFingerprint: "0123456789abcdef", HashSeed: hashSeed})
 }
 
 func TestConcurrentShutdownReturnsOnlyAfterTeardown(t *testing.T) {

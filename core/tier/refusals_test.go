@@ -1,7 +1,6 @@
 package tier_test
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -20,10 +19,7 @@ import (
 // goodbye finds it without a session. It returns the goodbyes it got in d.
 func stockPeer(t *testing.T, r *rawPeer, us string, d time.Duration, redraws bool) int {
 	t.Helper()
-	connect := func() {
-		r.send(us, &protocol.Connect{PeerID: r.id, AgentMetadata: []byte{}, NumBlocks: numRows, BlockLen: rowLen,
-			ConfigFingerprint: "0123456789abcdef", HashSeed: "not ours"})
-	}
+	connect := func() { r.connectWithSeed(us, "not ours") }
 	goodbyes := 0
 	deadline := time.After(d)
 	for {
@@ -53,9 +49,7 @@ func TestAStockProducerWeRefuseIsRefusedWithOneGoodbyeNotAStorm(t *testing.T) {
 	c := newCluster(t)
 	p := c.peer(1)
 	y := c.raw("127.0.0.1:7996")
-	params := fmt.Sprintf(`{"remote_kv_source":{"kv_request_id":"kv-storm","remote_host":"127.0.0.1","remote_port":%s}}`,
-		y.id[len("127.0.0.1:"):])
-	_, err := p.StartRequest("c", []byte(params))
+	_, err := p.StartRequest("c", p2pParamsTo("kv-storm", y.id))
 	require.NoError(t, err)
 	p.lookup("c", keys(1)) // dials y
 	_ = p.OnScheduleEnd()
@@ -72,8 +66,7 @@ func TestAStockConsumerWeRefuseGetsAGoodbyeEveryTime(t *testing.T) {
 	p := c.peer(1)
 	v := c.raw("127.0.0.1:7995")
 	for range 3 { // three requests, well inside quietRefusalWindow
-		v.send(p.id, &protocol.Connect{PeerID: v.id, AgentMetadata: []byte{}, NumBlocks: numRows, BlockLen: rowLen,
-			ConfigFingerprint: "0123456789abcdef", HashSeed: "not ours"})
+		v.connectWithSeed(p.id, "not ours")
 		assert.Equal(t, 1, stockPeer(t, v, p.id, 200*time.Millisecond, false), "each request of a stock consumer fails fast")
 	}
 }

@@ -165,9 +165,12 @@ func pdParams(kv string, prod *peer) []byte {
 		kv, prod.id[len("127.0.0.1:"):]))
 }
 
-func p2pParams(kv string, prod *peer) []byte {
+func p2pParams(kv string, prod *peer) []byte { return p2pParamsTo(kv, prod.id) }
+
+// p2pParamsTo names a source by its id ("127.0.0.1:port").
+func p2pParamsTo(kv, source string) []byte {
 	return []byte(fmt.Sprintf(`{"remote_kv_source":{"kv_request_id":%q,"remote_host":"127.0.0.1","remote_port":%s}}`,
-		kv, prod.id[len("127.0.0.1:"):]))
+		kv, source[len("127.0.0.1:"):]))
 }
 
 func assertQuiet(t *testing.T, peers ...*peer) {

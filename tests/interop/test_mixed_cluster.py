@@ -278,6 +278,15 @@ FAIL_FAST_S = 1.0
 REFUSAL_SETTLE_S = 1.0
 
 
+def _assert_refusals_ended(cluster, producer, consumer):
+    """The refusal is over: a stock peer opens a session (and sends a connect)
+    for any frame from a peer it holds none with, so a goodbye for every
+    refusal kept two peers that refuse each other trading them for good."""
+    time.sleep(REFUSAL_SETTLE_S)
+    later = [line for line in _logs(cluster.nodes[producer], cluster.nodes[consumer]) if "rejecting peer" in line]
+    assert len(later) <= 2, _shown(["refusals went on after the pull:", *later])
+
+
 @pytest.mark.parametrize(
     "producer,consumer",
     [
@@ -291,12 +300,7 @@ def test_seed_mismatch_falls_back_before_the_handshake_timeout(cluster, producer
     got, lines = _pull_across_refusal(cluster, producer, consumer)
     assert got["results"] == ["MISS", "MISS"]
     assert got["elapsed"] < FAIL_FAST_S, _shown([f"elapsed {got['elapsed']:.2f} s", *lines])
-    # The refusal is over: a stock peer opens a session (and sends a connect)
-    # for any frame from a peer it holds none with, so a goodbye for every
-    # refusal kept two peers that refuse each other trading them for good.
-    time.sleep(REFUSAL_SETTLE_S)
-    later = [line for line in _logs(cluster.nodes[producer], cluster.nodes[consumer]) if "rejecting peer" in line]
-    assert len(later) <= 2, _shown(["refusals went on after the pull:", *later])
+    _assert_refusals_ended(cluster, producer, consumer)
 
 
 # A PeerKVTier that serves TCP only has no data path in common with vLLM's
@@ -310,10 +314,5 @@ def test_no_shared_data_path_is_refused_and_named(cluster, producer, consumer):
     got, lines = _pull_across_refusal(cluster, producer, consumer)
     assert got["results"] == ["MISS", "MISS"]
     assert got["elapsed"] < FAIL_FAST_S, _shown([f"elapsed {got['elapsed']:.2f} s", *lines])
-    # The refusal is over: a stock peer opens a session (and sends a connect)
-    # for any frame from a peer it holds none with, so a goodbye for every
-    # refusal kept two peers that refuse each other trading them for good.
-    time.sleep(REFUSAL_SETTLE_S)
-    later = [line for line in _logs(cluster.nodes[producer], cluster.nodes[consumer]) if "rejecting peer" in line]
-    assert len(later) <= 2, _shown(["refusals went on after the pull:", *later])
+    _assert_refusals_ended(cluster, producer, consumer)
     assert any("no data path shared with peer" in line and "offers no tcp path" in line for line in lines), lines
