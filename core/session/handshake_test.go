@@ -23,7 +23,13 @@ func TestAuthenticatedHandshakeRegistersOnlyProvenPaths(t *testing.T) {
 	assert.Equal(t, uint64(1), connect.NumBlocks)
 	assert.Empty(t, connect.PeerKV.SameHost)
 	assert.Len(t, connect.PeerKV.Nonce, nonceLen)
-	assert.Equal(t, []protocol.Type{protocol.TypeConnect}, types(p.b.sent), "with a secret the acceptor's connect is a bare challenge too")
+	assert.Empty(t, p.b.sent, "the acceptor speaks only once the dialer's connect arrived")
+	for _, m := range p.a.take() {
+		p.sb.Handle(m)
+	}
+	require.Equal(t, []protocol.Type{protocol.TypeConnect, protocol.TypeProof}, types(p.b.sent))
+	assert.Empty(t, p.b.sent[0].(*protocol.Connect).AgentMetadata, "with a secret the acceptor's connect is a bare challenge too")
+	assert.Zero(t, p.b.sent[0].(*protocol.Connect).BaseAddr)
 
 	p.pump()
 	require.True(t, p.sa.Ready())
@@ -114,6 +120,10 @@ func TestStockPeerIsRefusedWhenASecretIsSet(t *testing.T) {
 	assert.True(t, s.Dead())
 	assert.Contains(t, b.logs[len(b.logs)-1], "stock vLLM peer")
 	assert.Empty(t, b.register)
+	// A goodbye and nothing else: a connect of ours would open a new session
+	// there if its own had ended, and the connect that draws would be
+	// refused again, for as long as both ran.
+	assert.Equal(t, []protocol.Type{protocol.TypeDisconnect}, types(b.take()))
 }
 
 func TestAcceptorSpeaksOnlyAfterTheDialersConnectPassed(t *testing.T) {

@@ -112,8 +112,8 @@ func New(env *Env, peerID, source string, dialed bool) *Session {
 	}
 	s.consumer.init(s)
 	s.producer.init(s)
-	if dialed || env.Cfg.AuthSecret != "" {
-		s.sendConnect() // with a secret, connects carry nothing but the challenge
+	if dialed {
+		s.sendConnect()
 	}
 	return s
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/control"
 	"github.com/peerkv/peerkv/core/protocol"
 )
@@ -67,6 +68,54 @@ func TestAStockConsumerWeRefuseGetsAGoodbyeEveryTime(t *testing.T) {
 	v := c.raw("127.0.0.1:7995")
 	for range 3 { // three requests, well inside quietRefusalWindow
 		v.connectWithSeed(p.id, "not ours")
-		assert.Equal(t, 1, stockPeer(t, v, p.id, 200*time.Millisecond, false), "each request of a stock consumer fails fast")
+		assert.Equal(t, 1, stockPeer(t, v, p.id, 300*time.Millisecond, false), "each request of a stock consumer fails fast")
 	}
+}
+
+// full makes p turn away any further connect from 127.0.0.3: one stranger
+// from there holds the one slot that host has, its handshake unfinished.
+func full(c *cluster) *peer {
+	p := c.peer(1, func(cfg *config.Config) { cfg.MaxPeersPerHost = 1; cfg.HandshakeTimeout = 30 * time.Second })
+	c.raw("127.0.0.3:7001").connect(p.id)
+	require.Eventually(c.t, func() bool { return p.Stats().Sessions == 1 }, 3*time.Second, time.Millisecond)
+	return p
+}
+
+// A stock peer that dials us and is refused, in the worst case: every
+// goodbye finds it without a session and draws a new connect, which is
+// refused too.
+func TestAStockPeerThatDialsUsAndIsRefusedGetsPacedGoodbyesNotAStorm(t *testing.T) {
+	for name, tc := range map[string]struct {
+		peer func(*cluster) *peer
+		seed string
+	}{
+		"while we are full": {full, "42"},
+		"hash seed":         {func(c *cluster) *peer { return c.peer(1) }, "not ours"},
+		"auth secret":       {func(c *cluster) *peer { return c.peer(1, func(cfg *config.Config) { cfg.AuthSecret = "s" }) }, "42"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := newCluster(t)
+			p := tc.peer(c)
+			sessions := p.Stats().Sessions
+			y := c.raw("127.0.0.3:7994")
+			y.connectWithSeed(p.id, tc.seed)
+			goodbyes := stockPeer(t, y, p.id, time.Second, true)
+			assert.GreaterOrEqual(t, goodbyes, 2, "a refused stock peer still hears why")
+			assert.LessOrEqual(t, goodbyes, 6, "one goodbye per pace at most, not one per round trip")
+			assert.Equal(t, sessions, p.Stats().Sessions, "nothing else changed")
+		})
+	}
+}
+
+func TestAStockConsumerRefusedWhileWeAreFullHearsItForEachRequest(t *testing.T) {
+	c := newCluster(t)
+	p := full(c)
+	v := c.raw("127.0.0.3:7993")
+	// Two requests' connects inside one pace: a stock consumer waits for the
+	// ack with no deadline, so the second must get its goodbye too (paced),
+	// or its request would hang.
+	v.connectWithSeed(p.id, "42")
+	time.Sleep(50 * time.Millisecond)
+	v.connectWithSeed(p.id, "42")
+	assert.Equal(t, 2, stockPeer(t, v, p.id, time.Second, false))
 }

@@ -146,7 +146,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		Region:         region,
 		Data:           dt,
 		Now:            now,
-		Send:           t.send,
+		Send:           t.sessionSend,
 		Report:         func(r session.Report) { t.pending = append(t.pending, r) },
 		Logf:           t.logf,
 		NextLookupID:   func() int64 { t.nextLookup++; return t.nextLookup },
@@ -204,6 +204,21 @@ func (t *Tier) send(peerID string, m protocol.Message) error {
 	}
 	t.stats.framesOut++
 	return t.ctl.Send(peerID, frame)
+}
+
+// sessionSend is a session's Send. The goodbye of a refused handshake with
+// a stock peer that dialed us is paced, as refuseBeforeSession's are
+// (refusals.go): one that finds the peer without a session draws a connect.
+func (t *Tier) sessionSend(peerID string, m protocol.Message) error {
+	if _, bye := m.(*protocol.Disconnect); bye {
+		s := t.sessions[peerID]
+		if s != nil && !s.Dialed() && !s.Handshaked() {
+			if seen, ok := s.Seen(); ok && !seen.PeerKV && !t.refused.goodbyeNow(peerID, t.now()) {
+				return nil // owed: sent at the end of the pace
+			}
+		}
+	}
+	return t.send(peerID, m)
 }
 
 // logPath says which data path serves peerID and, when faster paths the
@@ -304,22 +319,16 @@ func (t *Tier) onEvent(ev control.Event) {
 				t.logf("WARNING", "dropping a frame from %s, which has no session (first message must be connect): %v", ev.PeerID, describe(m, err))
 				return
 			}
+			// A stock peer's connect may be the one our goodbye drew (refusals.go).
+			stock := m.(*protocol.Connect).PeerKV == nil
+			quiet := stock && t.refused.take(ev.PeerID, t.now())
 			if why := t.admit(ev.PeerID, ev.Addr); why != "" {
-				t.stats.sessionsRefused++
-				if ev.PeerID == t.env.LocalID {
-					t.obs.rejections[session.CauseIdentity]++
-				} else {
-					t.obs.rejections[CauseLimit]++
-				}
-				t.logf("WARNING", "refusing peer %s (from %s): %s", ev.PeerID, ev.Addr, why)
-				if ev.PeerID != t.env.LocalID {
-					_ = t.send(ev.PeerID, &protocol.Disconnect{})
-					t.ctl.Disconnect(ev.PeerID) // the goodbye lingers briefly, then the connection closes
-				}
+				t.refuseBeforeSession(ev.PeerID, ev.Addr, why, stock, quiet)
 				return
 			}
 			s = t.openSession(ev.PeerID, ev.Addr, false)
-			if t.refused.take(ev.PeerID, t.now()) {
+			t.refused.opened(ev.PeerID)
+			if quiet {
 				s.RefuseQuietly()
 			}
 		}
@@ -341,6 +350,31 @@ func (t *Tier) onEvent(ev control.Event) {
 		}
 		s.Handle(m)
 	}
+}
+
+// refuseBeforeSession refuses a connect admit turned away. A peerkv peer
+// gets its goodbye at once; a stock peer's goodbyes are paced, and none
+// answers the connect our own goodbye drew (refusals.go).
+func (t *Tier) refuseBeforeSession(peerID, addr, why string, stock, quiet bool) {
+	t.stats.sessionsRefused++
+	if peerID == t.env.LocalID {
+		t.obs.rejections[session.CauseIdentity]++
+	} else {
+		t.obs.rejections[CauseLimit]++
+	}
+	t.logf("WARNING", "refusing peer %s (from %s): %s", peerID, addr, why)
+	if peerID == t.env.LocalID || quiet {
+		return
+	}
+	if !stock || t.refused.goodbyeNow(peerID, t.now()) {
+		t.sayGoodbye(peerID)
+	}
+}
+
+// sayGoodbye tells a peer that holds no session here that it was refused.
+func (t *Tier) sayGoodbye(peerID string) {
+	_ = t.send(peerID, &protocol.Disconnect{})
+	t.ctl.Disconnect(peerID) // the goodbye lingers briefly, then the connection closes
 }
 
 func describe(m protocol.Message, err error) string {
@@ -473,7 +507,11 @@ func (t *Tier) onTick() {
 	}
 	t.tickServing(now)
 	t.tickLoads(now)
-	t.refused.expire(now)
+	for _, id := range t.refused.dueGoodbyes(now) {
+		if t.sessions[id] == nil { // a session opened since would end with it
+			t.sayGoodbye(id)
+		}
+	}
 	if len(t.sessions) >= t.cfg.MaxPeers-min(idleReapHeadroom, t.cfg.MaxPeers-1) {
 		t.evictIdle(now, false)
 	}
