@@ -37,38 +37,29 @@ const (
 	goodbyePace = 250 * time.Millisecond
 )
 
-// maxRefusedPeers bounds the stock peers remembered. Beyond it a refusal
-// is as if the peer were unknown: quiet arming stops, goodbyes go at once.
-const maxRefusedPeers = 1024
+// maxQuietRefusals bounds the quiet arms. Only sessions we dialed (peers
+// named by our own requests) add one, so a stranger cannot fill it.
+const maxQuietRefusals = 1024
 
-// refusedPeer is one stock peer refused lately. It ends when neither its
-// quiet window nor its pace holds anything.
-type refusedPeer struct {
-	quietUntil  time.Time // the next connect before this is the one our goodbye drew
-	lastGoodbye time.Time // when a goodbye of a refusal before any session last went
-	goodbyeDue  bool      // one more such goodbye goes at lastGoodbye + goodbyePace
+// maxPacedPeers bounds the pace records. Anyone can add one (a refused
+// connect under a made-up id), so a full table makes room by dropping a
+// record that owes nothing; only if every record owes a goodbye does a
+// refusal say goodbye at once, as with no pacing. Keeping it full takes
+// several connects a second under each of thousands of ids.
+const maxPacedPeers = 4096
+
+// pace is one stock peer's goodbyes for refusals of its connects. It ends
+// when it owes nothing and the pace has passed.
+type pace struct {
+	last time.Time // when the last goodbye went
+	owed bool      // one more goes at last + goodbyePace
 }
 
 // refusals holds the stock peers refused lately; the tier owns it, under
 // t.mu.
 type refusals struct {
-	peers map[string]*refusedPeer
-}
-
-// entry returns peerID's record, making one if there is room.
-func (r *refusals) entry(peerID string) *refusedPeer {
-	if e := r.peers[peerID]; e != nil {
-		return e
-	}
-	if len(r.peers) >= maxRefusedPeers {
-		return nil
-	}
-	if r.peers == nil {
-		r.peers = map[string]*refusedPeer{}
-	}
-	e := &refusedPeer{}
-	r.peers[peerID] = e
-	return e
+	quiet map[string]time.Time // dialed stock peers we refused: the connect our goodbye draws before then is refused silently
+	paced map[string]*pace
 }
 
 // ended arms the quiet refusal if s was a stock peer we dialed and refused.
@@ -86,59 +77,107 @@ func (r *refusals) ended(s *session.Session, now time.Time) {
 	default:
 		return // not refused by us (or refused by the peer, which sends no new session)
 	}
-	if e := r.entry(s.PeerID()); e != nil {
-		e.quietUntil = now.Add(quietRefusalWindow)
+	if r.quiet == nil {
+		r.quiet = map[string]time.Time{}
 	}
+	if _, known := r.quiet[s.PeerID()]; !known && len(r.quiet) >= maxQuietRefusals {
+		return
+	}
+	r.quiet[s.PeerID()] = now.Add(quietRefusalWindow)
 }
 
 // take reports whether a new connect of stock peer peerID is the one our
 // goodbye drew, and uses the quiet refusal up.
 func (r *refusals) take(peerID string, now time.Time) bool {
-	e := r.peers[peerID]
-	if e == nil || e.quietUntil.IsZero() {
+	until, ok := r.quiet[peerID]
+	if !ok {
 		return false
 	}
-	quiet := now.Before(e.quietUntil)
-	e.quietUntil = time.Time{}
-	return quiet
+	delete(r.quiet, peerID)
+	return now.Before(until)
 }
 
-// goodbyeNow reports whether a refusal of stock peer peerID before any
-// session opened says goodbye now; if not, the goodbye is owed and
-// dueGoodbyes hands it out at the end of the pace.
+// goodbyeNow reports whether a refusal of stock peer peerID says goodbye
+// now; if not, the goodbye is owed and dueGoodbyes hands it out at the end
+// of the pace.
 func (r *refusals) goodbyeNow(peerID string, now time.Time) bool {
-	e := r.entry(peerID)
-	if e == nil {
+	p := r.pace(peerID)
+	if p == nil {
 		return true
 	}
-	if e.lastGoodbye.IsZero() || now.Sub(e.lastGoodbye) >= goodbyePace {
-		e.lastGoodbye, e.goodbyeDue = now, false
+	if p.last.IsZero() || now.Sub(p.last) >= goodbyePace {
+		p.last, p.owed = now, false
 		return true
 	}
-	e.goodbyeDue = true
+	p.owed = true
 	return false
 }
 
-// opened drops an owed goodbye: peerID has a session now, which that
-// goodbye would end.
-func (r *refusals) opened(peerID string) {
-	if e := r.peers[peerID]; e != nil {
-		e.goodbyeDue = false
+// pace returns peerID's record, making one if there is room or a record
+// that owes nothing can give its place.
+func (r *refusals) pace(peerID string) *pace {
+	if p := r.paced[peerID]; p != nil {
+		return p
 	}
+	if r.paced == nil {
+		r.paced = map[string]*pace{}
+	}
+	if len(r.paced) >= maxPacedPeers {
+		for id, p := range r.paced {
+			if !p.owed {
+				delete(r.paced, id)
+				break
+			}
+		}
+		if len(r.paced) >= maxPacedPeers {
+			return nil
+		}
+	}
+	p := &pace{}
+	r.paced[peerID] = p
+	return p
+}
+
+// owes reports whether a goodbye to peerID is owed, and forgets it: the
+// caller sends it now, or a session opened that it would end.
+func (r *refusals) owes(peerID string) bool {
+	p := r.paced[peerID]
+	if p == nil || !p.owed {
+		return false
+	}
+	p.owed = false
+	return true
+}
+
+// allOwed returns every peer owed a goodbye, forgetting the debts.
+func (r *refusals) allOwed() []string {
+	var ids []string
+	for id := range r.paced {
+		if r.owes(id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // dueGoodbyes returns the peers whose owed goodbye goes now, marking it
-// sent, and drops the records that hold nothing any more.
+// sent, and drops what has lapsed.
 func (r *refusals) dueGoodbyes(now time.Time) []string {
 	var due []string
-	for id, e := range r.peers {
-		paced := now.Sub(e.lastGoodbye) < goodbyePace
-		if e.goodbyeDue && !paced {
-			due = append(due, id)
-			e.lastGoodbye, e.goodbyeDue, paced = now, false, true
+	for id, p := range r.paced {
+		if now.Sub(p.last) < goodbyePace {
+			continue
 		}
-		if !e.goodbyeDue && !paced && !now.Before(e.quietUntil) {
-			delete(r.peers, id)
+		if p.owed {
+			due = append(due, id)
+			p.last, p.owed = now, false
+			continue
+		}
+		delete(r.paced, id)
+	}
+	for id, until := range r.quiet {
+		if !now.Before(until) {
+			delete(r.quiet, id)
 		}
 	}
 	return due

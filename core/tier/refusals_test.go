@@ -74,9 +74,11 @@ func TestAStockConsumerWeRefuseGetsAGoodbyeEveryTime(t *testing.T) {
 
 // full makes p turn away any further connect from 127.0.0.3: one stranger
 // from there holds the one slot that host has, its handshake unfinished.
-func full(c *cluster) *peer {
+func full(c *cluster) *peer { return fullFrom(c, "127.0.0.3") }
+
+func fullFrom(c *cluster, host string) *peer {
 	p := c.peer(1, func(cfg *config.Config) { cfg.MaxPeersPerHost = 1; cfg.HandshakeTimeout = 30 * time.Second })
-	c.raw("127.0.0.3:7001").connect(p.id)
+	c.raw(host + ":7001").connect(p.id)
 	require.Eventually(c.t, func() bool { return p.Stats().Sessions == 1 }, 3*time.Second, time.Millisecond)
 	return p
 }
@@ -118,4 +120,50 @@ func TestAStockConsumerRefusedWhileWeAreFullHearsItForEachRequest(t *testing.T) 
 	time.Sleep(50 * time.Millisecond)
 	v.connectWithSeed(p.id, "42")
 	assert.Equal(t, 2, stockPeer(t, v, p.id, time.Second, false))
+}
+
+// The goodbyes a shutdown finds owed go out with its own.
+func TestShutdownSendsTheGoodbyesItOwes(t *testing.T) {
+	c := newCluster(t)
+	p := full(c)
+	v := c.raw("127.0.0.3:7993")
+	v.connectWithSeed(p.id, "42")
+	time.Sleep(20 * time.Millisecond)
+	v.connectWithSeed(p.id, "42") // inside the pace: its goodbye is owed
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, p.Shutdown())
+	assert.Equal(t, 2, stockPeer(t, v, p.id, 300*time.Millisecond, false), "each waiting request hears it")
+}
+
+// A goodbye owed to a stock peer goes before our own dial to it, which
+// would otherwise cancel it and leave the peer's request waiting.
+func TestAnOwedGoodbyeGoesBeforeOurDial(t *testing.T) {
+	c := newCluster(t)
+	p := fullFrom(c, "127.0.0.1") // where p2pParamsTo's sources live
+	y := c.raw("127.0.0.1:7992")
+	y.connectWithSeed(p.id, "42")
+	time.Sleep(20 * time.Millisecond)
+	y.connectWithSeed(p.id, "42")
+	time.Sleep(20 * time.Millisecond)
+	_, err := p.StartRequest("c", p2pParamsTo("kv-owed", y.id))
+	require.NoError(t, err)
+	p.lookup("c", keys(1)) // dials y
+	_ = p.OnScheduleEnd()
+
+	var got []protocol.Type
+	deadline := time.After(500 * time.Millisecond)
+	for len(got) < 3 {
+		select {
+		case ev := <-y.tr.Events():
+			if ev.Kind != control.EventFrame {
+				continue
+			}
+			m, err := protocol.Decode(ev.Frame, protocol.Limits{MaxFrameBytes: 1 << 20, MaxListItems: 1024, KeyLen: 32})
+			require.NoError(t, err)
+			got = append(got, m.MsgType())
+		case <-deadline:
+			t.Fatalf("got %v; %s", got, p.TakeLogs(1<<16))
+		}
+	}
+	assert.Equal(t, []protocol.Type{protocol.TypeDisconnect, protocol.TypeDisconnect, protocol.TypeConnect}, got)
 }

@@ -241,6 +241,10 @@ func (t *Tier) shutdown() error {
 		delete(t.active, s)
 		t.ctl.Disconnect(id) // lingers briefly, so the goodbye goes out before Close
 	}
+	owed := t.refused.allOwed() // refused stock peers still waiting for their goodbye
+	for _, id := range owed {
+		t.sayGoodbye(id)
+	}
 	clear(t.obs.sessionPath)
 	t.logf("INFO", "shutting down: %d session(s) closed, %d job(s) still in flight reported failed", sessions, jobs)
 	t.settle() // what the sessions reported as they closed
@@ -260,7 +264,7 @@ func (t *Tier) shutdown() error {
 	t.news.bumpAll()
 	t.notify.signal() // once: the host collects the failed jobs and stops waiting
 	t.mu.Unlock()
-	if sessions > 0 {
+	if sessions+len(owed) > 0 {
 		// Peers read our goodbye on one connection and see our sockets close
 		// on another: give the goodbye a head start, so they log an orderly
 		// end rather than a lost connection.

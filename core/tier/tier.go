@@ -212,7 +212,7 @@ func (t *Tier) send(peerID string, m protocol.Message) error {
 func (t *Tier) sessionSend(peerID string, m protocol.Message) error {
 	if _, bye := m.(*protocol.Disconnect); bye {
 		s := t.sessions[peerID]
-		if s != nil && !s.Dialed() && !s.Handshaked() {
+		if s != nil && !s.Dialed() && !s.Handshaked() && !t.closed { // at shutdown nothing can loop
 			if seen, ok := s.Seen(); ok && !seen.PeerKV && !t.refused.goodbyeNow(peerID, t.now()) {
 				return nil // owed: sent at the end of the pace
 			}
@@ -327,7 +327,7 @@ func (t *Tier) onEvent(ev control.Event) {
 				return
 			}
 			s = t.openSession(ev.PeerID, ev.Addr, false)
-			t.refused.opened(ev.PeerID)
+			t.refused.owes(ev.PeerID) // a goodbye still owed would end this session
 			if quiet {
 				s.RefuseQuietly()
 			}
@@ -494,6 +494,11 @@ func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
 	if err := t.ctl.Connect(peerID); err != nil {
 		return nil, err
 	}
+	if t.refused.owes(peerID) {
+		// A stock peer we refused inside the pace still waits for its
+		// goodbye, which our session would otherwise cancel: it goes first.
+		_ = t.send(peerID, &protocol.Disconnect{})
+	}
 	return t.openSession(peerID, "", true), nil
 }
 
@@ -508,7 +513,7 @@ func (t *Tier) onTick() {
 	t.tickServing(now)
 	t.tickLoads(now)
 	for _, id := range t.refused.dueGoodbyes(now) {
-		if t.sessions[id] == nil { // a session opened since would end with it
+		if s := t.sessions[id]; s == nil || s.Dead() { // a session opened since would end with it
 			t.sayGoodbye(id)
 		}
 	}
