@@ -57,6 +57,20 @@ type Transport interface {
 	Close() error
 }
 
+// Handing is a Transport that can call a function for each event on its
+// own goroutine instead of sending it to Events: a frame then reaches its
+// consumer with no goroutine hand-off, which on a loaded host is a thread
+// wake-up per frame.
+type Handing interface {
+	// Hand makes the transport call h for every event, in order, from now
+	// on; events already waiting in Events are handed to h first. Call it
+	// before reading Events, which from then on only closes (after Close,
+	// as before). h runs on the transport's goroutine: it may call Send,
+	// Connect and Disconnect, and must not wait for anything that waits for
+	// the transport (Close).
+	Hand(h func(Event))
+}
+
 // ErrClosed is returned by calls on a closed transport.
 var ErrClosed = errors.New("control transport closed")
 

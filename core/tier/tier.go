@@ -156,6 +156,9 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 	}
 	t.reg = newRegistry(t)
 	go t.reg.run()
+	if h, ok := deps.Control.(control.Handing); ok {
+		h.Hand(t.handle) // frames are taken on the transport's goroutine; Events then only closes
+	}
 	go t.loop()
 	return t, nil
 }
@@ -299,6 +302,13 @@ func (t *Tier) locked(f func()) {
 	testPanic("loop")
 	f()
 	t.settle()
+}
+
+// handle takes one control event on the transport's own goroutine
+// (control.Handing), sparing each frame a hand-off to the loop.
+func (t *Tier) handle(ev control.Event) {
+	defer t.recoverLoop("the control path's handler")
+	t.locked(func() { t.onEvent(ev) })
 }
 
 func (t *Tier) onEvent(ev control.Event) {

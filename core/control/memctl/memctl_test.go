@@ -208,3 +208,34 @@ func TestConcurrentSendersKeepPerSenderOrder(t *testing.T) {
 	for range dst.Events() {
 	}
 }
+
+// Once handed, every frame goes to the function, in order (those sent
+// before Hand first), answers sent from it arrive, and Events only closes.
+func TestHandedFramesKeepTheirOrder(t *testing.T) {
+	hub := NewHub()
+	a, b := hub.Transport("10.0.0.1:5710"), hub.Transport("10.0.0.2:5710")
+	defer a.Close()
+	for i := range 10 {
+		require.NoError(t, a.Send(b.LocalID(), []byte{byte(i)}))
+	}
+	var mu sync.Mutex
+	var got []byte
+	b.Hand(func(ev control.Event) {
+		mu.Lock()
+		got = append(got, ev.Frame...)
+		mu.Unlock()
+		assert.NoError(t, b.Send(ev.PeerID, ev.Frame))
+	})
+	for i := 10; i < 20; i++ {
+		require.NoError(t, a.Send(b.LocalID(), []byte{byte(i)}))
+	}
+	for i := range 20 {
+		assert.Equal(t, []byte{byte(i)}, next(t, a).Frame)
+	}
+	mu.Lock()
+	assert.Len(t, got, 20)
+	mu.Unlock()
+	require.NoError(t, b.Close())
+	_, open := <-b.Events()
+	assert.False(t, open)
+}

@@ -16,12 +16,21 @@ type Transport struct {
 	events  chan control.Event
 	done    chan struct{} // closed when the delivery goroutine exits
 
+	// hand, set once by Hand before handed closes, takes the events
+	// instead of the channel.
+	hand     func(control.Event)
+	handed   chan struct{}
+	handOnce sync.Once
+
 	mu        sync.Mutex
 	closed    bool
 	connected map[string]bool // peers we hold a connection to
 }
 
-var _ control.Transport = (*Transport)(nil)
+var (
+	_ control.Transport = (*Transport)(nil)
+	_ control.Handing   = (*Transport)(nil)
+)
 
 func newTransport(h *Hub, localID string) *Transport {
 	t := &Transport{
@@ -30,6 +39,7 @@ func newTransport(h *Hub, localID string) *Transport {
 		inbox:     newInbox(),
 		events:    make(chan control.Event),
 		done:      make(chan struct{}),
+		handed:    make(chan struct{}),
 		connected: map[string]bool{},
 	}
 	go t.deliver()
@@ -41,6 +51,15 @@ func (t *Transport) LocalID() string { return t.localID }
 
 // Events returns the inbound stream; it is closed after Close or Kill.
 func (t *Transport) Events() <-chan control.Event { return t.events }
+
+// Hand makes the delivery goroutine call h for every event instead of
+// sending it to Events; see control.Handing. Only the first call counts.
+func (t *Transport) Hand(h func(control.Event)) {
+	t.handOnce.Do(func() {
+		t.hand = h
+		close(t.handed)
+	})
+}
 
 // Connect records a connection to peerID; a missing peer is reported with
 // EventPeerDown.
@@ -125,6 +144,14 @@ func (t *Transport) deliver() {
 			return
 		}
 		select {
+		case <-t.handed: // once handed, never the channel: the two would race
+			t.hand(ev)
+			continue
+		default:
+		}
+		select {
+		case <-t.handed:
+			t.hand(ev)
 		case t.events <- ev:
 		case <-t.inbox.closed:
 			return

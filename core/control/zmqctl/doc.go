@@ -113,6 +113,12 @@
 // full the pump stops reading the ROUTER (libzmq and TCP then push back on
 // the senders) while it keeps sending, connecting and watching peers.
 //
+// A consumer may instead take events on the pump's goroutine (Hand, the
+// tier does): each frame then reaches it with no goroutine hand-off, which
+// on a loaded host is a thread wake-up (10-20 µs a frame on a 2-core VM).
+// The pump calls it without its lock, so it may Send; while it runs the
+// pump reads nothing else, and libzmq and TCP push back as above.
+//
 // Send never blocks. Frames that libzmq's queue (ZMQ_SNDHWM) refuses wait
 // in order in front of it and go out when the DEALER becomes writable;
 // libzmq learns late what its I/O thread consumed, so a full queue alone

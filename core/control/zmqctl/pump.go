@@ -78,7 +78,11 @@ type pump struct {
 	wakeFd                  int
 	routerArmed, routerMore bool
 
-	backlog []control.Event // events waiting for room in t.events
+	backlog []control.Event // events waiting for room in t.events, or for hand
+	// hand, once adopted from t.hand, takes every event on this goroutine,
+	// never under t.mu (it may call Send): events raised under the lock
+	// wait in backlog until the pump lets go of it.
+	hand func(control.Event)
 }
 
 // newPump acquires the process's ZMQ context, binds the ROUTER and sets up
@@ -235,6 +239,9 @@ func (p *pump) run() {
 			locked = false
 			return
 		}
+		if p.hand == nil && t.hand != nil {
+			p.adoptHand(t.hand)
+		}
 		p.flushBacklog()
 		p.handleReady()
 		p.runCommands(t.takeCommandsLocked())
@@ -243,6 +250,7 @@ func (p *pump) run() {
 		timeout := p.pollTimeout(now)
 		t.mu.Unlock()
 		locked = false
+		p.handBacklog()
 		if err := p.wait(timeout); err != nil {
 			t.log.Error("control transport died", "err", err)
 			t.fail(err)
@@ -349,7 +357,7 @@ func (p *pump) retime(pc *peerConn) {
 }
 
 func (p *pump) pollTimeout(now time.Time) time.Duration {
-	if len(p.backlog) > 0 {
+	if len(p.backlog) > 0 && p.hand == nil {
 		return backlogPoll
 	}
 	if p.routerMore {
@@ -394,7 +402,12 @@ func (p *pump) readRouter() {
 			continue
 		}
 		p.t.counters.framesIn.Add(1)
-		p.emit(control.Event{Kind: control.EventFrame, PeerID: string(msg.identity), Addr: msg.addr, Frame: msg.payload})
+		ev := control.Event{Kind: control.EventFrame, PeerID: string(msg.identity), Addr: msg.addr, Frame: msg.payload}
+		if p.hand != nil {
+			p.hand(ev) // without t.mu, behind nothing: handBacklog ran before this wait
+			continue
+		}
+		p.emit(ev)
 	}
 }
 
@@ -644,9 +657,10 @@ func (p *pump) forget(pc *peerConn, linger time.Duration) {
 	p.closed[pc.id] = time.Now().Add(redialSettle)
 }
 
-// emit queues an event behind any backlog, so events stay in order.
+// emit queues an event behind any backlog, so events stay in order; once
+// handing, every event it raises waits for handBacklog.
 func (p *pump) emit(ev control.Event) {
-	if len(p.backlog) == 0 {
+	if len(p.backlog) == 0 && p.hand == nil {
 		select {
 		case p.t.events <- ev:
 			return
@@ -657,6 +671,9 @@ func (p *pump) emit(ev control.Event) {
 }
 
 func (p *pump) flushBacklog() {
+	if p.hand != nil {
+		return // handBacklog's, once the lock is let go
+	}
 	for len(p.backlog) > 0 {
 		select {
 		case p.t.events <- p.backlog[0]:
@@ -665,6 +682,32 @@ func (p *pump) flushBacklog() {
 		default:
 			return
 		}
+	}
+	p.backlog = nil
+}
+
+// adoptHand switches to handing events to h, called with t.mu held: the
+// events already in t.events go first (nobody reads it before Hand).
+func (p *pump) adoptHand(h func(control.Event)) {
+	var waiting []control.Event
+	for len(p.t.events) > 0 {
+		waiting = append(waiting, <-p.t.events)
+	}
+	p.backlog = append(waiting, p.backlog...)
+	p.hand = h
+}
+
+// handBacklog hands over the events raised under t.mu, in order; it runs
+// without the lock.
+func (p *pump) handBacklog() {
+	if p.hand == nil {
+		return
+	}
+	for len(p.backlog) > 0 {
+		ev := p.backlog[0]
+		p.backlog[0] = control.Event{}
+		p.backlog = p.backlog[1:]
+		p.hand(ev)
 	}
 	p.backlog = nil
 }

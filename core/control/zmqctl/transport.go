@@ -19,6 +19,7 @@ type Transport struct {
 	log      *slog.Logger
 
 	events chan control.Event
+	hand   func(control.Event) // guarded by mu: set by Hand, adopted by the pump
 	wake   *waker
 	pump   *pump         // its peers and idle DEALERs are guarded by mu
 	done   chan struct{} // closed when the pump has exited
@@ -33,7 +34,10 @@ type Transport struct {
 	counters  counters
 }
 
-var _ control.Transport = (*Transport)(nil)
+var (
+	_ control.Transport = (*Transport)(nil)
+	_ control.Handing   = (*Transport)(nil)
+)
 
 type commandKind int
 
@@ -107,6 +111,15 @@ func (t *Transport) BindAddr() string { return t.bindAddr }
 
 // Events returns the inbound stream; it is closed once the pump has exited.
 func (t *Transport) Events() <-chan control.Event { return t.events }
+
+// Hand makes the pump call h for every event instead of sending it to
+// Events; see control.Handing.
+func (t *Transport) Hand(h func(control.Event)) {
+	t.mu.Lock()
+	t.hand = h
+	t.mu.Unlock()
+	t.wake.wake()
+}
 
 // Connect opens the DEALER to peerID ahead of the first Send.
 func (t *Transport) Connect(peerID string) error {

@@ -4,8 +4,11 @@
 //   - zmqctl: two zmqctl Transports in this process; B's consumer echoes
 //     every frame back;
 //   - zmqctl, 2 processes: the same with B in a child process, as two
-//     engines are, and as the pyzmq baseline runs (the ratio to pyzmq is
-//     taken from this case);
+//     engines are, and as the pyzmq baseline runs;
+//   - zmqctl, 2 processes, handed: the same with each side taking frames
+//     on its transport's goroutine (control.Handing), as the tier does: A
+//     times the echo and sends the next frame from there (the ratio to
+//     pyzmq the goal is judged by is this case's);
 //   - raw: the same topology (each side a bound ROUTER plus a DEALER to the
 //     other, as vLLM's zmq.py) on pebbe/zmq4 sockets read with blocking
 //     receives on dedicated goroutines: the floor for Go over libzmq;
@@ -93,6 +96,11 @@ func run(rounds, peers int, python string) error {
 		return fmt.Errorf("zmqctl, 2 processes: %w", err)
 	}
 	fmt.Printf("zmqfloor: zmqctl round trip, 2 processes: %v\n", zc2)
+	zh, err := benchZmqctlTwoProcessesHanded(rounds)
+	if err != nil {
+		return fmt.Errorf("zmqctl handed, 2 processes: %w", err)
+	}
+	fmt.Printf("zmqfloor: zmqctl round trip, 2 processes, frames handed (as the tier takes them): %v\n", zh)
 	raw, err := benchRaw(rounds)
 	if err != nil {
 		return fmt.Errorf("raw: %w", err)
@@ -123,7 +131,8 @@ func run(rounds, peers int, python string) error {
 	}
 	line := "zmqfloor: ratios p50 (p99): zmqctl/raw " + ratio(zc, raw)
 	if py != nil {
-		line += "; zmqctl (2 processes)/pyzmq " + ratio(zc2, *py) + "; zmqctl (1 process)/pyzmq " + ratio(zc, *py) +
+		line += "; zmqctl handed (2 processes)/pyzmq " + ratio(zh, *py) +
+			"; zmqctl (2 processes)/pyzmq " + ratio(zc2, *py) + "; zmqctl (1 process)/pyzmq " + ratio(zc, *py) +
 			"; raw (1 process)/pyzmq " + ratio(raw, *py)
 	}
 	fmt.Println(line)
@@ -243,21 +252,85 @@ func benchZmqctlTwoProcesses(rounds int) (result, error) {
 	return timeEchoes(a, peer, rounds)
 }
 
-// runEchoChild is B of the two-process case: it prints its peer id, echoes
-// every frame to its sender and exits when stdin closes.
+// benchZmqctlTwoProcessesHanded is the two-process case with frames
+// handed to a function on each transport's own goroutine (control.Handing),
+// as the tier takes them: A's function times the echo and sends the next
+// frame, B's echoes.
+func benchZmqctlTwoProcessesHanded(rounds int) (result, error) {
+	child, err := benchproc.Start(waitBound, echoChildEnv+"=handed")
+	if err != nil {
+		return result{}, err
+	}
+	defer child.Stop()
+	peer, err := child.ReadLine()
+	if err != nil {
+		return result{}, err
+	}
+	a, err := newTransport()
+	if err != nil {
+		return result{}, err
+	}
+	defer a.Close()
+	frame := make([]byte, frameLen)
+	lat := make([]time.Duration, 0, rounds)
+	done := make(chan error, 1)
+	var sent time.Time
+	n := 0
+	next := func() {
+		sent = time.Now()
+		if err := a.Send(peer, frame); err != nil {
+			done <- err
+		}
+	}
+	a.Hand(func(ev control.Event) {
+		if ev.Kind != control.EventFrame {
+			done <- fmt.Errorf("unexpected event %v: %v", ev.Kind, ev.Err)
+			return
+		}
+		if n >= warmup {
+			lat = append(lat, time.Since(sent))
+		}
+		if n++; n == warmup+rounds {
+			done <- nil
+			return
+		}
+		next()
+	})
+	next()
+	select {
+	case err := <-done:
+		if err != nil {
+			return result{}, err
+		}
+		return summarize(lat), nil
+	case <-time.After(waitBound + time.Duration(warmup+rounds)*10*time.Millisecond):
+		return result{}, errors.New("round trips timed out")
+	}
+}
+
+// runEchoChild is B of the two-process cases: it prints its peer id, echoes
+// every frame to its sender (from Events, or handed when its environment
+// says "handed") and exits when stdin closes.
 func runEchoChild() error {
 	b, err := newTransport()
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	go func() {
-		for ev := range b.Events() {
-			if ev.Kind == control.EventFrame {
-				_ = b.Send(ev.PeerID, ev.Frame)
-			}
+	echo := func(ev control.Event) {
+		if ev.Kind == control.EventFrame {
+			_ = b.Send(ev.PeerID, ev.Frame)
 		}
-	}()
+	}
+	if os.Getenv(echoChildEnv) == "handed" {
+		b.Hand(echo)
+	} else {
+		go func() {
+			for ev := range b.Events() {
+				echo(ev)
+			}
+		}()
+	}
 	fmt.Println(b.LocalID())
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	return nil
