@@ -63,9 +63,9 @@ type Transport interface {
 // wake-up per frame.
 type Handing interface {
 	// Hand makes the transport call h for every event, in order, from now
-	// on; events already waiting in Events are handed to h first. Call it
-	// before reading Events, which from then on only closes (after Close,
-	// as before). h runs on the transport's goroutine: it may call Send,
+	// on; events already waiting in Events are handed to h first. It
+	// returns once the switch is made. Call it before reading Events,
+	// which from then on only closes (after Close, as before). h runs on the transport's goroutine: it may call Send,
 	// Connect and Disconnect, and must not wait for anything that waits for
 	// the transport (Close).
 	Hand(h func(Event))

@@ -20,6 +20,7 @@ type Transport struct {
 	// instead of the channel.
 	hand     func(control.Event)
 	handed   chan struct{}
+	adopted  chan struct{} // closed once deliver took Hand's marker
 	handOnce sync.Once
 
 	mu        sync.Mutex
@@ -40,6 +41,7 @@ func newTransport(h *Hub, localID string) *Transport {
 		events:    make(chan control.Event),
 		done:      make(chan struct{}),
 		handed:    make(chan struct{}),
+		adopted:   make(chan struct{}),
 		connected: map[string]bool{},
 	}
 	go t.deliver()
@@ -53,11 +55,20 @@ func (t *Transport) LocalID() string { return t.localID }
 func (t *Transport) Events() <-chan control.Event { return t.events }
 
 // Hand makes the delivery goroutine call h for every event instead of
-// sending it to Events; see control.Handing. Only the first call counts.
+// sending it to Events; see control.Handing. It returns once delivery has
+// passed a marker it queues (or stopped), so every event delivered after
+// it is handed; only the first call counts.
 func (t *Transport) Hand(h func(control.Event)) {
 	t.handOnce.Do(func() {
 		t.hand = h
 		close(t.handed)
+		if !t.inbox.push(control.Event{}) { // the marker: Kind 0
+			return
+		}
+		select {
+		case <-t.adopted:
+		case <-t.done:
+		}
 	})
 }
 
@@ -142,6 +153,10 @@ func (t *Transport) deliver() {
 		ev, ok := t.inbox.pop()
 		if !ok {
 			return
+		}
+		if ev.Kind == 0 { // Hand's marker
+			close(t.adopted)
+			continue
 		}
 		select {
 		case <-t.handed: // once handed, never the channel: the two would race

@@ -2,6 +2,8 @@ package zmqctl
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -89,4 +91,94 @@ func TestAHandedTransportHandsOverPeerDown(t *testing.T) {
 	require.NoError(t, a.Close())
 	_, open := <-a.Events()
 	assert.False(t, open, "Events still closes when the transport stops")
+}
+
+// Hand returns only once the pump has switched: a reader of Events started
+// right after it (as the tier's loop is) gets nothing, and no frame is
+// handled twice or out of order.
+func TestNothingReachesEventsAfterHandReturns(t *testing.T) {
+	for range 20 {
+		a, b := newTestTransport(t, Options{}), newTestTransport(t, Options{})
+		for i := range 20 {
+			require.NoError(t, a.Send(b.LocalID(), []byte(fmt.Sprint(i))))
+		}
+		require.Eventually(t, func() bool { return len(b.Events()) > 0 }, 5*time.Second, time.Millisecond)
+		var got handed
+		b.Hand(got.add)
+		stolen := make(chan int)
+		go func() {
+			n := 0
+			for range b.Events() {
+				n++
+			}
+			stolen <- n
+		}()
+		for i := 20; i < 40; i++ {
+			require.NoError(t, a.Send(b.LocalID(), []byte(fmt.Sprint(i))))
+		}
+		require.Eventually(t, func() bool { return len(got.frames()) == 40 }, 5*time.Second, time.Millisecond, "%v", got.frames())
+		for i, f := range got.frames() {
+			require.Equal(t, fmt.Sprint(i), f)
+		}
+		require.NoError(t, b.Close())
+		assert.Zero(t, <-stolen)
+		require.NoError(t, a.Close())
+	}
+}
+
+// heldProxy forwards TCP to target once release closes: a peer whose
+// handshake finishes only then.
+func heldProxy(t *testing.T, target string, release <-chan struct{}) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer in.Close()
+				<-release
+				out, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer out.Close()
+				go func() { _, _ = io.Copy(out, in) }()
+				_, _ = io.Copy(in, out)
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+// A handler that holds the pump past a handshake deadline does not fail a
+// handshake that finished meanwhile: the pump looks again before it
+// expires deadlines.
+func TestAHandlerThatHeldThePumpDoesNotFailAHandshakeThatFinished(t *testing.T) {
+	a := newTestTransport(t, Options{ConnectTimeout: 300 * time.Millisecond})
+	b, c := newTestTransport(t, Options{}), newTestTransport(t, Options{})
+	release := make(chan struct{})
+	viaProxy := heldProxy(t, c.LocalID(), release)
+	var got handed
+	a.Hand(func(ev control.Event) {
+		got.add(ev)
+		if ev.Kind == control.EventFrame {
+			time.Sleep(1500 * time.Millisecond) // longer than staleReady
+		}
+	})
+	require.NoError(t, a.Connect(viaProxy))
+	time.Sleep(50 * time.Millisecond) // the pump dialed: the deadline runs
+	require.NoError(t, b.Send(a.LocalID(), []byte("hold")))
+	time.Sleep(200 * time.Millisecond) // the handler holds the pump
+	close(release)                     // the handshake finishes during the hold
+	time.Sleep(2 * time.Second)
+	got.mu.Lock()
+	defer got.mu.Unlock()
+	for _, ev := range got.events {
+		assert.NotEqual(t, control.EventPeerDown, ev.Kind, "%s: %v", ev.PeerID, ev.Err)
+	}
 }

@@ -27,6 +27,9 @@ const (
 	redialSettle = 100 * time.Millisecond
 	// routerBatch bounds ROUTER reads per iteration so commands stay prompt.
 	routerBatch = 256
+	// staleReady is how long the handed reads may take before the pump
+	// polls again ahead of expiring deadlines.
+	staleReady = time.Second
 )
 
 // fdKind says what a polled file descriptor belongs to.
@@ -257,7 +260,18 @@ func (p *pump) run() {
 			return
 		}
 		if p.routerMore && len(p.backlog) == 0 {
+			start := time.Now()
 			p.readRouter()
+			if p.hand != nil && time.Since(start) > staleReady {
+				// The handler held the pump long enough for a deadline to
+				// pass while its cure (a finished handshake, room on a
+				// stalled DEALER) waited unpolled: look again first.
+				if err := p.wait(0); err != nil {
+					t.log.Error("control transport died", "err", err)
+					t.fail(err)
+					return
+				}
+			}
 		}
 	}
 }
@@ -690,11 +704,17 @@ func (p *pump) flushBacklog() {
 // events already in t.events go first (nobody reads it before Hand).
 func (p *pump) adoptHand(h func(control.Event)) {
 	var waiting []control.Event
-	for len(p.t.events) > 0 {
-		waiting = append(waiting, <-p.t.events)
+	for drained := false; !drained; {
+		select { // never blocks, even if someone reads Events against the contract
+		case ev := <-p.t.events:
+			waiting = append(waiting, ev)
+		default:
+			drained = true
+		}
 	}
 	p.backlog = append(waiting, p.backlog...)
 	p.hand = h
+	close(p.t.adopted) // Hand returns: nothing goes to Events any more
 }
 
 // handBacklog hands over the events raised under t.mu, in order; it runs

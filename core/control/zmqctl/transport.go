@@ -18,11 +18,12 @@ type Transport struct {
 	opts     Options
 	log      *slog.Logger
 
-	events chan control.Event
-	hand   func(control.Event) // guarded by mu: set by Hand, adopted by the pump
-	wake   *waker
-	pump   *pump         // its peers and idle DEALERs are guarded by mu
-	done   chan struct{} // closed when the pump has exited
+	events  chan control.Event
+	hand    func(control.Event) // guarded by mu: set by Hand, adopted by the pump
+	adopted chan struct{}       // closed once the pump hands events over
+	wake    *waker
+	pump    *pump         // its peers and idle DEALERs are guarded by mu
+	done    chan struct{} // closed when the pump has exited
 
 	mu       sync.Mutex
 	closing  atomic.Bool           // set under mu; read by the pump without it
@@ -91,6 +92,7 @@ func New(localID, bindHost string, port int, opts Options) (*Transport, error) {
 		log:      opts.Logger.With("component", "zmqctl", "local", localID),
 		events:   make(chan control.Event, opts.EventBuffer),
 		done:     make(chan struct{}),
+		adopted:  make(chan struct{}),
 		queued:   make(map[string]int),
 	}
 	p, err := newPump(t, bind)
@@ -113,12 +115,19 @@ func (t *Transport) BindAddr() string { return t.bindAddr }
 func (t *Transport) Events() <-chan control.Event { return t.events }
 
 // Hand makes the pump call h for every event instead of sending it to
-// Events; see control.Handing.
+// Events; see control.Handing. It returns once the pump has switched (or
+// stopped), so no event reaches Events after it; only the first call counts.
 func (t *Transport) Hand(h func(control.Event)) {
 	t.mu.Lock()
-	t.hand = h
+	if t.hand == nil {
+		t.hand = h
+	}
 	t.mu.Unlock()
 	t.wake.wake()
+	select {
+	case <-t.adopted:
+	case <-t.done:
+	}
 }
 
 // Connect opens the DEALER to peerID ahead of the first Send.
