@@ -109,16 +109,22 @@ func TestAStockPeerThatDialsUsAndIsRefusedGetsPacedGoodbyesNotAStorm(t *testing.
 	}
 }
 
+// twoConnectsInsideOnePace is two requests of stock peer r refused inside
+// one pace: the second one's goodbye is owed.
+func twoConnectsInsideOnePace(r *rawPeer, to string) {
+	r.connectWithSeed(to, "42")
+	time.Sleep(20 * time.Millisecond)
+	r.connectWithSeed(to, "42")
+	time.Sleep(20 * time.Millisecond)
+}
+
 func TestAStockConsumerRefusedWhileWeAreFullHearsItForEachRequest(t *testing.T) {
 	c := newCluster(t)
 	p := full(c)
 	v := c.raw("127.0.0.3:7993")
-	// Two requests' connects inside one pace: a stock consumer waits for the
-	// ack with no deadline, so the second must get its goodbye too (paced),
-	// or its request would hang.
-	v.connectWithSeed(p.id, "42")
-	time.Sleep(50 * time.Millisecond)
-	v.connectWithSeed(p.id, "42")
+	// A stock consumer waits for the ack with no deadline, so the second
+	// request must get its goodbye too (paced), or it would hang.
+	twoConnectsInsideOnePace(v, p.id)
 	assert.Equal(t, 2, stockPeer(t, v, p.id, time.Second, false))
 }
 
@@ -127,10 +133,7 @@ func TestShutdownSendsTheGoodbyesItOwes(t *testing.T) {
 	c := newCluster(t)
 	p := full(c)
 	v := c.raw("127.0.0.3:7993")
-	v.connectWithSeed(p.id, "42")
-	time.Sleep(20 * time.Millisecond)
-	v.connectWithSeed(p.id, "42") // inside the pace: its goodbye is owed
-	time.Sleep(20 * time.Millisecond)
+	twoConnectsInsideOnePace(v, p.id)
 	require.NoError(t, p.Shutdown())
 	assert.Equal(t, 2, stockPeer(t, v, p.id, 300*time.Millisecond, false), "each waiting request hears it")
 }
@@ -141,10 +144,7 @@ func TestAnOwedGoodbyeGoesBeforeOurDial(t *testing.T) {
 	c := newCluster(t)
 	p := fullFrom(c, "127.0.0.1") // where p2pParamsTo's sources live
 	y := c.raw("127.0.0.1:7992")
-	y.connectWithSeed(p.id, "42")
-	time.Sleep(20 * time.Millisecond)
-	y.connectWithSeed(p.id, "42")
-	time.Sleep(20 * time.Millisecond)
+	twoConnectsInsideOnePace(y, p.id)
 	_, err := p.StartRequest("c", p2pParamsTo("kv-owed", y.id))
 	require.NoError(t, err)
 	p.lookup("c", keys(1)) // dials y

@@ -235,21 +235,29 @@ func timeEchoes(a *zmqctl.Transport, peer string, rounds int) (result, error) {
 // benchZmqctlTwoProcesses times A in this process against B's echo in a
 // child process.
 func benchZmqctlTwoProcesses(rounds int) (result, error) {
-	child, err := benchproc.Start(waitBound, echoChildEnv+"=1")
+	a, peer, stop, err := startEchoChild("1")
 	if err != nil {
 		return result{}, err
 	}
-	defer child.Stop()
-	peer, err := child.ReadLine()
-	if err != nil {
-		return result{}, err
-	}
-	a, err := newTransport()
-	if err != nil {
-		return result{}, err
-	}
-	defer a.Close()
+	defer stop()
 	return timeEchoes(a, peer, rounds)
+}
+
+// startEchoChild starts B in a child process (mode: its echoChildEnv
+// value) and A here; stop ends both.
+func startEchoChild(mode string) (a *zmqctl.Transport, peer string, stop func(), err error) {
+	child, err := benchproc.Start(waitBound, echoChildEnv+"="+mode)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if peer, err = child.ReadLine(); err == nil {
+		a, err = newTransport()
+	}
+	if err != nil {
+		child.Stop()
+		return nil, "", nil, err
+	}
+	return a, peer, func() { _ = a.Close(); child.Stop() }, nil
 }
 
 // benchZmqctlTwoProcessesHanded is the two-process case with frames
@@ -257,20 +265,11 @@ func benchZmqctlTwoProcesses(rounds int) (result, error) {
 // as the tier takes them: A's function times the echo and sends the next
 // frame, B's echoes.
 func benchZmqctlTwoProcessesHanded(rounds int) (result, error) {
-	child, err := benchproc.Start(waitBound, echoChildEnv+"=handed")
+	a, peer, stop, err := startEchoChild("handed")
 	if err != nil {
 		return result{}, err
 	}
-	defer child.Stop()
-	peer, err := child.ReadLine()
-	if err != nil {
-		return result{}, err
-	}
-	a, err := newTransport()
-	if err != nil {
-		return result{}, err
-	}
-	defer a.Close()
+	defer stop()
 	frame := make([]byte, frameLen)
 	lat := make([]time.Duration, 0, rounds)
 	done := make(chan error, 1)
