@@ -20,20 +20,22 @@ import (
 //     refused without a goodbye. Only a session we dialed arms this, and
 //     the next refusal uses it up: a stock consumer that dials us is
 //     refused with a goodbye every time, so each of its requests fails fast.
-//   - We refuse a connect before any session opens (max_peers, the per-host
-//     or handshake caps) while a goodbye of ours has found the stock peer
+//   - We refuse a stock peer that dialed us (before any session opens:
+//     max_peers, the per-host or handshake caps; or in its handshake: a
+//     field mismatch, auth_secret) while a goodbye of ours has found it
 //     without a session. Staying silent is no cure here: a stock consumer
 //     waits for the ack with no deadline, so a silent refusal would hang its
 //     request. Instead the goodbyes to one stock peer are paced: the first
 //     goes at once, one asked for within goodbyePace of the last is sent at
-//     the end of the pace. An exchange runs at most a few times a second, and
-//     a stock consumer's request still falls back within goodbyePace.
+//     the end of the pace (or before a dial of ours, or at shutdown). An
+//     exchange runs at most a few times a second, and a stock consumer's
+//     request still falls back within goodbyePace.
 const (
 	// quietRefusalWindow is well above one exchange (milliseconds) and lets
 	// an armed entry that drew nothing lapse.
 	quietRefusalWindow = 2 * time.Second
-	// goodbyePace is the least time between two goodbyes to one stock peer
-	// refused before its session opened.
+	// goodbyePace is the least time between two goodbyes refusing one
+	// stock peer that dialed us.
 	goodbyePace = 250 * time.Millisecond
 )
 
