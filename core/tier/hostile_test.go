@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/peerkv/peerkv/core/config"
+	"github.com/peerkv/peerkv/core/control"
 	"github.com/peerkv/peerkv/core/control/memctl"
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/protocol"
@@ -86,6 +87,24 @@ func (r *rawPeer) send(to string, m protocol.Message) {
 	b, err := protocol.Encode(m)
 	require.NoError(r.t, err)
 	require.NoError(r.t, r.tr.Send(to, b))
+}
+
+// next returns the next frame sent to r, decoded, or false once deadline
+// fires.
+func (r *rawPeer) next(deadline <-chan time.Time) (protocol.Message, bool) {
+	for {
+		select {
+		case ev := <-r.tr.Events():
+			if ev.Kind != control.EventFrame {
+				continue
+			}
+			m, err := protocol.Decode(ev.Frame, protocol.Limits{MaxFrameBytes: 1 << 20, MaxListItems: 1024, KeyLen: keyLen})
+			require.NoError(r.t, err)
+			return m, true
+		case <-deadline:
+			return nil, false
+		}
+	}
 }
 
 func (r *rawPeer) connect(to string) { r.connectWithSeed(to, "42") }

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/peerkv/peerkv/core/config"
-	"github.com/peerkv/peerkv/core/control"
 	"github.com/peerkv/peerkv/core/protocol"
 )
 
@@ -24,24 +23,18 @@ func stockPeer(t *testing.T, r *rawPeer, us string, d time.Duration, redraws boo
 	goodbyes := 0
 	deadline := time.After(d)
 	for {
-		select {
-		case ev := <-r.tr.Events():
-			if ev.Kind != control.EventFrame {
-				continue
-			}
-			m, err := protocol.Decode(ev.Frame, protocol.Limits{MaxFrameBytes: 1 << 20, MaxListItems: 1024, KeyLen: 32})
-			require.NoError(t, err)
-			switch m.(type) {
-			case *protocol.Connect: // we dialed it: its session answers with its connect
-				connect()
-			case *protocol.Disconnect:
-				goodbyes++
-				if redraws {
-					connect()
-				}
-			}
-		case <-deadline:
+		m, ok := r.next(deadline)
+		if !ok {
 			return goodbyes
+		}
+		switch m.(type) {
+		case *protocol.Connect: // we dialed it: its session answers with its connect
+			connect()
+		case *protocol.Disconnect:
+			goodbyes++
+			if redraws {
+				connect()
+			}
 		}
 	}
 }
@@ -153,17 +146,9 @@ func TestAnOwedGoodbyeGoesBeforeOurDial(t *testing.T) {
 	var got []protocol.Type
 	deadline := time.After(500 * time.Millisecond)
 	for len(got) < 3 {
-		select {
-		case ev := <-y.tr.Events():
-			if ev.Kind != control.EventFrame {
-				continue
-			}
-			m, err := protocol.Decode(ev.Frame, protocol.Limits{MaxFrameBytes: 1 << 20, MaxListItems: 1024, KeyLen: 32})
-			require.NoError(t, err)
-			got = append(got, m.MsgType())
-		case <-deadline:
-			t.Fatalf("got %v; %s", got, p.TakeLogs(1<<16))
-		}
+		m, ok := y.next(deadline)
+		require.True(t, ok, "got %v; %s", got, p.TakeLogs(1<<16))
+		got = append(got, m.MsgType())
 	}
 	assert.Equal(t, []protocol.Type{protocol.TypeDisconnect, protocol.TypeDisconnect, protocol.TypeConnect}, got)
 }
