@@ -60,7 +60,7 @@ func pkvgo_lookup_many(h C.peerkv_handle, nRequests C.size_t, reqIDs **C.char, c
 		}
 		total += n
 	}
-	all, rc := c.keys(keys, keyLen, total)
+	all, rc := c.packedKeys(keys, keyLen, total)
 	if rc != statusOK {
 		return rc
 	}
@@ -74,14 +74,15 @@ func pkvgo_lookup_many(h C.peerkv_handle, nRequests C.size_t, reqIDs **C.char, c
 		if rc != statusOK {
 			return rc
 		}
-		batch[i] = tier.RequestKeys{ReqID: id, Keys: all[at : at+int(ns[i])]}
-		at += int(ns[i])
+		end := at + int(ns[i])*int(keyLen)
+		batch[i] = tier.RequestKeys{ReqID: id, Keys: all[at:end:end]}
+		at = end
 	}
 	out := []tier.LookupResult{}
 	if total > 0 {
 		out = unsafe.Slice((*tier.LookupResult)(unsafe.Pointer(results)), int(total))
 	}
-	if err := p.tier.LookupMany(batch, out); err != nil {
+	if err := p.tier.LookupMany(batch, int(keyLen), out); err != nil {
 		return c.fail(err, statusInvalidArgument)
 	}
 	return statusOK

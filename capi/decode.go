@@ -31,8 +31,23 @@ func (c *call) reqID(s *C.char) (string, C.int32_t) {
 // bytes each, without copying (the tier copies what it keeps and checks
 // key_len against the option).
 func (c *call) keys(ptr *C.uint8_t, keyLen, n C.size_t) ([][]byte, C.int32_t) {
+	buf, rc := c.packedKeys(ptr, keyLen, n)
+	if rc != statusOK || n == 0 {
+		return [][]byte{}, rc
+	}
+	kl := int(keyLen)
+	out := make([][]byte, int(n))
+	for i := range out {
+		out[i] = buf[i*kl : (i+1)*kl : (i+1)*kl]
+	}
+	return out, statusOK
+}
+
+// packedKeys is the caller's n keys of keyLen bytes, back to back, as one
+// view of its memory (valid for the call only).
+func (c *call) packedKeys(ptr *C.uint8_t, keyLen, n C.size_t) ([]byte, C.int32_t) {
 	if n == 0 {
-		return [][]byte{}, statusOK
+		return nil, statusOK
 	}
 	if n > maxKeysPerCall {
 		return nil, c.failf(statusInvalidArgument, "n=%d keys exceeds the limit of %d per call", uint64(n), maxKeysPerCall)
@@ -47,13 +62,7 @@ func (c *call) keys(ptr *C.uint8_t, keyLen, n C.size_t) ([][]byte, C.int32_t) {
 	if hi != 0 || total > maxCBuffer {
 		return nil, c.failf(statusInvalidArgument, "%d keys of %d bytes is too large", uint64(n), uint64(keyLen))
 	}
-	buf := cBytes(unsafe.Pointer(ptr), int(total))
-	kl := int(keyLen)
-	out := make([][]byte, int(n))
-	for i := range out {
-		out[i] = buf[i*kl : (i+1)*kl : (i+1)*kl]
-	}
-	return out, statusOK
+	return cBytes(unsafe.Pointer(ptr), int(total)), statusOK
 }
 
 // slots copies n row indexes from the caller (small; the tier may keep them).

@@ -45,10 +45,19 @@ type AnswerChange struct {
 	Results   []LookupResult
 }
 
-// RequestKeys is one request's part of a LookupMany.
+// RequestKeys is one request's part of a LookupMany: its keys back to back,
+// each of the call's key length, as the host passes them.
 type RequestKeys struct {
 	ReqID string
-	Keys  [][]byte
+	Keys  []byte
+}
+
+// count is how many keys rk holds, each keyLen bytes.
+func (rk RequestKeys) count(keyLen int) int { return len(rk.Keys) / keyLen }
+
+// key is rk's i-th key, capped so an append cannot write into the next one.
+func (rk RequestKeys) key(i, keyLen int) []byte {
+	return rk.Keys[i*keyLen : (i+1)*keyLen : (i+1)*keyLen]
 }
 
 // LookupMode tells a host that caches answers how reqID's lookups go, and
@@ -67,15 +76,25 @@ func (t *Tier) LookupMode(reqID string) LookupMode {
 	return LookupsAsk
 }
 
-// LookupMany is Lookup for the keys of several requests (out holds every
-// key's result, in order), then OnScheduleEnd: one call per step.
-func (t *Tier) LookupMany(batch []RequestKeys, out []LookupResult) error {
+// LookupMany is Lookup for the keys of several requests, each keyLen bytes
+// (out holds every key's result, in order), then OnScheduleEnd: one call
+// per step.
+func (t *Tier) LookupMany(batch []RequestKeys, keyLen int, out []LookupResult) error {
+	if keyLen <= 0 || (t.cfg.KeyLen > 0 && keyLen != t.cfg.KeyLen) {
+		for _, rk := range batch {
+			if len(rk.Keys) > 0 {
+				return fmt.Errorf("%w: keys of %d bytes, want %d (option key_len)", ErrInvalidArgument, keyLen, t.cfg.KeyLen)
+			}
+		}
+		keyLen = 1 // no keys at all: only OnScheduleEnd's part runs
+	}
 	n := 0
 	for _, rk := range batch {
-		if err := t.checkKeys(rk.Keys); err != nil {
-			return fmt.Errorf("request %s: %w", rk.ReqID, err)
+		if len(rk.Keys)%keyLen != 0 {
+			return fmt.Errorf("%w: request %s: %d bytes of keys is not a whole number of %d-byte keys",
+				ErrInvalidArgument, rk.ReqID, len(rk.Keys), keyLen)
 		}
-		n += len(rk.Keys)
+		n += rk.count(keyLen)
 	}
 	if len(out) != n {
 		return fmt.Errorf("%w: %d results for %d keys", ErrInvalidArgument, len(out), n)
@@ -84,19 +103,20 @@ func (t *Tier) LookupMany(batch []RequestKeys, out []LookupResult) error {
 	defer t.mu.Unlock()
 	i, deferred := 0, false
 	for _, rk := range batch {
-		res := out[i : i+len(rk.Keys)]
-		i += len(rk.Keys)
+		count := rk.count(keyLen)
+		res := out[i : i+count]
+		i += count
 		r := t.requests[rk.ReqID]
 		if r != nil && r.pull != nil {
-			if n > inlineAsk && t.deferAsk(r.pull, rk.Keys, res) {
+			if n > inlineAsk && t.deferAsk(r.pull, rk.Keys, keyLen, res) {
 				deferred = true
 				continue
 			}
 			t.registerAsked(r.pull)
-			r.pull.reserve(len(rk.Keys), t.cfg.KeyLen)
+			r.pull.reserve(count, t.cfg.KeyLen)
 		}
-		for j, k := range rk.Keys {
-			res[j] = t.lookupKey(r, k)
+		for j := range res {
+			res[j] = t.lookupKey(r, rk.key(j, keyLen))
 		}
 	}
 	t.flushLookups() // OnScheduleEnd's part: keys registered by earlier calls go out too

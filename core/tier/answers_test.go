@@ -54,7 +54,7 @@ func (h *cachingHost) step(req string, ks [][]byte) []tier.LookupResult {
 	}
 	if len(ask) > 0 {
 		res := make([]tier.LookupResult, len(ask))
-		require.NoError(h.t, h.p.LookupMany([]tier.RequestKeys{{ReqID: req, Keys: ask}}, res))
+		require.NoError(h.t, h.p.LookupMany([]tier.RequestKeys{asking(req, ask)}, keyLen, res))
 		h.asked = res
 		for i, k := range ask {
 			told[string(k)] = res[i]
@@ -208,9 +208,10 @@ func TestLookupManyRejectsBadKeysAndChangesNothing(t *testing.T) {
 	_, err := r.cons.StartRequest("c", urls(r.srcs[0]))
 	require.NoError(t, err)
 	require.Equal(t, tier.LookupsAsk, r.cons.LookupMode("c"))
-	require.Error(t, r.cons.LookupMany([]tier.RequestKeys{{ReqID: "c", Keys: [][]byte{key(1), []byte("short")}}},
-		make([]tier.LookupResult, 2)))
-	require.Error(t, r.cons.LookupMany([]tier.RequestKeys{{ReqID: "c", Keys: keys(1)}}, make([]tier.LookupResult, 2)))
+	short := asking("c", [][]byte{key(1), []byte("short")})
+	require.Error(t, r.cons.LookupMany([]tier.RequestKeys{short}, keyLen, make([]tier.LookupResult, 2)))
+	require.Error(t, r.cons.LookupMany([]tier.RequestKeys{asking("c", keys(1, 2))}, keyLen-1, make([]tier.LookupResult, 2)))
+	require.Error(t, r.cons.LookupMany([]tier.RequestKeys{asking("c", keys(1))}, keyLen, make([]tier.LookupResult, 2)))
 	// Nothing was registered: a step end sends no lookup, and no answer is queued.
 	require.NoError(t, r.cons.OnScheduleEnd())
 	time.Sleep(50 * time.Millisecond)

@@ -22,20 +22,12 @@ const inlineAsk = 256
 
 // deferAsk answers a first ask of p at once when it can (see above): every
 // result RETRY. Called with t.mu held.
-func (t *Tier) deferAsk(p *pull, keys [][]byte, out []LookupResult) bool {
+func (t *Tier) deferAsk(p *pull, keys []byte, keyLen int, out []LookupResult) bool {
 	if t.closed || !p.told.cached || !p.probe || p.failed || len(p.order) > 0 || len(p.asked) > 0 ||
 		len(keys) == 0 || p.live() == 0 {
 		return false
 	}
-	kl := len(keys[0])
-	buf := make([]byte, 0, len(keys)*kl)
-	for _, k := range keys {
-		if len(k) != kl {
-			return false // kept back to back, so of one length (cfg.KeyLen 0 takes any)
-		}
-		buf = append(buf, k...)
-	}
-	p.asked, p.askedKeyLen = buf, kl
+	p.asked, p.askedKeyLen = append([]byte(nil), keys...), keyLen
 	for i := range out {
 		out[i] = Retry
 	}

@@ -77,6 +77,7 @@ func TestFirstAsksOfManyRequestsAreAllAnswered(t *testing.T) {
 	h := newCachingHost(t, r.cons)
 	const reqs, per = 12, 250 // 3000 keys
 	var batch []tier.RequestKeys
+	sent := map[string][][]byte{} // each request's keys, as asked
 	for i := range reqs {
 		req := fmt.Sprintf("r%d", i)
 		_, err := r.cons.StartRequest(req, urls(r.srcs[0]))
@@ -84,24 +85,26 @@ func TestFirstAsksOfManyRequestsAreAllAnswered(t *testing.T) {
 		require.Equal(t, tier.LookupsAsk, r.cons.LookupMode(req))
 		// Request i holds keys i .. i+per-1, then one key nobody has.
 		ks := keys(span(i, i+per)...)
-		batch = append(batch, tier.RequestKeys{ReqID: req, Keys: append(ks, key(5000+i))})
+		ks = append(ks, key(5000+i))
+		batch = append(batch, asking(req, ks))
 		h.answers[req] = map[string]tier.LookupResult{}
-		h.order[req] = batch[i].Keys
+		h.order[req] = ks
+		sent[req] = ks
 	}
 	out := make([]tier.LookupResult, reqs*(per+1))
-	require.NoError(t, r.cons.LookupMany(batch, out))
+	require.NoError(t, r.cons.LookupMany(batch, keyLen, out))
 	for _, res := range out {
 		require.Equal(t, tier.Retry, res)
 	}
 	for _, rk := range batch[:len(batch)/2] { // half the requests are held up to a third lookup
-		require.Equal(t, []tier.LookupResult{tier.Retry}, r.cons.lookup(rk.ReqID, [][]byte{rk.Keys[per]}))
+		require.Equal(t, []tier.LookupResult{tier.Retry}, r.cons.lookup(rk.ReqID, [][]byte{sent[rk.ReqID][per]}))
 	}
-	for _, rk := range batch {
-		for _, k := range rk.Keys {
-			h.answers[rk.ReqID][string(k)] = tier.Retry
+	for req, ks := range sent {
+		for _, k := range ks {
+			h.answers[req][string(k)] = tier.Retry
 		}
 	}
-	last := func(rk tier.RequestKeys) tier.LookupResult { return h.answers[rk.ReqID][string(rk.Keys[per])] }
+	last := func(rk tier.RequestKeys) tier.LookupResult { return h.answers[rk.ReqID][string(sent[rk.ReqID][per])] }
 	require.Eventually(t, func() bool {
 		r.serveAll()
 		h.collect()
@@ -114,7 +117,7 @@ func TestFirstAsksOfManyRequestsAreAllAnswered(t *testing.T) {
 	}, 10*time.Second, 2*time.Millisecond)
 	for _, rk := range batch {
 		want := append(allHit(per), tier.Miss)
-		assert.Equal(t, want, h.step(rk.ReqID, rk.Keys), "request %s", rk.ReqID)
+		assert.Equal(t, want, h.step(rk.ReqID, sent[rk.ReqID]), "request %s", rk.ReqID)
 	}
 	assert.EqualValues(t, reqs, r.srcs[0].Stats().InboundLookups, "one lookup per request")
 	for _, rk := range batch[1:] {
@@ -185,9 +188,9 @@ func TestFirstAskThenLookupOrFinishAtOnce(t *testing.T) {
 		_, err := r.cons.StartRequest(req, urls(r.srcs[0]))
 		require.NoError(t, err)
 		r.cons.LookupMode(req)
-		batch = append(batch, tier.RequestKeys{ReqID: req, Keys: keys(span(0, 40)...)})
+		batch = append(batch, asking(req, keys(span(0, 40)...)))
 	}
-	require.NoError(t, r.cons.LookupMany(batch, make([]tier.LookupResult, reqs*40)))
+	require.NoError(t, r.cons.LookupMany(batch, keyLen, make([]tier.LookupResult, reqs*40)))
 	for _, rk := range batch {
 		require.NoError(t, r.cons.FinishRequest(rk.ReqID))
 	}

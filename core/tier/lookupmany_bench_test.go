@@ -35,11 +35,11 @@ func BenchmarkLookupManyFirstAsk(b *testing.B) {
 			_, err := cons.StartRequest(id, p2pParams("kv-"+id, prod))
 			require.NoError(b, err)
 			cons.LookupMode(id)
-			batch[r] = tier.RequestKeys{ReqID: id, Keys: ks}
+			batch[r] = asking(id, ks)
 		}
 		b.StartTimer()
 		start := time.Now()
-		require.NoError(b, cons.LookupMany(batch, out))
+		require.NoError(b, cons.LookupMany(batch, keyLen, out))
 		host += time.Since(start)
 		waitAnswered(b, prod, cons, len(out))
 		b.StopTimer()

@@ -79,6 +79,12 @@ func key(i int) []byte {
 	return append(k[:], 0, 0, 0, 0)
 }
 
+// asking is req's part of a LookupMany asking ks, back to back as a host
+// passes them.
+func asking(req string, ks [][]byte) tier.RequestKeys {
+	return tier.RequestKeys{ReqID: req, Keys: bytes.Join(ks, nil)}
+}
+
 func keys(idx ...int) [][]byte {
 	out := make([][]byte, len(idx))
 	for i, n := range idx {

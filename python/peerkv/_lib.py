@@ -72,7 +72,7 @@ SIGNATURES: dict[str, tuple[type | None, tuple]] = {
     "peerkv_request_lookup_mode": (c_int32, (c_int64, c_char_p, _p_i32, *_ERR)),
     "peerkv_lookup_many": (
         c_int32,
-        (c_int64, c_size_t, POINTER(c_char_p), _p_size, c_char_p, c_size_t, c_void_p, *_ERR),
+        (c_int64, c_size_t, c_void_p, c_void_p, c_char_p, c_size_t, c_void_p, *_ERR),
     ),
     "peerkv_take_answers": (c_int32, (c_int64, c_void_p, c_size_t, _p_size, *_ERR)),
     "peerkv_news": (c_int32, (c_int64, POINTER(c_void_p), *_ERR)),

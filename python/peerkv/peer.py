@@ -28,6 +28,11 @@ try:  # numpy ships with vLLM; the binding also works without it.
 except ImportError:  # pragma: no cover - exercised only in bare venvs
     _np = None
 from array import array as _array
+from itertools import accumulate
+
+# The array typecode of size_t (and of a pointer): counts and id pointers of
+# peerkv_lookup_many are passed as arrays, not ctypes arrays.
+_SIZE_T = next(code for code in "LQ" if _array(code).itemsize == ctypes.sizeof(c_size_t) == ctypes.sizeof(ctypes.c_void_p))
 
 LOOKUP_MISS = 1
 LOOKUP_HIT = 2
@@ -128,6 +133,11 @@ def _int64_slots(slots: Any) -> tuple[Any, int, int]:
     arr = _array("q", slots)
     address, count = arr.buffer_info()
     return arr, address, count
+
+
+def _address(arr: _array | None) -> int | None:
+    """Where arr's items are (None: NULL); arr must outlive the call it is passed to."""
+    return None if arr is None else arr.buffer_info()[0]
 
 
 def _result_codes(results: Iterable[int]) -> _array:
@@ -267,24 +277,44 @@ class Peer:
     def lookup_many(self, requests: Sequence[tuple[str | bytes, Sequence[bytes]]]) -> Sequence[int]:
         """lookup for several requests and on_schedule_end, in one call; the
         LOOKUP_* of every key, in order. A request id may be given encoded
-        (UTF-8), as the vLLM tier does: it calls once per step with many."""
+        (UTF-8)."""
         ids: list[bytes] = []
         counts: list[int] = []
-        flat: list[bytes] = []
+        parts: list[bytes] = []
+        key_len = 0
         for req_id, ks in requests:
             ids.append(req_id if isinstance(req_id, bytes) else req_id.encode())
             counts.append(len(ks))
-            flat.extend(ks)
-        n, total = len(ids), len(flat)
-        blob = b"".join(flat)
-        key_len = len(flat[0]) if total else 0
-        if total and (key_len <= 0 or len(blob) != total * key_len):
+            parts.append(b"".join(ks))
+            if ks and not key_len:
+                key_len = len(ks[0])
+        return self.lookup_packed(ids, counts, b"".join(parts), key_len)
+
+    def lookup_packed(self, ids: Sequence[bytes], counts: Sequence[int], keys: bytes, key_len: int) -> Sequence[int]:
+        """lookup_many with the keys already packed, as the vLLM tier calls it
+        once per step: request ids[i] (UTF-8) asks counts[i] keys of key_len
+        bytes, back to back in keys."""
+        n = len(ids)
+        if len(counts) != n:
+            raise InvalidArgumentError(f"{len(counts)} key counts for {n} requests")
+        total = sum(counts)
+        if total and (key_len <= 0 or len(keys) != total * key_len):
             raise InvalidArgumentError("keys of different lengths in one call")
+        id_arr = count_arr = None  # no request: the call is on_schedule_end
+        if n:
+            # The ids as one NUL-separated buffer (alive until the call returns)
+            # and an array of pointers into it: a ctypes array of c_char_p
+            # costs more than the rest of the call.
+            id_blob = b"\0".join(ids) + b"\0"
+            if id_blob.count(0) != n:
+                raise InvalidArgumentError("a request id contains a NUL byte")
+            base = ctypes.cast(ctypes.c_char_p(id_blob), ctypes.c_void_p).value
+            id_arr = _array(_SIZE_T, accumulate([len(i) + 1 for i in ids[:-1]], initial=base))
+            count_arr = _array(_SIZE_T, counts)
         results = (c_int32 * total)()
         with self._lock:
             rc = self._lib.peerkv_lookup_many(
-                self._h(), n, (ctypes.c_char_p * n)(*ids), (c_size_t * n)(*counts), blob, key_len, results,
-                self._err, _ERR_CAP,
+                self._h(), n, _address(id_arr), _address(count_arr), keys, key_len, results, self._err, _ERR_CAP,
             )
             self._check(rc)
         return results

@@ -183,7 +183,7 @@ _RESULTS = (None, LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING,
 # Read once: each LookupResult.X costs a class attribute lookup through the
 # Enum machinery, as much as the rest of a lookup.
 _MISS, _RETRY = LookupResult.MISS, LookupResult.RETRY
-_ALL_RETRY = _RESULTS.index(_RETRY).to_bytes(4, sys.byteorder)  # one key's code as lookup_many writes it
+_ALL_RETRY = _RESULTS.index(_RETRY).to_bytes(4, sys.byteorder)  # one key's code as lookup_packed writes it
 
 
 class _RequestState:
@@ -195,7 +195,7 @@ class _RequestState:
     def __init__(self, started: bool, req_id: str = "", fixed: LookupResult | None = LookupResult.MISS) -> None:
         self.started = started
         self.req_id = req_id
-        self.req_id_bytes = req_id.encode()  # as lookup_many passes it, once per request
+        self.req_id_bytes = req_id.encode()  # as lookup_packed takes it, once per request
         # The answer for every key (MISS: not pulling or failed; HIT: a PD
         # decoder), or None: each key is asked of the sources.
         self.fixed = fixed
@@ -400,7 +400,10 @@ class PeerKVTier(SecondaryTierManager):
     def _send_lookups(self) -> None:
         """One library call for every key asked this step."""
         batch, self._to_send = self._to_send, []
-        requests: list[tuple[_RequestState, list[bytes]]] = []
+        sent: list[tuple[_RequestState, list[bytes]]] = []
+        ids: list[bytes] = []
+        counts: list[int] = []
+        packed: list[bytes] = []
         for state in batch:
             state.queued = False
             keys, state.unsent = state.unsent, []  # each key once: lookup asks only keys not in answers
@@ -408,7 +411,7 @@ class PeerKVTier(SecondaryTierManager):
                 continue  # finished or failed since
             order = state.order
             if not order:  # the first ask, the usual case: no key twice (see lookup)
-                order.extend(keys)
+                state.order = keys  # unsent's old list, the tier's own: not copied
             else:  # asked again after a load: a key keeps its position
                 positions = state.positions
                 if not positions:
@@ -417,20 +420,23 @@ class PeerKVTier(SecondaryTierManager):
                     if key not in positions:
                         positions[key] = len(order)
                         order.append(key)
-            requests.append((state, keys))
-        if not requests:
+            sent.append((state, keys))
+            ids.append(state.req_id_bytes)
+            counts.append(len(keys))
+            packed.append(b"".join(keys))
+        if not sent:
             return
         try:
-            results = self._peer.lookup_many([(state.req_id_bytes, keys) for state, keys in requests])
+            results = self._peer.lookup_packed(ids, counts, b"".join(packed), len(sent[0][1][0]))
         except PeerKVError as exc:
             self._log_once("lookup_many", "sending lookups failed: %s; those requests recompute", exc)
-            for state, _ in requests:
+            for state, _ in sent:
                 state.fail()
             return
         if bytes(results) == _ALL_RETRY * len(results):
             return  # as lookup answered already: a first ask's usual outcome
         codes = map(_RESULTS.__getitem__, results[:])  # one iterator over every request's keys
-        for state, keys in requests:
+        for state, keys in sent:
             state.answers.update(zip(keys, codes))
 
     def _apply_answers(self) -> None:

@@ -147,3 +147,45 @@ def test_notify_fd_wakes_the_producer_when_a_lookup_arrives(library):
         assert _readable(fd, 1), "shutdown wakes the host"
     with pytest.raises(peerkv.UnknownHandleError):
         prod.notify_fd()
+
+
+def test_one_packed_call_asks_each_requests_keys_of_its_source(library):
+    """lookup_packed (the tier's one call per step) and lookup_many carry each
+    request's own keys to the producer; a bad call is refused whole."""
+    prod_region, cons_region = bytearray(ROWS * ROW_LEN), bytearray(ROWS * ROW_LEN)
+    prod_options = _options(data_transport="tcp")
+    with peerkv.Peer(prod_region, ROWS, ROW_LEN, prod_options) as prod, \
+            peerkv.Peer(cons_region, ROWS, ROW_LEN, _options(data_transport="tcp")) as cons:
+        asked = {"a": [bytes([1]) * KEY_LEN, bytes([2]) * KEY_LEN], "b": [bytes([3]) * KEY_LEN], "c": []}
+        for req in asked:
+            source = {"kv_request_id": f"kv-{req}", "remote_host": "127.0.0.1", "remote_port": prod_options["port"]}
+            cons.request_start(req, {"remote_kv_source": source})
+            assert cons.lookup_mode(req) == peerkv.peer.LOOKUPS_ASK
+        ids = [b"a", b"b", b"c"]
+        with pytest.raises(peerkv.InvalidArgumentError):
+            cons.lookup_packed([b"a\0b", b"b", b"c"], [2, 1, 0], b"".join(asked["a"] + asked["b"]), KEY_LEN)
+        with pytest.raises(peerkv.InvalidArgumentError):
+            cons.lookup_packed(ids, [2, 1, 0], b"".join(asked["a"] + asked["b"])[:-1], KEY_LEN)
+        with pytest.raises(peerkv.InvalidArgumentError):
+            cons.lookup_packed(ids, [2, 1], b"".join(asked["a"] + asked["b"]), KEY_LEN)
+        with pytest.raises(peerkv.InvalidArgumentError):  # the library's key_len is KEY_LEN
+            cons.lookup_packed(ids, [2, 1, 0], b"".join(asked["a"] + asked["b"]) + b"\0\0\0", KEY_LEN + 1)
+        packed = cons.lookup_packed(ids, [2, 1, 0], b"".join(asked["a"] + asked["b"]), KEY_LEN)
+        assert list(packed) == [peerkv.LOOKUP_RETRY] * 3
+        assert list(cons.lookup_many([])) == []  # a step's end with nothing to ask
+        assert list(cons.lookup_many([("a", asked["a"])])) == [peerkv.LOOKUP_RETRY] * 2  # asked already
+        got: dict[str, list[bytes]] = {}
+        deadline = time.monotonic() + 10
+        while len(got) < 2:  # the handshake, then one lookup per request with keys
+            cons.on_schedule_end()
+            item = prod.next_inbound()
+            if item is None:
+                assert time.monotonic() < deadline, f"the producer got only {sorted(got)}"
+                time.sleep(0.01)
+                continue
+            assert item.kind == peerkv.INBOUND_EVALUATE
+            kv_id = next(kv for kv in ("kv-a", "kv-b", "kv-c") if f":{kv}:" in item.req_id)  # the lookup's id names it
+            assert kv_id not in got
+            got[kv_id] = item.keys
+            prod.answer_inbound(item.lookup_id, [peerkv.LOOKUP_MISS] * len(item.keys))
+        assert got == {"kv-a": asked["a"], "kv-b": asked["b"]}

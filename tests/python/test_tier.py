@@ -373,7 +373,7 @@ def test_a_steps_lookups_go_to_the_library_in_one_call(cluster):
     got = cluster.b.call("pull", "b", req, cluster.source("remote_kv_source", "a", new_kv_id()), ks, PULL_TIMEOUT_S)
     assert got["results"] == ["HIT"] * 8 and got["rows"] == rows
     calls = cluster.b.call("count_library_calls_taken", "b")
-    assert calls.get("lookup_many") == 1, calls
+    assert calls.get("lookup_packed") == 1, calls
     assert "lookup" not in calls, calls  # no call per key
     cluster.b.call("finish", "b", req)
     cluster.a.call("finish", "a", pid)

@@ -13,6 +13,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"flag"
@@ -130,7 +131,7 @@ func roundTrips(prod, cons *tier.Tier, prodPort string, rounds int, h hostModel)
 			if cons.LookupMode(req) != tier.LookupsAsk {
 				return nil, 0, 0, fmt.Errorf("request %s does not cache answers", req)
 			}
-			if err := cons.LookupMany([]tier.RequestKeys{{ReqID: req, Keys: ks}}, out); err != nil {
+			if err := cons.LookupMany([]tier.RequestKeys{{ReqID: req, Keys: bytes.Join(ks, nil)}}, len(ks[0]), out); err != nil {
 				return nil, 0, 0, err
 			}
 		}

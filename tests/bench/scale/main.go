@@ -45,6 +45,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"errors"
 	"flag"
@@ -1019,11 +1020,11 @@ func (pr *peer) lookup(batch []*ask) {
 	var rk []tier.RequestKeys
 	n := 0
 	for _, a := range batch {
-		rk = append(rk, tier.RequestKeys{ReqID: a.req, Keys: a.keys})
+		rk = append(rk, tier.RequestKeys{ReqID: a.req, Keys: bytes.Join(a.keys, nil)})
 		n += len(a.keys)
 	}
 	out := make([]tier.LookupResult, n)
-	if err := pr.t.LookupMany(rk, out); err != nil {
+	if err := pr.t.LookupMany(rk, len(batch[0].keys[0]), out); err != nil {
 		pr.note("LookupMany: " + err.Error())
 		for _, a := range batch {
 			pr.done(a, true)
