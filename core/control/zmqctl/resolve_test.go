@@ -99,10 +99,17 @@ func TestBindEndpoint(t *testing.T) {
 // The real resolver (localhost is in /etc/hosts, no DNS involved): the
 // ROUTER binds loopback while the id stays "localhost:PORT", on any libzmq.
 func TestLocalhostTransportsExchangeFrames(t *testing.T) {
-	probe, err := zmq.NewSocket(zmq.ROUTER)
+	// A context of the probe's own, terminated after it: pebbe's default
+	// context would stay for the rest of the process, and the context tests
+	// count the contexts alive (go test -count=2 runs them after this one).
+	probeCtx, err := zmq.NewContext()
+	require.NoError(t, err)
+	probe, err := probeCtx.NewSocket(zmq.ROUTER)
 	require.NoError(t, err)
 	probeErr := probe.Bind(fmt.Sprintf("tcp://localhost:%d", freePort(t)))
-	probe.Close()
+	require.NoError(t, probe.SetLinger(0))
+	require.NoError(t, probe.Close())
+	require.NoError(t, probeCtx.Term())
 	major, minor, patch := zmq.Version()
 	t.Logf("libzmq %d.%d.%d binding tcp://localhost itself: %v", major, minor, patch, probeErr)
 
