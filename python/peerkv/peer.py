@@ -288,18 +288,24 @@ class Peer:
             parts.append(b"".join(ks))
             if ks and not key_len:
                 key_len = len(ks[0])
+            if any(len(k) != key_len for k in ks):
+                raise InvalidArgumentError("keys of different lengths in one call")
         return self.lookup_packed(ids, counts, b"".join(parts), key_len)
 
     def lookup_packed(self, ids: Sequence[bytes], counts: Sequence[int], keys: bytes, key_len: int) -> Sequence[int]:
         """lookup_many with the keys already packed, as the vLLM tier calls it
-        once per step: request ids[i] (UTF-8) asks counts[i] keys of key_len
-        bytes, back to back in keys."""
+        once per step: request ids[i] (bytes, UTF-8) asks counts[i] keys of
+        key_len bytes, back to back in keys."""
         n = len(ids)
         if len(counts) != n:
             raise InvalidArgumentError(f"{len(counts)} key counts for {n} requests")
+        if n and min(counts) < 0:
+            raise InvalidArgumentError("a negative key count")
         total = sum(counts)
-        if total and (key_len <= 0 or len(keys) != total * key_len):
-            raise InvalidArgumentError("keys of different lengths in one call")
+        if total and key_len <= 0:
+            raise InvalidArgumentError(f"key_len {key_len} with {total} keys")
+        if len(keys) != total * max(key_len, 0):
+            raise InvalidArgumentError(f"{len(keys)} bytes of keys for {total} keys of {key_len} bytes")
         id_arr = count_arr = None  # no request: the call is on_schedule_end
         if n:
             # The ids as one NUL-separated buffer (alive until the call returns)

@@ -168,6 +168,12 @@ def test_one_packed_call_asks_each_requests_keys_of_its_source(library):
             cons.lookup_packed(ids, [2, 1, 0], b"".join(asked["a"] + asked["b"])[:-1], KEY_LEN)
         with pytest.raises(peerkv.InvalidArgumentError):
             cons.lookup_packed(ids, [2, 1], b"".join(asked["a"] + asked["b"]), KEY_LEN)
+        with pytest.raises(peerkv.InvalidArgumentError):
+            cons.lookup_packed(ids, [3, -1, 0], b"".join(asked["a"] + asked["b"]), KEY_LEN)
+        with pytest.raises(peerkv.InvalidArgumentError):
+            cons.lookup_packed(ids, [0, 0, 0], b"extra", KEY_LEN)
+        with pytest.raises(peerkv.InvalidArgumentError):  # three keys of three lengths, 3 x KEY_LEN bytes in all
+            cons.lookup_many([("b", [b"\4" * KEY_LEN, b"\5" * (KEY_LEN // 2), b"\6" * (KEY_LEN * 3 // 2)])])
         with pytest.raises(peerkv.InvalidArgumentError):  # the library's key_len is KEY_LEN
             cons.lookup_packed(ids, [2, 1, 0], b"".join(asked["a"] + asked["b"]) + b"\0\0\0", KEY_LEN + 1)
         packed = cons.lookup_packed(ids, [2, 1, 0], b"".join(asked["a"] + asked["b"]), KEY_LEN)
