@@ -49,8 +49,9 @@ func Build() Document {
 		Options:    opts,
 		MaxSeconds: config.MaxSeconds,
 		Histograms: map[string][]float64{
-			"lookup_rtt_s": tier.LookupRTTBuckets,
-			"load_s":       tier.LoadSecondsBuckets,
+			"lookup_rtt_s":    tier.LookupRTTBuckets,
+			"lookup_served_s": tier.LookupRTTBuckets,
+			"load_s":          tier.LoadSecondsBuckets,
 		},
 		RejectionCauses: tier.RejectionCauses,
 		DataPaths:       []string{"shm", "nixl", "tcp", tier.NoPath},

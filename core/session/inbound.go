@@ -35,6 +35,7 @@ type InboundLookup struct {
 	keys     [][]byte // never changes once filed: holdings.go counts its share once
 	resolved map[string]bool
 	pending  [][]byte
+	arrived  time.Time
 	deadline time.Time
 }
 
@@ -91,8 +92,9 @@ func (p *producer) onLookup(m *protocol.Lookup) error {
 		s:           p.s,
 		keys:        m.Keys,
 		resolved:    make(map[string]bool, len(m.Keys)),
-		deadline:    p.s.env.Now().Add(p.s.env.Cfg.InboundLookupTimeout),
 	}
+	l.arrived = p.s.env.Now()
+	l.deadline = l.arrived.Add(p.s.env.Cfg.InboundLookupTimeout)
 	seen := make(map[string]struct{}, len(m.Keys))
 	for _, k := range m.Keys {
 		if _, dup := seen[string(k)]; !dup {
@@ -160,6 +162,9 @@ func (p *producer) respond(l *InboundLookup) {
 		hits[i] = l.resolved[string(k)]
 	}
 	p.s.send(&protocol.LookupResp{KVRequestID: l.KVRequestID, Keys: l.keys, Hits: hits})
+	if served := p.s.env.LookupServed; served != nil {
+		served(p.s.env.Now().Sub(l.arrived))
+	}
 	l.state = inboundDone
 	l.pending = nil
 	if req := p.requests[l.KVRequestID]; req != nil {

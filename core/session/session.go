@@ -38,6 +38,9 @@ type Env struct {
 	// LookupAnswered, when set, is told each lookup's round trip: from the
 	// lookup sent to the peer's first answer to it.
 	LookupAnswered func(rtt time.Duration)
+	// LookupServed, when set, is told how long each of the peer's lookups
+	// was held here: from its arrival to its one answer sent.
+	LookupServed func(held time.Duration)
 	// NextLookupID returns a fresh inbound lookup id (unique per owner).
 	NextLookupID func() int64
 	// Register starts data-path registration of the peer in the background

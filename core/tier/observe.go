@@ -9,7 +9,7 @@ import (
 
 // What an operator watches besides the plain counters: handshake
 // rejections by cause, loads and bytes by data path, fallbacks to a slower
-// path, and two latency histograms. Every label has a fixed, small set of
+// path, and latency histograms. Every label has a fixed, small set of
 // values (causes, path names, ok/failed): nothing is labelled per request
 // or per peer.
 
@@ -84,8 +84,11 @@ type observations struct {
 	rejections map[string]int64
 	paths      map[string]*PathStats
 	lookupRTT  *histogram
-	loadOK     *histogram
-	loadFailed *histogram
+	// lookupServed: peers' lookups held here, arrival to answer sent (what
+	// this producer adds to their lookup_rtt_s).
+	lookupServed *histogram
+	loadOK       *histogram
+	loadFailed   *histogram
 	// sessionPath is the data path each live session's peer was registered
 	// on, so work is attributed to it even after the data path forgot it.
 	sessionPath map[*session.Session]string
@@ -93,12 +96,13 @@ type observations struct {
 
 func newObservations() observations {
 	return observations{
-		rejections:  map[string]int64{},
-		paths:       map[string]*PathStats{},
-		lookupRTT:   newHistogram(LookupRTTBuckets),
-		loadOK:      newHistogram(LoadSecondsBuckets),
-		loadFailed:  newHistogram(LoadSecondsBuckets),
-		sessionPath: map[*session.Session]string{},
+		rejections:   map[string]int64{},
+		paths:        map[string]*PathStats{},
+		lookupRTT:    newHistogram(LookupRTTBuckets),
+		lookupServed: newHistogram(LookupRTTBuckets),
+		loadOK:       newHistogram(LoadSecondsBuckets),
+		loadFailed:   newHistogram(LoadSecondsBuckets),
+		sessionPath:  map[*session.Session]string{},
 	}
 }
 
@@ -190,5 +194,6 @@ func (t *Tier) observeSnapshot(st *Stats) {
 		st.Paths[name] = *p
 	}
 	st.LookupRTT = t.obs.lookupRTT.snapshot()
+	st.LookupServed = t.obs.lookupServed.snapshot()
 	st.LoadSeconds = map[string]Histogram{"ok": t.obs.loadOK.snapshot(), "failed": t.obs.loadFailed.snapshot()}
 }

@@ -34,6 +34,14 @@ func histogramCount(h tier.Histogram) int64 {
 	return n
 }
 
+func histogramSum(h tier.Histogram) float64 {
+	total := 0.0
+	for _, s := range h.Sums {
+		total += s
+	}
+	return total
+}
+
 // One rejected handshake is one line on each side, naming the cause on
 // the side that knows it, and one count under that cause.
 func TestARejectedHandshakeIsOneLinePerSideAndCountedByCause(t *testing.T) {
@@ -145,11 +153,30 @@ func TestWorkIsCountedByDataPathAndTimed(t *testing.T) {
 	}, 5*time.Second, 2*time.Millisecond)
 	rtt := dec.Stats().LookupRTT
 	assert.GreaterOrEqual(t, histogramCount(rtt), int64(1))
-	total := 0.0
-	for _, s := range rtt.Sums {
-		total += s
-	}
-	assert.Positive(t, total)
+	assert.Positive(t, histogramSum(rtt))
+	served := prod.Stats().LookupServed
+	assert.EqualValues(t, 1, histogramCount(served), "the producer answered one lookup")
+	assert.Positive(t, histogramSum(served))
+	assert.LessOrEqual(t, histogramSum(served), histogramSum(rtt), "held within the consumer's round trip")
+
+	// A producer whose host gets to the lookup late: the time it was held.
+	_, err = dec.StartRequest("d3", p2pParams("kv-held", prod))
+	require.NoError(t, err)
+	require.Equal(t, []tier.LookupResult{tier.Retry}, dec.lookup("d3", keys(30)))
+	require.NoError(t, dec.OnScheduleEnd())
+	require.Eventually(t, func() bool { return prod.Stats().InboundQueued > 0 }, 5*time.Second, time.Millisecond)
+	const late = 40 * time.Millisecond
+	time.Sleep(late)
+	require.Eventually(t, func() bool {
+		prod.serve(held, &next)
+		r := dec.lookup("d3", keys(30))
+		_ = dec.OnScheduleEnd()
+		return r[0] == tier.Hit
+	}, 5*time.Second, 2*time.Millisecond)
+	now := prod.Stats().LookupServed
+	assert.EqualValues(t, 2, histogramCount(now))
+	assert.GreaterOrEqual(t, histogramSum(now)-histogramSum(served), late.Seconds())
+	require.NoError(t, dec.FinishRequest("d3"))
 	require.NoError(t, dec.FinishRequest("d2"))
 	require.NoError(t, dec.FinishRequest("d"))
 	require.NoError(t, prod.FinishRequest("p"))

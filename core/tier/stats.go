@@ -66,10 +66,12 @@ type Stats struct {
 	// Paths counts loads, stores, bytes and fallbacks by data path name
 	// ("shm", "nixl", "tcp"; "none": a peer never registered).
 	Paths map[string]PathStats `json:"paths"`
-	// LookupRTT: our lookups' round trips; LoadSeconds: loads from submit to
-	// report, by result ("ok", "failed"). See observe.go.
-	LookupRTT   Histogram            `json:"lookup_rtt_s"`
-	LoadSeconds map[string]Histogram `json:"load_s"`
+	// LookupRTT: our lookups' round trips; LookupServed: peers' lookups
+	// from their arrival here to our answer; LoadSeconds: loads from submit
+	// to report, by result ("ok", "failed"). See observe.go.
+	LookupRTT    Histogram            `json:"lookup_rtt_s"`
+	LookupServed Histogram            `json:"lookup_served_s"`
+	LoadSeconds  map[string]Histogram `json:"load_s"`
 }
 
 // Stats returns a snapshot.

@@ -151,6 +151,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		Logf:           t.logf,
 		NextLookupID:   func() int64 { t.nextLookup++; return t.nextLookup },
 		LookupAnswered: func(rtt time.Duration) { t.obs.lookupRTT.observe(rtt.Seconds()) },
+		LookupServed:   func(held time.Duration) { t.obs.lookupServed.observe(held.Seconds()) },
 		Register:       func(s *session.Session, info data.PeerInfo) { t.reg.add(s, info) },
 		Busy:           func(s *session.Session) { t.active[s] = struct{}{} },
 	}

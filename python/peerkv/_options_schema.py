@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "4ce7dee9be3378997a8e187a8e465ee7f837a3bf3240da3022630ffc8cfff9d1"
+DIGEST = "a2faeb04e83e67ccec3efa013bfe1d360b1c63f1d7d7376907450691547e9546"
 
 SCHEMA = json.loads(
     r"""
@@ -325,6 +325,24 @@ SCHEMA = json.loads(
    60
   ],
   "lookup_rtt_s": [
+   0.0001,
+   0.00025,
+   0.0005,
+   0.001,
+   0.0025,
+   0.005,
+   0.01,
+   0.025,
+   0.05,
+   0.1,
+   0.25,
+   0.5,
+   1,
+   2.5,
+   5,
+   10
+  ],
+  "lookup_served_s": [
    0.0001,
    0.00025,
    0.0005,

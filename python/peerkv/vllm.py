@@ -163,6 +163,12 @@ _HISTOGRAMS: dict[str, tuple[str, str | None, tuple[float, ...], str]] = {
         tuple(_SCHEMA["histograms"]["lookup_rtt_s"]),
         "Round trip of this consumer's lookups: sent to a source until its first answer, in seconds.",
     ),
+    "lookup_served_seconds": (
+        "lookup_served_s",
+        None,
+        tuple(_SCHEMA["histograms"]["lookup_served_s"]),
+        "Peers' lookups held by this producer: from their arrival until the answer went out, in seconds.",
+    ),
     "load_seconds": (
         "load_s",
         "result",

@@ -175,13 +175,14 @@ def test_build_metric_definitions_declares_every_metric():
     assert got["loaded"] is False
     for name in ("vllm:peerkv_handshake_rejections", "vllm:peerkv_data_path_loads", "vllm:peerkv_data_path_bytes_received",
                  "vllm:peerkv_data_path_bytes_sent", "vllm:peerkv_data_path_fallbacks", "vllm:peerkv_lookup_rtt_seconds",
-                 "vllm:peerkv_load_seconds", "vllm:peerkv_bytes_received"):
+                 "vllm:peerkv_lookup_served_seconds", "vllm:peerkv_load_seconds", "vllm:peerkv_bytes_received"):
         assert name in got["names"]
     assert got["buckets"] == config.SCHEMA["histograms"]["load_s"]
     assert got["labels"]["vllm:peerkv_handshake_rejections"] == ["cause"]
     assert got["labels"]["vllm:peerkv_data_path_loads"] == ["path"]
     assert got["labels"]["vllm:peerkv_load_seconds"] == ["result"]
     assert got["labels"]["vllm:peerkv_lookup_rtt_seconds"] == []
+    assert got["labels"]["vllm:peerkv_lookup_served_seconds"] == []
 
 
 _CONSTRUCTOR_PROBE = r"""

@@ -118,6 +118,7 @@ def test_p2p_partial_hits_load_only_hits(cluster):
     keys, rows = random_keys(5), random_rows(3)
     a.call("store", "a", "src-partial", None, keys[:3], rows)
     a.call("finish", "a", "src-partial")
+    a.call("metrics", "a")
     b.call("metrics", "b")  # from here on, deltas
     got = b.call("pull", "b", "c-partial", cluster.source("remote_kv_source", "a", new_kv_id()), keys, PULL_TIMEOUT_S)
     assert got["results"] == ["HIT"] * 3 + ["MISS"] * 2
@@ -126,6 +127,9 @@ def test_p2p_partial_hits_load_only_hits(cluster):
     metrics = b.call("metrics", "b")
     assert metrics.get("vllm:peerkv_lookup_rtt_seconds_count", 0) >= 1, metrics
     assert metrics.get("vllm:peerkv_lookup_rtt_seconds_sum", 0) > 0, metrics
+    served = a.call("metrics", "a")  # the producer's side of the same lookup
+    assert served.get("vllm:peerkv_lookup_served_seconds_count", 0) >= 1, served
+    assert 0 < served.get("vllm:peerkv_lookup_served_seconds_sum", 0) <= metrics["vllm:peerkv_lookup_rtt_seconds_sum"]
 
 
 def test_keys_asked_after_a_load_are_answered_in_their_own_places(cluster):
