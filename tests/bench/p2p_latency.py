@@ -80,6 +80,35 @@ def tier_pair(kind, config):
         b.close()
 
 
+def library_times(kind, prod_node, producer, cons_node, consumer):
+    """peerkv's own lookup histograms so far: the consumer's round trips and
+    the producer's holds, each (count, sum of seconds); None for vLLM's tier."""
+    if kind != "peerkv":
+        return None
+
+    def total(stats, name):
+        h = stats[name]
+        return sum(h["counts"]), sum(h["sums"])
+
+    return total(cons_node.call("stats", consumer), "lookup_rtt_s"), total(prod_node.call("stats", producer), "lookup_served_s")
+
+
+def print_library_times(before, after, pulls):
+    """Where peerkv's lookup round went, on average over the rounds just run:
+    the consumer library's round trip (lookup sent to answer in), the part
+    the producer held it (arrival to answer sent, the producer engine's poll
+    round, vLLM's lookups and the pin), and the round as the scheduler saw it."""
+    (rtt_n, rtt_s), (held_n, held_s) = ((a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before))
+    if not rtt_n or not held_n:
+        return
+    round_ms = statistics.mean(pull[1] for pull in pulls)
+    rtt_ms, held_ms = 1000 * rtt_s / rtt_n, 1000 * held_s / held_n
+    print(f"p2p_latency: peerkv round, means over {len(pulls)} pulls: {round_ms:.2f} ms to all answered as the scheduler "
+          f"saw it; the library's round trip {rtt_ms:.2f} ms ({rtt_n} lookups), of it {held_ms:.2f} ms held by the "
+          f"producer ({held_n} answers) and {rtt_ms - held_ms:.2f} ms on the way (both ways, control threads "
+          f"included); the other {round_ms - rtt_ms:.2f} ms are the consumer's steps around it", flush=True)
+
+
 def measure(kind, config, scenarios):
     """Every scenario for one tier kind (tier_pair)."""
     with tier_pair(kind, config) as (a, prod, b, cons, port):
@@ -87,7 +116,10 @@ def measure(kind, config, scenarios):
         for mode, busy in scenarios:
             pull_once(a, prod, b, cons, port, mode)  # warm-up: handshake, registration
             a.call("busy", prod, BUSY_HOLD_MS if busy else 0, BUSY_GAP_MS)
+            before = library_times(kind, a, prod, b, cons)
             pulls = [pull_once(a, prod, b, cons, port, mode) for _ in range(ROUNDS)]
+            if before is not None and mode == "p2p" and not busy:
+                print_library_times(before, library_times(kind, a, prod, b, cons), pulls)
             a.call("busy", prod, 0, 0)
             ms = sorted(pull[0] for pull in pulls)
             results[mode, busy] = ms, *([pull[i] for pull in pulls] for i in (1, 2, 3))
