@@ -540,13 +540,16 @@ func TestAQuietSessionKeepsItsDeadlinesForTheNextRequest(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		prod, cons func(*config.Config)
+		// served: the lookups the producer answered (lookup_served_s), each
+		// at its 200 ms deadline; the consumer's deadline ends them unanswered.
+		served int64
 	}{
 		{"the consumer's lookup deadline",
 			func(cfg *config.Config) { cfg.InboundLookupTimeout = time.Minute },
-			func(cfg *config.Config) { cfg.LookupTimeout = 200 * time.Millisecond }},
+			func(cfg *config.Config) { cfg.LookupTimeout = 200 * time.Millisecond }, 0},
 		{"the producer's inbound lookup deadline",
 			func(cfg *config.Config) { cfg.InboundLookupTimeout = 200 * time.Millisecond },
-			func(cfg *config.Config) { cfg.LookupTimeout = time.Minute }},
+			func(cfg *config.Config) { cfg.LookupTimeout = time.Minute }, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t)
@@ -565,6 +568,9 @@ func TestAQuietSessionKeepsItsDeadlinesForTheNextRequest(t *testing.T) {
 				require.NoError(t, cons.FinishRequest(req))
 				time.Sleep(100 * time.Millisecond) // many ticks: both sessions go quiet
 			}
+			served := prod.Stats().LookupServed
+			assert.Equal(t, tc.served, histogramCount(served))
+			assert.GreaterOrEqual(t, histogramSum(served), float64(tc.served)*0.2)
 		})
 	}
 }

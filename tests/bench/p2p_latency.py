@@ -99,7 +99,11 @@ def print_library_times(before, after, pulls):
     the producer held it (arrival to answer sent, the producer engine's poll
     round, vLLM's lookups and the pin), and the round as the scheduler saw it."""
     (rtt_n, rtt_s), (held_n, held_s) = ((a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before))
-    if not rtt_n or not held_n:
+    if not rtt_n == held_n == len(pulls):
+        # Each pull is one lookup, timed once on each side; otherwise the
+        # means below would mix different lookups.
+        print(f"p2p_latency: peerkv round not split: {rtt_n} round trips and {held_n} answers for {len(pulls)} pulls",
+              flush=True)
         return
     round_ms = statistics.mean(pull[1] for pull in pulls)
     rtt_ms, held_ms = 1000 * rtt_s / rtt_n, 1000 * held_s / held_n
