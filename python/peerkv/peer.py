@@ -74,8 +74,15 @@ class AnswerChange(NamedTuple):
 
     req_id: str
     failed: bool  # every key MISS from now on
-    positions: tuple[int, ...]  # in the order the request first asked its keys
+    # In the order the request first asked its keys; range(n) when they are
+    # its first n keys in order (a first ask answered at once).
+    positions: Sequence[int]
     results: bytes  # LOOKUP_* per position
+
+
+# Positions 0, 1, 2, ... as take_answers writes them: a change whose
+# positions match a prefix is parsed as a range, without an int per key.
+_IN_ORDER = struct.pack(f"<{1 << 12}I", *range(1 << 12))
 
 
 def _parse_answers(raw: bytes) -> list[AnswerChange]:
@@ -89,8 +96,12 @@ def _parse_answers(raw: bytes) -> list[AnswerChange]:
         at = (at + id_len + 3) & ~3
         flags, n = struct.unpack_from("<II", raw, at)
         at += 8
-        positions = struct.unpack_from(f"<{n}I", raw, at)
-        at += 4 * n
+        size = 4 * n
+        if size <= len(_IN_ORDER) and raw[at : at + size] == _IN_ORDER[:size]:
+            positions: Sequence[int] = range(n)
+        else:
+            positions = struct.unpack_from(f"<{n}I", raw, at)
+        at += size
         out.append(AnswerChange(req_id, bool(flags & 1), positions, raw[at : at + n]))
         at = (at + n + 3) & ~3
     return out

@@ -464,7 +464,14 @@ class PeerKVTier(SecondaryTierManager):
             if state.fixed is not None:
                 continue  # failed here already; a PD decoder has no positions
             order, answers = state.order, state.answers
-            for pos, code in zip(change.positions, change.results):
+            positions, results = change.positions, change.results
+            if type(positions) is range and results and results.count(results[0]) == len(results):
+                # Its first keys, all answered alike: a first ask's usual answer.
+                answer = _RESULTS[results[0]]
+                for key in order[: len(positions)]:
+                    answers[key] = answer
+                continue
+            for pos, code in zip(positions, results):
                 answers[order[pos]] = _RESULTS[code]
 
     def on_request_finished(self, req_context: ReqContext) -> None:

@@ -195,3 +195,31 @@ def test_one_packed_call_asks_each_requests_keys_of_its_source(library):
             got[kv_id] = item.keys
             prod.answer_inbound(item.lookup_id, [peerkv.LOOKUP_MISS] * len(item.keys))
         assert got == {"kv-a": asked["a"], "kv-b": asked["b"]}
+
+
+def _answer_record(req_id: bytes, positions, results: bytes, failed: bool = False) -> bytes:
+    """One peerkv_take_answers record (include/peerkv.h), padded to 4 bytes."""
+    import struct
+
+    def pad(b: bytes) -> bytes:
+        return b + b"\0" * (-len(b) % 4)
+
+    head = pad(struct.pack("<I", len(req_id)) + req_id)
+    return head + struct.pack(f"<II{len(positions)}I", int(failed), len(positions), *positions) + pad(results)
+
+
+def test_answer_changes_read_positions_in_order_as_a_range():
+    """A change of a request's first keys in order is read without an int per
+    key, and reads the same as any other change."""
+    from peerkv.peer import _parse_answers
+
+    raw = (_answer_record(b"first", range(5), bytes([2] * 5))
+           + _answer_record(b"later", [3, 1, 2], bytes([1, 2, 2]))
+           + _answer_record(b"gap", [0, 1, 3], bytes([2, 2, 2]))
+           + _answer_record(b"failed", [], b"", failed=True))
+    got = _parse_answers(raw)
+    assert [c.req_id for c in got] == ["first", "later", "gap", "failed"]
+    assert type(got[0].positions) is range and list(got[0].positions) == [0, 1, 2, 3, 4]
+    assert list(got[1].positions) == [3, 1, 2] and got[1].results == bytes([1, 2, 2])
+    assert list(got[2].positions) == [0, 1, 3] and type(got[2].positions) is not range
+    assert got[3].failed and list(got[3].positions) == []
