@@ -74,8 +74,9 @@ class AnswerChange(NamedTuple):
 
     req_id: str
     failed: bool  # every key MISS from now on
-    # In the order the request first asked its keys; range(n) when they are
-    # its first n keys in order (a first ask answered at once).
+    # Indexes into the order the request first asked its keys: range(n) when
+    # they are its first n keys in order (n <= 4096; every key of a first
+    # ask answered before this take), else a tuple. Compare as lists.
     positions: Sequence[int]
     results: bytes  # LOOKUP_* per position
 

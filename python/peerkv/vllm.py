@@ -465,7 +465,12 @@ class PeerKVTier(SecondaryTierManager):
                 continue  # failed here already; a PD decoder has no positions
             order, answers = state.order, state.answers
             positions, results = change.positions, change.results
-            if type(positions) is range and results and results.count(results[0]) == len(results):
+            if (
+                type(positions) is range
+                and results
+                and len(positions) <= len(order)
+                and results.count(results[0]) == len(results)
+            ):
                 # Its first keys, all answered alike: a first ask's usual answer.
                 answer = _RESULTS[results[0]]
                 for key in order[: len(positions)]:
