@@ -80,7 +80,7 @@ func (t *Tier) LookupMode(reqID string) LookupMode {
 // (out holds every key's result, in order), then OnScheduleEnd: one call
 // per step.
 func (t *Tier) LookupMany(batch []RequestKeys, keyLen int, out []LookupResult) error {
-	if keyLen <= 0 || (t.cfg.KeyLen > 0 && keyLen != t.cfg.KeyLen) {
+	if !t.keyLenOK(keyLen) {
 		for _, rk := range batch {
 			if len(rk.Keys) > 0 {
 				return fmt.Errorf("%w: keys of %d bytes, want %d (option key_len)", ErrInvalidArgument, keyLen, t.cfg.KeyLen)

@@ -317,12 +317,16 @@ func (t *Tier) checkJob(keys [][]byte, slots []int64) ([]uint64, error) {
 
 func (t *Tier) checkKeys(keys [][]byte) error {
 	for i, k := range keys {
-		if len(k) == 0 || (t.cfg.KeyLen > 0 && len(k) != t.cfg.KeyLen) {
+		if !t.keyLenOK(len(k)) {
 			return fmt.Errorf("%w: keys[%d] has %d bytes, want %d (option key_len)", ErrInvalidArgument, i, len(k), t.cfg.KeyLen)
 		}
 	}
 	return nil
 }
+
+// keyLenOK is the one rule for a key's length: not empty, and the option
+// key_len when it is set (0 takes any).
+func (t *Tier) keyLenOK(n int) bool { return n > 0 && (t.cfg.KeyLen == 0 || n == t.cfg.KeyLen) }
 
 func (t *Tier) checkSlots(slots []int64) ([]uint64, error) {
 	n := t.region.NumRows()
