@@ -4,9 +4,9 @@ per-position path must leave the same answers."""
 
 import pytest
 
+import peerkv.vllm as vllm_tier  # needs vLLM, as the other tier tests do: never skipped
 from peerkv.peer import AnswerChange
 
-vllm_tier = pytest.importorskip("peerkv.vllm")
 LookupResult = vllm_tier.LookupResult
 MISS, HIT, HIT_PENDING, RETRY = 1, 2, 3, 4  # PEERKV_LOOKUP_*
 

@@ -1024,7 +1024,7 @@ func (pr *peer) lookup(batch []*ask) {
 		n += len(a.keys)
 	}
 	out := make([]tier.LookupResult, n)
-	if err := pr.t.LookupMany(rk, len(batch[0].keys[0]), out); err != nil {
+	if err := pr.t.LookupMany(rk, keyLen, out); err != nil {
 		pr.note("LookupMany: " + err.Error())
 		for _, a := range batch {
 			pr.done(a, true)
