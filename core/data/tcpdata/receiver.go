@@ -109,7 +109,7 @@ func (t *Transport) serveInbound(in *inboundConn) {
 		t.mu.Unlock()
 		if !evicted {
 			t.stats.helloFailed.Add(1)
-			t.logs.logf("writer refused", "writer at %s refused: %v", c.RemoteAddr(), err)
+			t.logs.logf("writer refused", "writer at %s: %v", c.RemoteAddr(), err)
 		}
 		return
 	}
@@ -117,7 +117,7 @@ func (t *Transport) serveInbound(in *inboundConn) {
 	for {
 		if err := r.receivePart(); err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				t.logs.logf("connection dropped", "connection from %s (%s) dropped: %v", peerID, c.RemoteAddr(), err)
+				t.logs.logf("connection dropped", "from %s (%s): %v", peerID, c.RemoteAddr(), err)
 			}
 			return
 		}
@@ -279,14 +279,14 @@ func (r *receiver) receivePart() error {
 	}
 	if owed, ok := t.rowsOwed(r.peerID); ok && uint64(h.totalRows) > owed {
 		t.stats.partsNotOwed.Add(1)
-		t.logs.logf("transfer not owed", "refused transfer %d from %s: it names %d rows, its loads from us expect %d",
+		t.logs.logf("transfer not owed", "transfer %d from %s names %d rows, its loads from us expect %d",
 			h.transferID, r.peerID, h.totalRows, owed)
 		return r.discardPart(h, ack{transferID: h.transferID, status: statusNotOwed, row: owed})
 	}
 	need := partBytes(h.partRows, t.region.RowLen, t.opts.Guard != nil)
 	if !t.held.acquire(need, t.opts.IOTimeout/2, t.closing) {
 		t.stats.partsNoRoom.Add(1)
-		t.logs.logf("no room for a transfer", "refused transfer %d from %s: %d bytes for parts in flight are held already (at most %d)",
+		t.logs.logf("no room for a transfer", "transfer %d from %s: %d bytes for parts in flight are held already (at most %d)",
 			h.transferID, r.peerID, t.held.inUse(), t.held.limit)
 		return r.discardPart(h, ack{transferID: h.transferID, status: statusBusy})
 	}
@@ -298,7 +298,7 @@ func (r *receiver) receivePart() error {
 	}
 	if verdict.status != statusOK {
 		t.stats.partsRefused.Add(1)
-		t.logs.logf("transfer refused", "refused transfer %d from %s: %v (row %d)", h.transferID, r.peerID, verdict.status, verdict.row)
+		t.logs.logf("transfer refused", "transfer %d from %s: %v (row %d)", h.transferID, r.peerID, verdict.status, verdict.row)
 		if err := r.skip(uint64(h.partRows) * h.rowLen); err != nil {
 			return fmt.Errorf("transfer %d discarding refused rows: %w", h.transferID, err)
 		}
