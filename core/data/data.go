@@ -89,6 +89,14 @@ type WriteGuard interface {
 	WriteRow(peerID string, row uint64, dst, src []byte) bool
 }
 
+// OwedRows is implemented by WriteGuards that know how many rows peerID may
+// write now in all (the rows of its loads in flight). A receiving transport
+// refuses a transfer naming more destination rows than that before it
+// allocates anything in proportion to them.
+type OwedRows interface {
+	RowsOwed(peerID string) int
+}
+
 // Fencer is implemented by paths that receive writes themselves (TCP, and
 // memdata in tests). Fence cuts every write into us from peerID that is
 // under way: when it returns, nothing that peer sent before can still land.

@@ -87,6 +87,7 @@ type Tier struct {
 
 	guardMu  sync.RWMutex
 	expected map[uint64]string // consumer row -> peer allowed to write it
+	owed     map[string]int    // peer -> how many rows of expected it may write
 
 	registered   chan registration
 	stop         chan struct{}
@@ -128,6 +129,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		lookups:      map[int64]*session.InboundLookup{},
 		pulls:        pullIndex{},
 		expected:     map[uint64]string{},
+		owed:         map[string]int{},
 		registered:   make(chan registration, 64),
 		registerWake: make(chan struct{}, 1),
 		obs:          newObservations(),
@@ -179,6 +181,14 @@ func (g rowGuard) MayWrite(peerID string, row uint64) bool {
 	return g.t.expected[row] == peerID
 }
 
+// RowsOwed implements data.OwedRows: the data path refuses a transfer
+// naming more rows before it allocates anything for them.
+func (g rowGuard) RowsOwed(peerID string) int {
+	g.t.guardMu.RLock()
+	defer g.t.guardMu.RUnlock()
+	return g.t.owed[peerID]
+}
+
 func (g rowGuard) WriteRow(peerID string, row uint64, dst, src []byte) bool {
 	g.t.guardMu.RLock()
 	defer g.t.guardMu.RUnlock()
@@ -193,11 +203,25 @@ func (t *Tier) expect(peerID string, rows []uint64, on bool) {
 	t.guardMu.Lock()
 	defer t.guardMu.Unlock()
 	for _, r := range rows {
-		if on {
+		prev, had := t.expected[r]
+		switch {
+		case on && !(had && prev == peerID):
+			if had {
+				t.unowe(prev)
+			}
 			t.expected[r] = peerID
-		} else if t.expected[r] == peerID {
+			t.owed[peerID]++
+		case !on && had && prev == peerID:
 			delete(t.expected, r)
+			t.unowe(peerID)
 		}
+	}
+}
+
+// unowe takes one row off what peerID may write; guardMu held.
+func (t *Tier) unowe(peerID string) {
+	if t.owed[peerID]--; t.owed[peerID] <= 0 {
+		delete(t.owed, peerID)
 	}
 }
 
@@ -669,6 +693,7 @@ func (t *Tier) poison(cause error) {
 	}
 	t.guardMu.Lock()
 	clear(t.expected) // no peer may write our rows any more
+	clear(t.owed)
 	t.guardMu.Unlock()
 	// Sessions are dropped, not closed: their state is what may be broken.
 	clear(t.sessions)

@@ -1,6 +1,7 @@
 package tcpdata
 
 import (
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -13,16 +14,16 @@ import (
 	"github.com/peerkv/peerkv/core/data"
 )
 
-// Connections that never say hello cannot exhaust the receiver: beyond the
-// per-host bound they are closed at once, and a writer from another
-// address still gets in.
+// Connections still in their hello have a budget of their own: beyond it
+// the oldest of them (from that IP, else at all) is closed, so a newcomer
+// always gets in. Writers that passed the hello have theirs: beyond it a
+// hello is refused as busy.
 func TestInboundConnectionsAreBounded(t *testing.T) {
-	var mu sync.Mutex
-	var logs []string
+	var logs logTap
 	tr, err := New(Options{
-		LocalID: "127.0.0.1:1", Region: data.Region{Mem: make([]byte, 4*64), RowLen: 64},
-		ListenHost: "127.0.0.1", MaxConns: 8, MaxConnsPerHost: 3,
-		Logf: func(f string, a ...any) { mu.Lock(); logs = append(logs, f); mu.Unlock() },
+		LocalID: "127.0.0.1:1", Region: data.Region{Mem: make([]byte, 4*rowLen), RowLen: rowLen},
+		ListenHost: "127.0.0.1", MaxHelloConns: 5, MaxHelloConnsPerHost: 3, MaxConns: 8, MaxConnsPerHost: 1,
+		Logf: logs.logf,
 	})
 	require.NoError(t, err)
 	defer tr.Close()
@@ -32,31 +33,54 @@ func TestInboundConnectionsAreBounded(t *testing.T) {
 			_ = c.Close()
 		}
 	}()
-	for range 5 {
-		c, err := net.Dial("tcp", tr.DataAddr())
-		require.NoError(t, err)
-		conns = append(conns, c)
-	}
-	closed := 0
-	for _, c := range conns {
-		_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-		buf := make([]byte, 64)
-		if _, err := c.Read(buf); err != nil && !strings.Contains(err.Error(), "timeout") {
-			closed++ // refused: closed without a hello
+	dial := func(ip string, n int) {
+		for range n {
+			c := dialFrom(t, ip, tr.DataAddr())
+			_ = c.SetReadDeadline(time.Now().Add(waitLimit))
+			_, err := io.ReadFull(c, make([]byte, serverHelloLen))
+			require.NoError(t, err, "every newcomer gets the server hello")
+			conns = append(conns, c)
 		}
 	}
-	assert.Equal(t, 2, closed, "two over the per-host bound of 3")
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
-	other, err := d.Dial("tcp", tr.DataAddr())
-	require.NoError(t, err)
-	defer other.Close()
-	_ = other.SetReadDeadline(time.Now().Add(time.Second))
-	n, err := other.Read(make([]byte, 8))
-	require.NoError(t, err, "another source still gets the server hello")
-	assert.Positive(t, n)
-	mu.Lock()
-	defer mu.Unlock()
-	assert.Contains(t, strings.Join(logs, "\n"), "refused: %s")
+	closed := func() []bool {
+		var out []bool
+		for _, c := range conns {
+			_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			_, err := c.Read(make([]byte, 1))
+			out = append(out, err != nil && !strings.Contains(err.Error(), "timeout"))
+		}
+		return out
+	}
+
+	dial("127.0.0.1", 5)
+	assert.Equal(t, []bool{true, true, false, false, false}, closed(), "the two oldest from the IP made room")
+	dial("127.0.0.2", 3)
+	assert.Equal(t, []bool{true, true, true, false, false, false, false, false}, closed(),
+		"the oldest of all made room for the sixth in the hello")
+	st := tr.InboundStats()
+	assert.Equal(t, 5, st.HelloConns)
+	assert.EqualValues(t, 3, st.HelloEvicted)
+	logs.waitFor(t, "closed in its hello for a newer one")
+	assert.Equal(t, 1, logs.count("closed in its hello"), "one line for three evictions: the log is rate-limited per cause")
+
+	// One writer from 127.0.0.1 passes its hello; a second from there is
+	// refused as busy, and the idle hellos took neither's place.
+	src := randomRegion(t, 4)
+	for i, id := range []string{"w1", "w2"} {
+		w := newTransport(t, id, src, func(o *Options) { o.Streams = 1 })
+		addPeer(t, w, "b", tr)
+		_, err := w.Write("b", []uint64{0}, []uint64{uint64(i)})
+		require.NoError(t, err)
+		if c := nextCompletion(t, w, waitLimit); i == 0 {
+			require.NoError(t, c.Err)
+		} else {
+			require.ErrorIs(t, c.Err, ErrBusy)
+			assert.Contains(t, c.Err.Error(), "1 data connections from 127.0.0.1 already")
+		}
+	}
+	st = tr.InboundStats()
+	assert.Equal(t, 1, st.Conns)
+	assert.EqualValues(t, 1, st.OverConnLimit)
 }
 
 // releasedMidway accepts a transfer's rows at its header, then finds row 3

@@ -53,6 +53,27 @@
 // the part is in memory. A malformed header (bad magic, row_len, counts) is
 // answered with statusBadRequest when possible and the connection closed.
 //
+// What a header makes the receiver hold follows what the writer is owed,
+// not the region: when the guard can say how many rows the writer's loads
+// expect (data.OwedRows), a part naming more is refused (status 7, row =
+// the rows owed) before anything is allocated for it. Destination rows are
+// read in small chunks; the receiver keeps only the part's (8 bytes a row)
+// and, with a guard, one staged row, for as long as the part lasts, taken
+// from a budget shared by all connections (MaxHeldBytes). A part that finds
+// no room within half an IOTimeout is refused as busy (status 8). A refused
+// part is read to its end and dropped, so the connection stays usable.
+//
+// # Admission
+//
+// Connections still in their hello have a budget of their own
+// (MaxHelloConns, MaxHelloConnsPerHost from one source IP) and HelloTimeout
+// to finish; a new connection beyond either bound closes the oldest one
+// still in its hello, so strangers that never finish cannot keep a writer
+// out. Only a writer whose hello passed (proving its session's token, and
+// the secret, when required) counts against MaxConns and MaxConnsPerHost; a
+// hello beyond those is refused as busy. Each cause is counted
+// (InboundStats) and logged at most once per 10 s.
+//
 // # Encrypted mode (version 2)
 //
 // With Options.Encrypt (which requires AuthSecret) every connection runs
@@ -88,11 +109,12 @@
 //
 // Status codes: 0 ok, 1 rejected by the guard, 2 row out of range,
 // 3 bad request, 4 authentication failed, 5 row length mismatch,
-// 6 unsupported version.
+// 6 unsupported version, 7 more rows than the writer is owed, 8 busy.
 //
 // # Deadlines
 //
-// The hello, the TLS handshake included, must finish within IOTimeout.
+// The hello, the TLS handshake included, must finish within IOTimeout on
+// the producer and HelloTimeout on the receiver.
 // Every read and write has a deadline of IOTimeout, renewed as bytes make
 // progress (per row on the receiver, per batch of rows on the producer); the
 // ack must arrive within IOTimeout of the part's last byte. A connection

@@ -9,6 +9,8 @@ import (
 	"io"
 	"net"
 	"time"
+
+	"github.com/peerkv/peerkv/core/data"
 )
 
 // acceptBackoff paces the accept loop after a transient error (e.g. EMFILE).
@@ -36,48 +38,12 @@ func (t *Transport) acceptLoop() {
 			_ = c.Close()
 			return
 		}
-		if why := t.overConnLimit(c); why != "" {
-			t.mu.Unlock()
-			t.opts.Logf("tcpdata: connection from %s refused: %s", c.RemoteAddr(), why)
-			_ = c.Close()
-			continue
-		}
-		t.inbound[c] = &inboundConn{done: make(chan struct{})}
-		t.goSafe("receiver "+c.RemoteAddr().String(), func() { t.serveInbound(c) })
+		in := &inboundConn{conn: c, host: remoteHost(c), done: make(chan struct{})}
+		t.admitHello(in) // may close the oldest connection still in its hello
+		t.inbound[c] = in
+		t.goSafe("receiver "+c.RemoteAddr().String(), func() { t.serveInbound(in) })
 		t.mu.Unlock()
 	}
-}
-
-// overConnLimit says why c may not be served ("" if it may); t.mu held.
-func (t *Transport) overConnLimit(c net.Conn) string {
-	if len(t.inbound) >= t.opts.MaxConns {
-		return fmt.Sprintf("%d data connections already", len(t.inbound))
-	}
-	host := remoteHost(c)
-	n := 0
-	for other := range t.inbound {
-		if remoteHost(other) == host {
-			n++
-		}
-	}
-	if n >= t.opts.MaxConnsPerHost {
-		return fmt.Sprintf("%d data connections from %s already", n, host)
-	}
-	return ""
-}
-
-func remoteHost(c net.Conn) string {
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		return a.IP.String()
-	}
-	return c.RemoteAddr().String()
-}
-
-// inboundConn is what Fence needs of an accepted connection.
-type inboundConn struct {
-	peerID string        // set under t.mu once its hello named the writer
-	token  string        // the data token its hello proved ("" without grants)
-	done   chan struct{} // closed when its goroutine can write no more
 }
 
 // Fence implements data.Fencer: it closes every connection writing into us
@@ -105,55 +71,53 @@ func (t *Transport) Fence(peerID string) {
 	}
 }
 
-// receiver is one inbound connection's state, owned by its goroutine.
+// indexChunkRows is how many destination rows are read at a time: a part
+// header's row counts allocate nothing before the rows are checked.
+const indexChunkRows = 512
+
+// receiver is one inbound connection's state, owned by its goroutine. What
+// a part needs in proportion to its rows is taken from the transport's
+// byteBudget and given back when the part ends.
 type receiver struct {
 	t       *Transport
 	conn    net.Conn
 	peerID  string
 	header  [partHeaderLen]byte
-	indices []byte
-	rows    []uint64
-	discard []byte
-	stage   []byte // one row, read in full before the guard lets it into the region
-	refused bool   // the guard refused the last row received
+	chunk   [indexChunkRows * rowIndexLen]byte
+	refused bool // the guard refused the last row received
 	ackBuf  [ackLen]byte
 }
 
 // serveInbound runs the hello and then receives parts until the writer
-// leaves, a deadline passes or the transport closes. c is the raw
+// leaves, a deadline passes or the transport closes. in.conn is the raw
 // connection Close shuts; parts flow on the hello's (TLS in encrypted mode).
-func (t *Transport) serveInbound(c net.Conn) {
+func (t *Transport) serveInbound(in *inboundConn) {
+	c := in.conn
 	defer func() {
 		t.mu.Lock()
-		in := t.inbound[c]
+		t.leave(in)
 		delete(t.inbound, c)
 		t.mu.Unlock()
 		_ = c.Close()
-		if in != nil {
-			close(in.done)
-		}
+		close(in.done)
 	}()
 	t.tuneConn(c)
-	conn, peerID, token, err := t.acceptHello(c)
+	conn, peerID, err := t.acceptHello(in)
 	if err != nil {
-		t.opts.Logf("tcpdata: writer at %s refused: %v", c.RemoteAddr(), err)
-		return
-	}
-	t.mu.Lock()
-	in := t.inbound[c]
-	if in != nil {
-		in.peerID, in.token = peerID, token
-	}
-	revoked := token != "" && t.tokens[peerID] != token // its session ended during the hello
-	t.mu.Unlock()
-	if revoked {
+		t.mu.Lock()
+		evicted := in.stage == stageEvicted // counted and logged as such
+		t.mu.Unlock()
+		if !evicted {
+			t.stats.helloFailed.Add(1)
+			t.logs.logf("writer refused", "writer at %s: %v", c.RemoteAddr(), err)
+		}
 		return
 	}
 	r := &receiver{t: t, conn: conn, peerID: peerID}
 	for {
 		if err := r.receivePart(); err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				t.opts.Logf("tcpdata: connection from %s (%s) dropped: %v", peerID, c.RemoteAddr(), err)
+				t.logs.logf("connection dropped", "from %s (%s): %v", peerID, c.RemoteAddr(), err)
 			}
 			return
 		}
@@ -162,27 +126,50 @@ func (t *Transport) serveInbound(c net.Conn) {
 
 // acceptHello (TLS first in encrypted mode) challenges the writer and
 // returns the connection parts flow on and the writer's peer id. The TLS
-// handshake and the hello share one IOTimeout deadline.
-func (t *Transport) acceptHello(c net.Conn) (net.Conn, string, string, error) {
-	_ = c.SetDeadline(time.Now().Add(t.opts.IOTimeout))
+// handshake and the hello share one HelloTimeout deadline.
+func (t *Transport) acceptHello(in *inboundConn) (net.Conn, string, error) {
+	c := in.conn
+	_ = c.SetDeadline(time.Now().Add(t.opts.HelloTimeout))
 	h := helloConn{Conn: c}
 	if t.tls != nil {
 		var err error
 		if h, err = t.startServerTLS(c); err != nil {
-			return nil, "", "", err
+			return nil, "", err
 		}
 	}
-	peerID, token, err := t.helloAsReceiver(h)
+	peerID, err := t.helloAsReceiver(h, in)
 	if err != nil {
-		return nil, "", "", err
+		return nil, "", err
 	}
 	_ = c.SetDeadline(time.Time{})
-	return h.Conn, peerID, token, nil
+	return h.Conn, peerID, nil
 }
 
-// helloAsReceiver runs the hello and returns the writer's peer id and the
-// data token it proved ("" when none was granted).
-func (t *Transport) helloAsReceiver(h helloConn) (string, string, error) {
+// admitWriter records who in's hello proved to be and makes it a proven
+// writer, or says why it may not write (status ok when it may).
+func (t *Transport) admitWriter(in *inboundConn, peerID, token string) (status, string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	in.peerID, in.token = peerID, token
+	if token != "" && t.tokens[peerID] != token {
+		t.leaveHello(in)
+		if in.stage == stageHello {
+			in.stage = stageGone
+		}
+		return statusAuthFailed, fmt.Sprintf("the session of %s ended during the hello", peerID)
+	}
+	if why := t.promote(in); why != "" {
+		if in.stage != stageEvicted {
+			t.stats.overConnLimit.Add(1)
+		}
+		return statusBusy, why
+	}
+	return statusOK, ""
+}
+
+// helloAsReceiver runs the hello and returns the writer's peer id once
+// admitWriter let it in.
+func (t *Transport) helloAsReceiver(h helloConn, in *inboundConn) (string, error) {
 	var server [serverHelloLen]byte
 	binary.LittleEndian.PutUint32(server[0:], helloMagic)
 	server[4] = h.version()
@@ -191,19 +178,19 @@ func (t *Transport) helloAsReceiver(h helloConn) (string, string, error) {
 	}
 	nonce := server[8 : 8+nonceLen]
 	if _, err := rand.Read(nonce); err != nil {
-		return "", "", fmt.Errorf("nonce: %w", err)
+		return "", fmt.Errorf("nonce: %w", err)
 	}
 	if _, err := h.Write(server[:]); err != nil {
-		return "", "", fmt.Errorf("send hello: %w", err)
+		return "", fmt.Errorf("send hello: %w", err)
 	}
 
 	client := make([]byte, h.clientFixedLen())
 	if _, err := io.ReadFull(h, client); err != nil {
-		return "", "", fmt.Errorf("read hello: %w", err)
+		return "", fmt.Errorf("read hello: %w", err)
 	}
-	refuse := func(st status, reason string) (string, string, error) {
+	refuse := func(st status, reason string) (string, error) {
 		_ = h.writeStatus(st, nil, reason)
-		return "", "", fmt.Errorf("%v: %s", st, reason)
+		return "", fmt.Errorf("%v: %s", st, reason)
 	}
 	if magic := binary.LittleEndian.Uint32(client[0:]); magic != helloMagic {
 		return refuse(statusBadRequest, fmt.Sprintf("hello magic %#x", magic))
@@ -220,7 +207,7 @@ func (t *Transport) helloAsReceiver(h helloConn) (string, string, error) {
 	}
 	id := make([]byte, idLen)
 	if _, err := io.ReadFull(h, id); err != nil {
-		return "", "", fmt.Errorf("read hello peer id: %w", err)
+		return "", fmt.Errorf("read hello peer id: %w", err)
 	}
 	peerID := string(id)
 	rowLen := binary.LittleEndian.Uint64(client[8:])
@@ -252,14 +239,17 @@ func (t *Transport) helloAsReceiver(h helloConn) (string, string, error) {
 	if rowLen != t.region.RowLen {
 		return refuse(statusRowLenMismatch, fmt.Sprintf("%s sends %d-byte rows, ours are %d", peerID, rowLen, t.region.RowLen))
 	}
+	if st, why := t.admitWriter(in, peerID, token); st != statusOK {
+		return refuse(st, why)
+	}
 	var proof []byte // our proof, only once the writer proved itself
 	if h.encrypted() {
 		proof = serverMAC(key, clientNonce, nonce, h.exporter, peerID)
 	}
 	if err := h.writeStatus(statusOK, proof, ""); err != nil {
-		return "", "", fmt.Errorf("answer hello of %s: %w", peerID, err)
+		return "", fmt.Errorf("answer hello of %s: %w", peerID, err)
 	}
-	return peerID, token, nil
+	return peerID, nil
 }
 
 // idleDeadline is how long a receiver waits for the next part: longer than
@@ -270,6 +260,8 @@ func (t *Transport) idleDeadline() time.Time {
 
 // receivePart reads one part into the region (or discards it when a row is
 // refused) and acks it. An error means the connection must be dropped.
+// Nothing in proportion to the part's rows is allocated before the writer
+// is found to be owed that many rows, and then only within MaxHeldBytes.
 func (r *receiver) receivePart() error {
 	t, c := r.t, r.conn
 	_ = c.SetReadDeadline(t.idleDeadline())
@@ -285,74 +277,123 @@ func (r *receiver) receivePart() error {
 		_ = r.writeAck(ack{transferID: h.transferID, status: statusBadRequest})
 		return fmt.Errorf("%w: transfer %d header %+v", ErrProtocol, h.transferID, h)
 	}
-
-	total := int(h.totalRows)
-	if cap(r.indices) < total*rowIndexLen {
-		r.indices = make([]byte, total*rowIndexLen)
-		r.rows = make([]uint64, total)
+	if owed, ok := t.rowsOwed(r.peerID); ok && uint64(h.totalRows) > owed {
+		t.stats.partsNotOwed.Add(1)
+		t.logs.logf("transfer not owed", "transfer %d from %s names %d rows, its loads from us expect %d",
+			h.transferID, r.peerID, h.totalRows, owed)
+		return r.discardPart(h, ack{transferID: h.transferID, status: statusNotOwed, row: owed})
 	}
-	indices, rows := r.indices[:total*rowIndexLen], r.rows[:total]
-	if err := r.readFull(indices); err != nil {
+	need := partBytes(h.partRows, t.region.RowLen, t.opts.Guard != nil)
+	if !t.held.acquire(need, t.opts.IOTimeout/2, t.closing) {
+		t.stats.partsNoRoom.Add(1)
+		t.logs.logf("no room for a transfer", "transfer %d from %s: %d bytes for parts in flight are held already (at most %d)",
+			h.transferID, r.peerID, t.held.inUse(), t.held.limit)
+		return r.discardPart(h, ack{transferID: h.transferID, status: statusBusy})
+	}
+	defer t.held.release(need)
+
+	rows, verdict, err := r.readDestinations(h)
+	if err != nil {
 		return err
 	}
-	verdict := ack{transferID: h.transferID, status: statusOK}
-	for i := range rows {
-		row := binary.LittleEndian.Uint64(indices[i*rowIndexLen:])
-		rows[i] = row
-		if verdict.status != statusOK {
-			continue
-		}
-		switch {
-		case row >= t.region.NumRows():
-			verdict.status, verdict.row = statusRowOutOfRange, row
-		case t.opts.Guard != nil && !t.opts.Guard.MayWrite(r.peerID, row):
-			verdict.status, verdict.row = statusRejected, row
-		}
-	}
-	rows = rows[h.first : h.first+h.partRows]
-
-	if verdict.status == statusOK {
-		for i, row := range rows {
-			if err := r.receiveRow(row); err != nil {
-				return fmt.Errorf("transfer %d row %d: %w", h.transferID, row, err)
-			}
-			if r.refused {
-				// The load ended while its rows streamed in: drop the rest.
-				r.refused = false
-				verdict.status, verdict.row = statusRejected, row
-				if err := r.skip(uint64(len(rows)-i-1) * h.rowLen); err != nil {
-					return fmt.Errorf("transfer %d discarding refused rows: %w", h.transferID, err)
-				}
-				t.opts.Logf("tcpdata: transfer %d from %s: row %d arrived after its load ended; dropped it and the rest",
-					h.transferID, r.peerID, row)
-				break
-			}
-		}
-	} else {
-		t.opts.Logf("tcpdata: refused transfer %d from %s: %v (row %d)", h.transferID, r.peerID, verdict.status, verdict.row)
+	if verdict.status != statusOK {
+		t.stats.partsRefused.Add(1)
+		t.logs.logf("transfer refused", "transfer %d from %s: %v (row %d)", h.transferID, r.peerID, verdict.status, verdict.row)
 		if err := r.skip(uint64(h.partRows) * h.rowLen); err != nil {
 			return fmt.Errorf("transfer %d discarding refused rows: %w", h.transferID, err)
 		}
+		return r.writeAck(verdict)
+	}
+	var stage *[]byte // one row, read in full before the guard lets it into the region
+	if t.opts.Guard != nil {
+		stage = t.stagePool.Get().(*[]byte)
+		defer t.stagePool.Put(stage)
+	}
+	for i, row := range rows {
+		if err := r.receiveRow(row, stage); err != nil {
+			return fmt.Errorf("transfer %d row %d: %w", h.transferID, row, err)
+		}
+		if r.refused {
+			// The load ended while its rows streamed in: drop the rest.
+			r.refused = false
+			verdict.status, verdict.row = statusRejected, row
+			if err := r.skip(uint64(len(rows)-i-1) * h.rowLen); err != nil {
+				return fmt.Errorf("transfer %d discarding refused rows: %w", h.transferID, err)
+			}
+			t.logs.logf("row after its load ended", "transfer %d from %s: row %d arrived after its load ended; dropped it and the rest",
+				h.transferID, r.peerID, row)
+			break
+		}
 	}
 	return r.writeAck(verdict)
+}
+
+// rowsOwed is how many rows peerID's loads from us expect in all, when the
+// guard can say.
+func (t *Transport) rowsOwed(peerID string) (uint64, bool) {
+	if g, ok := t.opts.Guard.(data.OwedRows); ok {
+		return uint64(max(g.RowsOwed(peerID), 0)), true
+	}
+	return 0, false
+}
+
+// readDestinations reads the transfer's destination rows a chunk at a time,
+// checks each (in range, allowed by the guard) and returns this part's.
+// The verdict names the first row refused; the rows are all read anyway so
+// the stream stays in step.
+func (r *receiver) readDestinations(h partHeader) ([]uint64, ack, error) {
+	t := r.t
+	verdict := ack{transferID: h.transferID, status: statusOK}
+	rows := make([]uint64, 0, h.partRows) // counted in the part's budget
+	end := h.first + h.partRows
+	for i := uint32(0); i < h.totalRows; {
+		n := min(h.totalRows-i, indexChunkRows)
+		chunk := r.chunk[:n*rowIndexLen]
+		if err := r.readFull(chunk); err != nil {
+			return nil, verdict, err
+		}
+		for j := range n {
+			row := binary.LittleEndian.Uint64(chunk[j*rowIndexLen:])
+			if i+j >= h.first && i+j < end {
+				rows = append(rows, row)
+			}
+			if verdict.status != statusOK {
+				continue
+			}
+			switch {
+			case row >= t.region.NumRows():
+				verdict.status, verdict.row = statusRowOutOfRange, row
+			case t.opts.Guard != nil && !t.opts.Guard.MayWrite(r.peerID, row):
+				verdict.status, verdict.row = statusRejected, row
+			}
+		}
+		i += n
+	}
+	return rows, verdict, nil
+}
+
+// discardPart reads and drops a refused part (destination rows and row
+// bytes), then acks it with a.
+func (r *receiver) discardPart(h partHeader, a ack) error {
+	if err := r.skip(uint64(h.totalRows)*rowIndexLen + uint64(h.partRows)*h.rowLen); err != nil {
+		return fmt.Errorf("transfer %d discarding refused part: %w", h.transferID, err)
+	}
+	return r.writeAck(a)
 }
 
 // receiveRow reads one row. With a guard the row is read in full into a
 // staging buffer first and the guard copies it in only if its load is still
 // running then (r.refused otherwise): a writer that trickles a row cannot
 // make it land after the host got the row back.
-func (r *receiver) receiveRow(row uint64) error {
+func (r *receiver) receiveRow(row uint64, stage *[]byte) error {
 	dst := r.t.region.Row(row)
-	if r.t.opts.Guard == nil {
+	if stage == nil {
 		return r.readFull(dst)
 	}
-	if r.stage == nil {
-		r.stage = make([]byte, len(dst))
-	}
-	if err := r.readFull(r.stage); err != nil {
+	if err := r.readFull(*stage); err != nil {
 		return err
 	}
-	r.refused = !r.t.opts.Guard.WriteRow(r.peerID, row, dst, r.stage)
+	r.refused = !r.t.opts.Guard.WriteRow(r.peerID, row, dst, *stage)
 	return nil
 }
 
@@ -363,17 +404,16 @@ func (r *receiver) readFull(b []byte) error {
 	return err
 }
 
-// skip reads and drops n bytes so the stream stays in step.
+// skip reads and drops n bytes so the stream stays in step, through
+// io.Discard's small shared buffers; the deadline is renewed per chunk.
 func (r *receiver) skip(n uint64) error {
-	if r.discard == nil {
-		r.discard = make([]byte, discardBufferSize)
-	}
 	for n > 0 {
-		chunk := r.discard[:min(n, uint64(len(r.discard)))]
-		if err := r.readFull(chunk); err != nil {
+		chunk := min(n, discardChunk)
+		_ = r.conn.SetReadDeadline(time.Now().Add(r.t.opts.IOTimeout))
+		if _, err := io.CopyN(io.Discard, r.conn, int64(chunk)); err != nil {
 			return err
 		}
-		n -= uint64(len(chunk))
+		n -= chunk
 	}
 	return nil
 }

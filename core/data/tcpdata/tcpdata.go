@@ -17,10 +17,24 @@ const (
 	DefaultIdleTimeout = 60 * time.Second
 	DefaultStreams     = 2
 	// DefaultMaxConns and DefaultMaxConnsPerHost bound inbound data
-	// connections: 128 peers at two streams each fit with room, and one
-	// source address cannot take them all.
+	// connections that finished the hello: 128 peers at two streams each
+	// fit with room, and one source address cannot take them all.
 	DefaultMaxConns        = 1024
 	DefaultMaxConnsPerHost = 64
+	// DefaultMaxHelloConns and DefaultMaxHelloConnsPerHost bound
+	// connections still in the hello, a budget of their own: strangers
+	// cannot take the places of writers that proved themselves, and when
+	// it is full the oldest one is closed so a newcomer always gets in
+	// (all 128 peers' streams may dial at once).
+	DefaultMaxHelloConns        = 256
+	DefaultMaxHelloConnsPerHost = 32
+	// DefaultHelloTimeout bounds the hello, TLS included (less when
+	// IOTimeout is lower): it takes a round trip or three.
+	DefaultHelloTimeout = 3 * time.Second
+	// DefaultMaxHeldBytes bounds what the receiver holds for all parts in
+	// flight (their destination rows and a staged row each); raised to
+	// fit two of the largest parts the region allows.
+	DefaultMaxHeldBytes = 128 << 20
 	// completionBuffer bounds unread completions before senders wait.
 	completionBuffer = 4096
 	// minPartBytes keeps small transfers on one connection: splitting a
@@ -66,10 +80,23 @@ type Options struct {
 	// RequireGrant refuses writers that do not prove the data token we
 	// granted their peer id's current session (see Grant).
 	RequireGrant bool
-	// MaxConns and MaxConnsPerHost bound inbound connections, in all and
-	// from one source IP (defaults 1024 and 64); more are closed at once.
+	// MaxConns and MaxConnsPerHost bound inbound connections that
+	// finished the hello, in all and from one source IP (defaults 1024 and
+	// 64); a hello beyond them is refused.
 	MaxConns        int
 	MaxConnsPerHost int
+	// MaxHelloConns and MaxHelloConnsPerHost bound inbound connections
+	// still in the hello (defaults 256 and 32); a connection beyond them
+	// closes the oldest one still in the hello (from that IP, or at all).
+	MaxHelloConns        int
+	MaxHelloConnsPerHost int
+	// HelloTimeout bounds an inbound hello, TLS handshake included
+	// (default the lower of 3 s and IOTimeout).
+	HelloTimeout time.Duration
+	// MaxHeldBytes bounds the memory held for the parts being received on
+	// all connections (default 128 MiB, at least two of the largest
+	// parts); a part waits for room at most half an IOTimeout.
+	MaxHeldBytes int64
 	// SocketBufferBytes sets SO_SNDBUF/SO_RCVBUF on data connections
 	// (0 = leave the kernel's autotuning on, usually the fastest).
 	SocketBufferBytes int
@@ -90,8 +117,9 @@ func (o *Options) validate() error {
 	if o.Encrypt && o.AuthSecret == "" {
 		return errors.New("tcpdata: Encrypt needs AuthSecret: the secret is what authenticates TLS peers")
 	}
-	if o.IOTimeout < 0 || o.IdleTimeout < 0 || o.Streams < 0 || o.SocketBufferBytes < 0 || o.MaxConns < 0 || o.MaxConnsPerHost < 0 {
-		return errors.New("tcpdata: negative timeout, stream count or buffer size")
+	if o.IOTimeout < 0 || o.IdleTimeout < 0 || o.HelloTimeout < 0 || o.Streams < 0 || o.SocketBufferBytes < 0 ||
+		o.MaxConns < 0 || o.MaxConnsPerHost < 0 || o.MaxHelloConns < 0 || o.MaxHelloConnsPerHost < 0 || o.MaxHeldBytes < 0 {
+		return errors.New("tcpdata: negative timeout, stream count, connection bound or buffer size")
 	}
 	if o.IOTimeout == 0 {
 		o.IOTimeout = DefaultIOTimeout
@@ -108,6 +136,19 @@ func (o *Options) validate() error {
 	if o.MaxConnsPerHost == 0 {
 		o.MaxConnsPerHost = DefaultMaxConnsPerHost
 	}
+	if o.MaxHelloConns == 0 {
+		o.MaxHelloConns = DefaultMaxHelloConns
+	}
+	if o.MaxHelloConnsPerHost == 0 {
+		o.MaxHelloConnsPerHost = DefaultMaxHelloConnsPerHost
+	}
+	if o.HelloTimeout == 0 {
+		o.HelloTimeout = min(DefaultHelloTimeout, o.IOTimeout)
+	}
+	if o.MaxHeldBytes == 0 {
+		o.MaxHeldBytes = DefaultMaxHeldBytes
+	}
+	o.MaxHeldBytes = max(o.MaxHeldBytes, 2*largestPartBytes(o.Region))
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
 	}
@@ -122,10 +163,16 @@ type Transport struct {
 	addr     string
 	tls      *tlsConfigs // nil in plaintext mode
 
+	held      *byteBudget // what parts being received hold, for all connections
+	stagePool sync.Pool   // *[]byte of one row, for guarded parts (counted in held)
+	logs      rateLog     // receiver diagnostics, rate-limited per cause
+	stats     inboundCounters
+
 	mu      sync.Mutex
 	links   map[string]*peerLink
 	pending map[uint64]*transfer
 	inbound map[net.Conn]*inboundConn
+	admit   admission         // inbound connection counts; see admit.go
 	tokens  map[string]string // peer id -> its session's data token (Grant)
 	nextID  uint64
 	closed  bool
@@ -172,10 +219,15 @@ func New(opts Options) (*Transport, error) {
 		links:    map[string]*peerLink{},
 		pending:  map[uint64]*transfer{},
 		inbound:  map[net.Conn]*inboundConn{},
+		admit:    newAdmission(),
+		held:     newByteBudget(opts.MaxHeldBytes),
+		logs:     newRateLog(opts.Logf, logInterval),
 		tokens:   map[string]string{},
 		outbox:   data.NewOutbox(completionBuffer),
 		closing:  make(chan struct{}),
 	}
+	rowLen := opts.Region.RowLen
+	t.stagePool.New = func() any { b := make([]byte, rowLen); return &b }
 	t.goSafe("accept loop", t.acceptLoop)
 	return t, nil
 }

@@ -36,6 +36,19 @@ func (l *logTap) logf(format string, args ...any) {
 	l.lines = append(l.lines, fmt.Sprintf(format, args...))
 }
 
+// count is how many lines logged so far contain want.
+func (l *logTap) count(want string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, line := range l.lines {
+		if strings.Contains(line, want) {
+			n++
+		}
+	}
+	return n
+}
+
 // waitFor fails the test unless a line containing want is logged in time.
 func (l *logTap) waitFor(t *testing.T, want string) {
 	t.Helper()

@@ -17,19 +17,19 @@ const (
 	partMagic       = 0x50564b50 // "PKVP" little-endian
 	protocolVersion = 1
 
-	nonceLen          = 32
-	macLen            = sha256.Size
-	serverHelloLen    = 8 + nonceLen
-	clientHelloLen    = 16 + macLen
-	helloStatusLen    = 4
-	partHeaderLen     = 32
-	ackLen            = 24
-	maxPeerIDLen      = 1024
-	maxStatusMsgLen   = 1024
-	maxTransferRows   = 1 << 20
-	macContext        = "peerkv/tcpdata/v1"
-	rowIndexLen       = 8
-	discardBufferSize = 256 << 10
+	nonceLen        = 32
+	macLen          = sha256.Size
+	serverHelloLen  = 8 + nonceLen
+	clientHelloLen  = 16 + macLen
+	helloStatusLen  = 4
+	partHeaderLen   = 32
+	ackLen          = 24
+	maxPeerIDLen    = 1024
+	maxStatusMsgLen = 1024
+	maxTransferRows = 1 << 20
+	macContext      = "peerkv/tcpdata/v1"
+	rowIndexLen     = 8
+	discardChunk    = 1 << 20 // bytes skipped per read deadline
 )
 
 // status is a receiver's answer to a hello or a part.
@@ -43,6 +43,8 @@ const (
 	statusAuthFailed
 	statusRowLenMismatch
 	statusBadVersion
+	statusNotOwed // the transfer names more rows than the writer's loads expect; row: how many they do
+	statusBusy    // no room now: too many connections, or bytes held for parts
 )
 
 func (s status) String() string {
@@ -61,6 +63,10 @@ func (s status) String() string {
 		return "row length mismatch"
 	case statusBadVersion:
 		return "unsupported protocol version"
+	case statusNotOwed:
+		return "more rows than the writer's loads expect"
+	case statusBusy:
+		return "receiver busy"
 	}
 	return fmt.Sprintf("status %d", uint8(s))
 }
@@ -72,6 +78,10 @@ var ErrAuthFailed = errors.New("tcpdata: authentication failed")
 // ErrHandshake is returned when the receiver refused a connection for any
 // other reason (row length, version).
 var ErrHandshake = errors.New("tcpdata: handshake refused")
+
+// ErrBusy is returned when the receiver had no room for a connection or a
+// part: it holds as many as its bounds allow (MaxConns, MaxHeldBytes).
+var ErrBusy = errors.New("tcpdata: receiver busy")
 
 // ErrProtocol is returned for a malformed or unexpected frame.
 var ErrProtocol = errors.New("tcpdata: protocol error")
@@ -93,14 +103,21 @@ func partError(peerID string, st status, row uint64) error {
 		return fmt.Errorf("%w: %s refused row %d", data.ErrRejected, peerID, row)
 	case statusRowOutOfRange:
 		return fmt.Errorf("%w: row %d is outside %s's region", data.ErrRowOutOfRange, row, peerID)
+	case statusNotOwed:
+		return fmt.Errorf("%w: %s expects only %d rows from us in all", data.ErrRejected, peerID, row)
+	case statusBusy:
+		return fmt.Errorf("%w: %s had no room for the transfer", ErrBusy, peerID)
 	}
 	return fmt.Errorf("%w: %s answered %v", ErrProtocol, peerID, st)
 }
 
 // helloError maps a hello status and the receiver's reason to an error.
 func helloError(peerID string, st status, reason string) error {
-	if st == statusAuthFailed {
+	switch st {
+	case statusAuthFailed:
 		return fmt.Errorf("%w: %s: %s", ErrAuthFailed, peerID, reason)
+	case statusBusy:
+		return fmt.Errorf("%w: %s: %s", ErrBusy, peerID, reason)
 	}
 	return fmt.Errorf("%w by %s: %v: %s", ErrHandshake, peerID, st, reason)
 }
