@@ -185,8 +185,17 @@ func TestACrowdedNetworkCannotKeepEverySlot(t *testing.T) {
 		assert.Zero(t, p.Stats().SessionsClosed, p.id)
 	}
 	assert.Contains(t, string(prod.TakeLogs(1<<20)), "evicted: every session slot is taken (max_peers), 8 by peers from 127.0.1.0/24")
+
+	// A source our own request names takes a crowded network's slot too,
+	// rather than the request computing locally.
+	src := c.hostPeer(32, "127.0.5.1")
+	_, err = prod.StartRequest("own", sourceParams("remote_kv_source", "kv-own", src))
+	require.NoError(t, err)
+	assert.Equal(t, []tier.LookupResult{tier.Retry}, prod.lookup("own", keys(5)), "asked of the source, not MISS")
+	assert.Equal(t, int64(2), prod.Stats().SessionsEvicted)
+	require.NoError(t, prod.FinishRequest("own"))
 	for i, p := range crowd {
 		require.NoError(t, p.FinishRequest(fmt.Sprintf("keepalive-%d", i)))
 	}
-	assertQuiet(t, append(crowd, prod, legit)...)
+	assertQuiet(t, append(crowd, prod, legit, src)...)
 }
