@@ -17,8 +17,9 @@ import (
 // its connection comes from. Under pressure for slots, sessions are counted
 // per network (IPv4 /24, IPv6 /64) as well as per address, and a newcomer
 // from a less crowded network takes the slot of the least useful session of
-// the most crowded one, so one host's many addresses cannot keep max_peers
-// to themselves by keeping their sessions alive.
+// the most crowded one when that network holds more than one address's
+// quota, so one host's many addresses cannot keep max_peers to themselves
+// by keeping their sessions alive.
 
 // CauseNotAllowed: a peer outside allowed_peers (a dial not attempted, or
 // its connect refused).
@@ -119,9 +120,11 @@ func networkOf(addr string) string {
 
 // makeRoom frees a slot when every one is taken, by ending the least useful
 // session that dialed us from the most crowded network, if that network
-// holds at least two more sessions than the newcomer's (from addr; a peer
-// we dial counts as a network of none) would then: the two never trade a
-// slot back and forth. It reports whether a slot was freed.
+// holds more sessions than one address may (max_peers_per_host: a network
+// within one address's quota never yields, so a stranger cannot churn a
+// real cluster's sessions) and at least two more than the newcomer's (from
+// addr; a peer we dial counts as a network of none), so the two never trade
+// a slot back and forth. It reports whether a slot was freed.
 func (t *Tier) makeRoom(addr string, dialing bool) bool {
 	counts := map[string]int{}
 	for _, s := range t.sessions {
@@ -139,7 +142,7 @@ func (t *Tier) makeRoom(addr string, dialing bool) bool {
 			crowded, most = n, c
 		}
 	}
-	if most < mine+2 {
+	if most <= t.cfg.MaxPeersPerHost || most < mine+2 {
 		return false
 	}
 	var victim *session.Session

@@ -198,4 +198,30 @@ func TestACrowdedNetworkCannotKeepEverySlot(t *testing.T) {
 		require.NoError(t, p.FinishRequest(fmt.Sprintf("keepalive-%d", i)))
 	}
 	assertQuiet(t, append(crowd, prod, legit, src)...)
+
+	// Networks each within one address's quota never yield a slot: a
+	// stranger's connects cannot churn a cluster's sessions.
+	small := func(cfg *config.Config) { cfg.MaxPeers = 4; cfg.MaxPeersPerHost = 2 }
+	prod2 := c.peer(2, small)
+	var members []*peer
+	for i, host := range []string{"127.0.1.2", "127.0.1.3", "127.0.6.2", "127.0.6.3"} {
+		p := c.hostPeer(40+i, host)
+		_, err := p.StartRequest("m", sourceParams("remote_kv_source", "kv-m", prod2))
+		require.NoError(t, err)
+		p.lookup("m", keys(1))
+		require.NoError(t, p.OnScheduleEnd())
+		members = append(members, p)
+	}
+	require.Eventually(t, func() bool { return prod2.Stats().Sessions == 4 }, 3*time.Second, 5*time.Millisecond)
+	stranger2 := c.hostPeer(50, "127.0.2.1")
+	_, err = stranger2.StartRequest("s", sourceParams("remote_prefiller", "kv-s", prod2))
+	require.NoError(t, err)
+	require.NoError(t, stranger2.SubmitLoad("s", 1, keys(2), []int64{0}))
+	assert.False(t, stranger2.waitJob(1, 3*time.Second).Success, "refused: no network holds more than one address may")
+	assert.Zero(t, prod2.Stats().SessionsEvicted)
+	for _, p := range members {
+		assert.Zero(t, p.Stats().SessionsClosed, p.id)
+		require.NoError(t, p.FinishRequest("m"))
+	}
+	require.NoError(t, stranger2.FinishRequest("s"))
 }
