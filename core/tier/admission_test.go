@@ -2,6 +2,7 @@ package tier_test
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ func (c *cluster) hostPeer(n int, host string, mutate ...func(*config.Config)) *
 // sourceParams names prod as a request's source: kind is "remote_kv_source"
 // (P2P) or "remote_prefiller" (PD).
 func sourceParams(kind, kv string, prod *peer) []byte {
-	host, port, _ := strings.Cut(prod.id, ":")
+	host, port, _ := net.SplitHostPort(prod.id)
 	return []byte(fmt.Sprintf(`{%q:{"kv_request_id":%q,"remote_host":%q,"remote_port":%s}}`, kind, kv, host, port))
 }
 
@@ -80,6 +81,44 @@ func TestASourceOutsideAllowedPeersIsNeverDialed(t *testing.T) {
 	require.True(t, dec.waitJob(3, 3*time.Second).Success)
 	assert.True(t, dec.rowEquals(9, inside, 5))
 	assert.Equal(t, int64(6), dec.Stats().HandshakeRejections[tier.CauseNotAllowed])
+}
+
+// The same over IPv6: the list's prefixes match IPv6 addresses, in dials
+// and in connects.
+func TestAllowedPeersOverIPv6(t *testing.T) {
+	c := newCluster(t)
+	dec := c.hostPeer(1, "fd00::1", allow("fd00::/8"))
+	outside := c.hostPeer(2, "2001:db8::7")
+	inside := c.hostPeer(3, "fd00::2", allow("fd00::/8"))
+	_, err := dec.StartRequest("out", sourceParams("remote_kv_source", "kv-out", outside))
+	require.NoError(t, err)
+	assert.Equal(t, []tier.LookupResult{tier.Miss}, dec.lookup("out", keys(1)))
+	require.NoError(t, dec.FinishRequest("out"))
+	assert.Zero(t, outside.Stats().FramesIn, "no connect reached 2001:db8::7")
+
+	ks := keys(2)
+	inside.fill(1, ks[0])
+	_, err = inside.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-v6"}}`))
+	require.NoError(t, err)
+	require.NoError(t, inside.SubmitStore("p", 1, ks, []int64{1}))
+	_, err = dec.StartRequest("d", sourceParams("remote_prefiller", "kv-v6", inside))
+	require.NoError(t, err)
+	require.NoError(t, dec.SubmitLoad("d", 2, ks, []int64{2}))
+	require.True(t, dec.waitJob(2, 3*time.Second).Success)
+	assert.True(t, dec.rowEquals(2, inside, 1))
+
+	// 2001:db8::7 dialing inside is refused by its source address.
+	_, err = outside.StartRequest("x", sourceParams("remote_prefiller", "kv-x", inside))
+	require.NoError(t, err)
+	require.NoError(t, outside.SubmitLoad("x", 3, ks, []int64{0}))
+	assert.False(t, outside.waitJob(3, 3*time.Second).Success)
+	assert.Equal(t, int64(1), inside.Stats().HandshakeRejections[tier.CauseNotAllowed])
+	assert.Equal(t, int64(1), dec.Stats().HandshakeRejections[tier.CauseNotAllowed])
+	for _, p := range []*peer{dec, inside, outside} {
+		for _, r := range []string{"d", "p", "x"} {
+			require.NoError(t, p.FinishRequest(r))
+		}
+	}
 }
 
 // A peer that dials us is checked by its source address: a consumer
