@@ -138,6 +138,9 @@ type Config struct {
 	// Encrypt runs the control path under ZMQ CURVE and the TCP data path
 	// under TLS 1.3, keyed from the auth secret (which it requires).
 	Encrypt bool
+	// AllowedPeers lists the peers this node dials and admits: CIDRs, IP
+	// addresses and host names (nil: any peer). See PeerList for the rule.
+	AllowedPeers []string
 }
 
 // LocalID is the identity peers dial: "host:port", with AdvertiseHost in
@@ -244,6 +247,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("host %q binds every interface, so it cannot be the identity peers dial: "+
 			"set advertise_host to this node's routable address (e.g. \"10.0.0.1\"), or set host to it", c.Host)
 	}
+	if _, err := ParsePeerList(c.AllowedPeers); err != nil {
+		return err
+	}
 	if c.GoMaxProcs < 0 || c.GoMaxProcs > 1024 {
 		return fmt.Errorf("go_max_procs must be in 1..1024, got %d", c.GoMaxProcs)
 	}
@@ -318,6 +324,7 @@ type jsonConfig struct {
 	MaxSourcesPerRequest  *int     `json:"max_sources_per_request"`
 	AuthSecretFile        *string  `json:"auth_secret_file"`
 	Encrypt               *bool    `json:"encrypt"`
+	AllowedPeers          []string `json:"allowed_peers"`
 }
 
 // FromJSON parses the host's JSON options, rejects unknown keys and bad
@@ -394,6 +401,7 @@ func FromJSON(b []byte) (Config, error) {
 	if j.Encrypt != nil {
 		c.Encrypt = *j.Encrypt
 	}
+	c.AllowedPeers = j.AllowedPeers
 	if j.IdleTimeoutS == nil {
 		if env, ok := os.LookupEnv("VLLM_P2P_IDLE_TIMEOUT_S"); ok {
 			v, err := strconv.ParseFloat(strings.TrimSpace(env), 64)

@@ -49,7 +49,7 @@ func TestFromJSONSetsEveryField(t *testing.T) {
 		"reaped_id_retention_s": 8, "shutdown_drain_timeout_s": 9, "drain_timeout_s": 10, "tick_s": 0.005,
 		"max_frame_bytes": 1024, "max_list_items": 16, "same_host_copy": false, "python_prefix": "/srv/venv",
 		"idle_timeout_s": 11, "max_peers_per_host": 2, "max_requests_per_peer": 12, "max_keys_per_peer": 13,
-		"max_sources_per_request": 3, "encrypt": true}`))
+		"max_sources_per_request": 3, "encrypt": true, "allowed_peers": ["10.0.0.0/8", "prefill-0.svc"]}`))
 	require.NoError(t, err)
 	assert.Equal(t, Config{Host: "127.0.0.1", Port: 6000, ConfigFingerprint: "0123456789abcdef", HashSeed: "42",
 		KeyLen: 36, DataTransport: "nixl", DataHost: "::1", DataPort: 6001, AuthSecret: "s3cret", MaxPeers: 3,
@@ -59,7 +59,8 @@ func TestFromJSONSetsEveryField(t *testing.T) {
 		InboundLookupTimeout: 7 * time.Second, ReapedIDRetention: 8 * time.Second, ShutdownDrainTimeout: 9 * time.Second,
 		DrainTimeout: 10 * time.Second, Tick: 5 * time.Millisecond, MaxFrameBytes: 1024, MaxListItems: 16,
 		NoSameHostCopy: true, PythonPrefix: "/srv/venv", IdleTimeout: 11 * time.Second, MaxPeersPerHost: 2,
-		MaxRequestsPerPeer: 12, MaxKeysPerPeer: 13, MaxSourcesPerRequest: 3, Encrypt: true}, c)
+		MaxRequestsPerPeer: 12, MaxKeysPerPeer: 13, MaxSourcesPerRequest: 3, Encrypt: true,
+		AllowedPeers: []string{"10.0.0.0/8", "prefill-0.svc"}}, c)
 	assert.Equal(t, "127.0.0.1:6000", c.LocalID())
 }
 
@@ -95,6 +96,10 @@ func TestFromJSONRejects(t *testing.T) {
 		"nixl threads negative": {`{"nixl_num_threads": -4}`, "nixl_num_threads must be an integer in 1..1024, got -4"},
 		"max sources zero":      {`{"max_sources_per_request": 0}`, "max_sources_per_request must be an integer in 1..16, got 0"},
 		"max sources too many":  {`{"max_sources_per_request": 17}`, "max_sources_per_request must be an integer in 1..16, got 17"},
+		"allowed_peers string":  {`{"allowed_peers": "10.0.0.0/8"}`, `allowed_peers must be a list of strings, got "10.0.0.0/8"`},
+		"allowed_peers bad CIDR": {`{"allowed_peers": ["10.0.0.0/8", "10.0.0.0/33"]}`,
+			`allowed_peers[1] "10.0.0.0/33" is not a CIDR`},
+		"allowed_peers empty": {`{"allowed_peers": []}`, "allowed_peers is empty, which would refuse every peer"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

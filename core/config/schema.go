@@ -69,6 +69,8 @@ var Options = []Option{
 		Doc: "cluster secret given inline; prefer auth_secret_file or $PEERKV_AUTH_SECRET, which stay out of the command line and vLLM's logged arguments"},
 	{Name: "auth_secret_file", Type: TypeString, Default: "", Doc: "file holding the cluster secret (one line)"},
 	{Name: "encrypt", Type: TypeBoolean, Default: "false", Doc: "ZMQ CURVE on the control path, TLS 1.3 on TCP rows, keyed from the secret"},
+	{Name: "allowed_peers", Type: TypeStringList, Default: "any peer",
+		Doc: "the only peers dialed or admitted: CIDRs and addresses (IPv4, IPv6) match addresses, host names (\"*.svc\" for a suffix) match names as the orchestrator gives them; connects are checked by source address"},
 	{Name: "max_peers", Type: TypeInteger, Min: bound(1), Max: bound(1 << 20), Default: "128", Doc: "concurrent sessions ($VLLM_P2P_MAX_PEERS)"},
 	{Name: "max_peers_per_host", Type: TypeInteger, Min: bound(1), Max: bound(1 << 20), Default: "32", Doc: "sessions from one source address"},
 	{Name: "max_requests_per_peer", Type: TypeInteger, Min: bound(1), Max: bound(1 << 30), Default: "4096", Doc: "kv ids and entries one peer may make this producer hold"},

@@ -23,8 +23,9 @@ var (
 // RejectionCauses are the label values of handshake rejections:
 // session.Cause* for sessions refused in their handshake, and "limit" for
 // connects refused before a session opened (max_peers, max_peers_per_host,
-// the handshaking share, a peer claiming our id).
-var RejectionCauses = append(append([]string(nil), session.RejectionCauses...), CauseLimit)
+// the handshaking share, a peer claiming our id), and "not_allowed" for
+// peers outside allowed_peers (dials not attempted, connects refused).
+var RejectionCauses = append(append([]string(nil), session.RejectionCauses...), CauseLimit, CauseNotAllowed)
 
 // CauseLimit: a connect refused before a session opened.
 const CauseLimit = "limit"

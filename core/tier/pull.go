@@ -3,6 +3,7 @@ package tier
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"unsafe"
@@ -71,6 +72,7 @@ func mintKVID() string {
 func (t *Tier) startPull(reqID string, sources []params.Source) *pull {
 	p := &pull{probe: sources[0].Probe, byKey: map[string]*keyAnswer{}, told: toldState{reqID: reqID}}
 	names := make([]string, 0, len(sources))
+	notAllowed := 0
 	for _, src := range sources {
 		ps := &pullSource{Source: src}
 		if ps.KVRequestID == "" {
@@ -80,7 +82,11 @@ func (t *Tier) startPull(reqID string, sources []params.Source) *pull {
 		s, err := t.sessionFor(ps.PeerID())
 		if err != nil {
 			ps.down = err.Error()
-			t.logf("WARNING", "request %s cannot pull from %s: %v", reqID, ps.PeerID(), err)
+			if errors.Is(err, errNotAllowed) { // that refusal has its own rate-limited line
+				notAllowed++
+			} else {
+				t.logf("WARNING", "request %s cannot pull from %s: %v", reqID, ps.PeerID(), err)
+			}
 		}
 		ps.s = s
 		p.sources = append(p.sources, ps)
@@ -93,7 +99,9 @@ func (t *Tier) startPull(reqID string, sources []params.Source) *pull {
 	t.logf("INFO", "request %s pulls from %s", reqID, strings.Join(names, ", "))
 	if p.live() == 0 {
 		p.failed = true
-		t.logf("WARNING", "request %s has no source it can pull from; it computes locally", reqID)
+		if notAllowed < len(sources) {
+			t.logf("WARNING", "request %s has no source it can pull from; it computes locally", reqID)
+		}
 	}
 	return p
 }

@@ -33,6 +33,7 @@ func newRegistry(t *Tier) *registry {
 }
 
 func (r *registry) add(s *session.Session, info data.PeerInfo) {
+	info = r.t.allowedData(s, info)
 	r.push(registryOp{s: s, peerID: s.PeerID(), info: info})
 }
 

@@ -8,7 +8,7 @@ type counters struct {
 	loadsOK, loadsFailed, storesOK, storesFailed  int64
 	bytesIn, bytesOut                             int64
 	unboundExpired, badParams                     int64
-	sessionsRefused                               int64
+	sessionsRefused, sessionsEvicted              int64
 	kvIDsMinted, loadsSpread, sourceFailovers     int64
 }
 
@@ -44,6 +44,9 @@ type Stats struct {
 	// SessionsRefused counts connects refused before a session opened
 	// (max_peers, max_peers_per_host, a peer claiming our id).
 	SessionsRefused int64 `json:"sessions_refused"`
+	// SessionsEvicted counts sessions ended to give their slot to a peer
+	// from a less crowded network while every slot was taken (admission.go).
+	SessionsEvicted int64 `json:"sessions_evicted"`
 	// KVIDsMinted counts kv_request_ids this consumer minted for sources
 	// the orchestrator named without one (each is in the request's
 	// "pulls from" log line); LoadsSpread counts loads pulled from more
@@ -102,7 +105,7 @@ func (t *Tier) Stats() Stats {
 		LookupHits: c.lookupHits, LookupMisses: c.lookupMisses, InboundLookups: c.inboundLookups,
 		LoadsOK: c.loadsOK, LoadsFailed: c.loadsFailed, StoresOK: c.storesOK, StoresFailed: c.storesFailed,
 		BytesIn: c.bytesIn, BytesOut: c.bytesOut, UnboundExpired: c.unboundExpired, BadParams: c.badParams,
-		SessionsRefused: c.sessionsRefused, KVIDsMinted: c.kvIDsMinted, LoadsSpread: c.loadsSpread,
+		SessionsRefused: c.sessionsRefused, SessionsEvicted: c.sessionsEvicted, KVIDsMinted: c.kvIDsMinted, LoadsSpread: c.loadsSpread,
 		SourceFailovers: c.sourceFailovers, DataPeers: t.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
 		Poisoned: poisoned,
 	}

@@ -84,6 +84,7 @@ type Tier struct {
 	stats         counters
 	obs           observations // by cause, by path, histograms (observe.go)
 	refused       refusals     // stock peers we dialed and refused lately (refusals.go)
+	adm           admission    // allowed_peers and fair admission (admission.go)
 
 	guardMu  sync.RWMutex
 	expected map[uint64]string // consumer row -> peer allowed to write it
@@ -114,6 +115,10 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 	if now == nil {
 		now = time.Now
 	}
+	adm, err := newAdmission(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
 	t := &Tier{
 		cfg:          cfg,
 		region:       region,
@@ -133,6 +138,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		registered:   make(chan registration, 64),
 		registerWake: make(chan struct{}, 1),
 		obs:          newObservations(),
+		adm:          adm,
 		stop:         make(chan struct{}),
 		loopDone:     make(chan struct{}),
 	}
@@ -392,12 +398,19 @@ func (t *Tier) onEvent(ev control.Event) {
 // answers the connect our own goodbye drew (refusals.go).
 func (t *Tier) refuseBeforeSession(peerID, addr, why string, stock, quiet bool) {
 	t.stats.sessionsRefused++
-	if peerID == t.env.LocalID {
+	switch {
+	case peerID == t.env.LocalID:
 		t.obs.rejections[session.CauseIdentity]++
-	} else {
+	case why == whyNotAllowed:
+		t.obs.rejections[CauseNotAllowed]++
+	default:
 		t.obs.rejections[CauseLimit]++
 	}
-	t.logf("WARNING", "refusing peer %s (from %s): %s", peerID, addr, why)
+	if why == whyNotAllowed {
+		t.logRefused(&t.adm.connects, "refusing peer %s (from %s): %s", peerID, addr, why)
+	} else {
+		t.logf("WARNING", "refusing peer %s (from %s): %s", peerID, addr, why)
+	}
 	if peerID == t.env.LocalID || quiet {
 		return
 	}
@@ -426,6 +439,9 @@ func (t *Tier) admit(peerID, addr string) string {
 	if peerID == t.env.LocalID {
 		return "it claims our own id"
 	}
+	if !t.adm.allow.AllowsAddr(addr) {
+		return whyNotAllowed
+	}
 	// An unknown address ("") is one source too.
 	fromAddr, handshaking := 0, 0
 	for _, s := range t.sessions {
@@ -452,6 +468,9 @@ func (t *Tier) admit(peerID, addr string) string {
 	}
 	if len(t.sessions) >= t.cfg.MaxPeers {
 		t.evictStalledHandshake(t.now(), "every session slot is taken (max_peers)")
+	}
+	if len(t.sessions) >= t.cfg.MaxPeers {
+		t.makeRoom(addr, false)
 	}
 	if len(t.sessions) >= t.cfg.MaxPeers {
 		return fmt.Sprintf("%d sessions already (max_peers)", len(t.sessions))
@@ -511,6 +530,9 @@ func (t *Tier) openSession(peerID, source string, dialed bool) *session.Session 
 
 // sessionFor returns the live session to peerID, opening one if allowed.
 func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
+	if err := t.mayDial(peerID); err != nil {
+		return nil, err // before an open session too: it may be a peer that dialed us claiming that name
+	}
 	if s := t.sessions[peerID]; s != nil {
 		if !s.Dead() {
 			return s, nil
@@ -522,6 +544,9 @@ func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
 	}
 	if len(t.sessions) >= t.cfg.MaxPeers {
 		t.evictIdle(t.now(), true)
+	}
+	if len(t.sessions) >= t.cfg.MaxPeers {
+		t.makeRoom("", true)
 	}
 	if len(t.sessions) >= t.cfg.MaxPeers {
 		return nil, fmt.Errorf("session limit reached (%d, option max_peers)", t.cfg.MaxPeers)

@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "a2faeb04e83e67ccec3efa013bfe1d360b1c63f1d7d7376907450691547e9546"
+DIGEST = "df9f7c2b1eea51ab991dedae4b39d400dd7baac9efe2204020325be05500db76"
 
 SCHEMA = json.loads(
     r"""
@@ -124,6 +124,13 @@ SCHEMA = json.loads(
    "default": "false",
    "doc": "ZMQ CURVE on the control path, TLS 1.3 on TCP rows, keyed from the secret",
    "want": "true or false"
+  },
+  {
+   "name": "allowed_peers",
+   "type": "string_list",
+   "default": "any peer",
+   "doc": "the only peers dialed or admitted: CIDRs and addresses (IPv4, IPv6) match addresses, host names (\"*.svc\" for a suffix) match names as the orchestrator gives them; connects are checked by source address",
+   "want": "a list of strings"
   },
   {
    "name": "max_peers",
@@ -371,7 +378,8 @@ SCHEMA = json.loads(
   "timeout",
   "protocol",
   "refused_by_peer",
-  "limit"
+  "limit",
+  "not_allowed"
  ],
  "data_paths": [
   "shm",

@@ -17,9 +17,11 @@ loads libpeerkv.so, so vLLM's API-server process can call it.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -162,6 +164,70 @@ def is_wildcard(host: str) -> bool:
     return host.strip().strip("[]") in _WILDCARDS
 
 
+_BITS = re.compile(r"0|[1-9][0-9]*")
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def _valid_host_name(name: str) -> bool:
+    """core/config's validHostName: labels of letters, digits, '-' and '_'."""
+    name = name[:-1] if name.endswith(".") else name
+    if not name or len(name) > 253:
+        return False
+    labels = name.split(".")
+    if not all(_LABEL.fullmatch(label) for label in labels):
+        return False
+    return not labels[-1].isdigit()
+
+
+def _peer_entry_problem(entry: str) -> str | None:
+    """Why one allowed_peers entry is refused (core/config.PeerList.add)."""
+    if "/" in entry:
+        addr, _, bits = entry.partition("/")
+        try:
+            if not _BITS.fullmatch(bits) or "%" in addr:
+                raise ValueError(entry)
+            ip = ipaddress.ip_address(addr)
+            if int(bits) > ip.max_prefixlen:
+                raise ValueError(entry)
+        except ValueError:
+            return 'is not a CIDR (want an address/bits such as "10.0.0.0/8" or "fd00::/8")'
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            return "is an IPv4-mapped IPv6 prefix: write the IPv4 one"
+        net = ipaddress.ip_network(entry, strict=False)
+        if net.network_address != ip:
+            return f"has bits set past its /{bits}: write {json.dumps(str(net))}"
+        return None
+    try:
+        ip = ipaddress.ip_address(entry)
+    except ValueError:
+        ip = None
+    if ip is not None:
+        if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id:
+            return "has a zone: write the address alone"
+        return None
+    name = entry[2:] if entry.startswith("*.") else entry
+    if not _valid_host_name(name):
+        return 'is not a CIDR, an IP address or a host name (a wildcard name is written "*.example.svc")'
+    return None
+
+
+def allowed_peers_problem(entries: Any) -> str | None:
+    """The first problem of an allowed_peers list, worded as the library
+    words it, or None."""
+    if not isinstance(entries, (list, tuple)) or not all(isinstance(e, str) for e in entries):
+        return None  # the type check reports it
+    if not entries:
+        return (
+            "allowed_peers is empty, which would refuse every peer: omit it to allow any peer, "
+            'or list the peers\' networks (e.g. ["10.0.0.0/8", "fd00::/8"])'
+        )
+    for i, entry in enumerate(entries):
+        why = _peer_entry_problem(entry)
+        if why:
+            return f"allowed_peers[{i}] {json.dumps(entry)} {why}"
+    return None
+
+
 def problems_in(config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[str]:
     """Every problem of a peerkv tier configuration, in key order."""
     environ = os.environ if environ is None else environ
@@ -175,6 +241,9 @@ def problems_in(config: Mapping[str, Any], environ: Mapping[str, str] | None = N
         problem = _type_problem(key, spec, value)
         if problem:
             problems.append(problem)
+    peers_problem = allowed_peers_problem(config.get("allowed_peers"))
+    if peers_problem:
+        problems.append(peers_problem)
     if config.get("backpressure") is not None:
         problems.append(
             "backpressure is not supported by peerkv: dropping a PD store leaves the decoder "

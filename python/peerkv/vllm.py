@@ -98,6 +98,11 @@ _STATS_METRICS: dict[str, tuple[str, str, str]] = {
     "inbound_queued": ("inbound_queued", "gauge", "Inbound lookups waiting to be served."),
     "sessions_opened": ("sessions_opened", "counter", "Peer sessions opened."),
     "sessions_closed": ("sessions_closed", "counter", "Peer sessions closed."),
+    "sessions_evicted": (
+        "sessions_evicted",
+        "counter",
+        "Sessions ended to give their slot to a peer from a less crowded network while max_peers was full.",
+    ),
     "lookup_hits": ("lookup_hits", "counter", "Keys a remote source reported present."),
     "lookup_misses": ("lookup_misses", "counter", "Keys a remote source reported absent."),
     "inbound_lookups": ("inbound_lookups", "counter", "Lookups served to remote consumers."),
@@ -140,7 +145,7 @@ _LABELLED_METRICS: dict[str, tuple[str, str | None, str, str]] = {
         None,
         "cause",
         "Peer handshakes that failed, by cause (block_len, fingerprint, hash_seed, identity, "
-        "auth, data_path, timeout, protocol, refused_by_peer, limit).",
+        "auth, data_path, timeout, protocol, refused_by_peer, limit, not_allowed: a peer outside allowed_peers).",
     ),
     "data_path_loads": ("paths", "loads", "path", "Fetch rounds pulled from peers, by data path."),
     "data_path_load_failures": ("paths", "load_failures", "path", "Fetch rounds that failed, by data path."),

@@ -55,6 +55,13 @@ def test_every_type_error_names_its_key_and_all_are_reported_at_once():
         ({"auth_secret": 1234567}, "auth_secret must be a string"),
         ({"backends": ["UCX"], "nixl_backends": ["UCX"]}, "backends and nixl_backends name the same option: keep one"),
         ({"backpressure": {"backpressure_cls": "X"}}, "backpressure is not supported by peerkv"),
+        ({"allowed_peers": ["10.0.0.0/8", "10.0.0.0/33"]}, 'allowed_peers[1] "10.0.0.0/33" is not a CIDR'),
+        ({"allowed_peers": ["10.1.2.3/8"]}, 'allowed_peers[0] "10.1.2.3/8" has bits set past its /8: write "10.0.0.0/8"'),
+        ({"allowed_peers": ["fd00::1/8"]}, 'allowed_peers[0] "fd00::1/8" has bits set past its /8: write "fd00::/8"'),
+        ({"allowed_peers": ["10.0.0.300"]}, 'allowed_peers[0] "10.0.0.300" is not a CIDR, an IP address or a host name'),
+        ({"allowed_peers": ["prefill-0.svc:5710"]}, 'allowed_peers[0] "prefill-0.svc:5710" is not a CIDR, an IP address'),
+        ({"allowed_peers": ["fe80::1%eth0"]}, 'allowed_peers[0] "fe80::1%eth0" has a zone'),
+        ({"allowed_peers": []}, "allowed_peers is empty, which would refuse every peer"),
     ],
 )
 def test_values_out_of_contract(tier, problem):
@@ -64,6 +71,11 @@ def test_values_out_of_contract(tier, problem):
 
 def test_null_and_vllms_own_keys_are_fine():
     assert check_tier_config({"type": "peerkv", "module_path": "peerkv.vllm", "host": None, "locality": "x"}, environ={}) == []
+
+
+def test_allowed_peers_take_cidrs_addresses_and_names():
+    tier = {"allowed_peers": ["10.0.0.0/8", "fd00::/8", "192.168.1.7", "::1", "prefill-0.svc", "*.decode.ns.svc."]}
+    assert check_tier_config(tier, environ={}) == []
 
 
 def test_a_secret_given_inline_is_a_warning_naming_the_alternatives():
@@ -116,7 +128,9 @@ def test_python_and_the_library_word_every_refusal_alike(library):
                 peerkv.Peer(region, 1, 4096, {"port": 27399, "host": "127.0.0.1", option["name"]: value})
             assert caught.value.message.endswith("options: " + expected), (option["name"], value)
             checked += 1
-    for tier in ({"prot": 1}, {"host": "0.0.0.0"}, {"host": "::", "port": 27399}):
+    for tier in ({"prot": 1}, {"host": "0.0.0.0"}, {"host": "::", "port": 27399},
+                 {"allowed_peers": ["10.0.0.0/33"]}, {"allowed_peers": ["10.1.2.3/8"]}, {"allowed_peers": []},
+                 {"allowed_peers": ["fe80::1%eth0"]}, {"allowed_peers": ["a..b"]}):
         (expected,) = _problems(tier)
         with pytest.raises(peerkv.InvalidArgumentError) as caught:
             peerkv.Peer(region, 1, 4096, tier)
