@@ -295,8 +295,10 @@ class PeerKVTier(SecondaryTierManager):
                 "the 'backpressure' config from this tier."
             )
         # Every key, type and bound first, before anything else runs: a
-        # mistake names its key (and the closest known one) here.
-        warnings = _config.check_tier_config(options)
+        # mistake names its key (and the closest known one) here. This is
+        # the machine that binds: its addresses and secret file are checked
+        # too, by the rules `peerkv check-config` applies.
+        warnings = _config.check_tier_config(options, machine=True)
         super().__init__(offloading_spec, primary_kv_view, tier_type)
         if options.get("locality") is not None:
             logger.info("PeerKVTier ignores 'locality' (peers are always remote).")
