@@ -472,21 +472,26 @@ def test_a_store_for_a_remote_decoder_without_kv_request_id_fails_as_in_vllm(clu
     """vLLM's tier fails a store whose remote_decoder block names no
     kv_request_id (no decoder can ever fetch it); a store of a request that
     names no decoder at all still succeeds."""
-    a = cluster.a
+    a, name = cluster.a, "a_no_id"
+    cluster.add(a, name)  # a tier of its own: no other test's store is counted
     failures = "vllm:kv_offload_tiering_cascade_job_failures"
+    counted = [0]
 
-    def failed_stores():
-        return sum(v for k, v in a.call("metrics", "a").items() if k.startswith(failures))
+    def failed_stores():  # each metrics call returns what was counted since the last one
+        counted[0] += sum(v for k, v in a.call("metrics", name).items() if k.startswith(failures))
+        return counted[0]
 
-    before = failed_stores()
-    a.call("store", "a", "no-decoder", None, random_keys(2), random_rows(2))
-    a.call("finish", "a", "no-decoder")
-    a.call("step", "a", 3)
-    assert failed_stores() == before
-    a.call("store", "a", "decoder-no-id", {"remote_decoder": decoder}, random_keys(2), random_rows(2))
-    a.call("step", "a", 3)
-    assert wait_until(lambda: failed_stores() == before + 1, 5.0), "the store was reported successful"
-    a.call("finish", "a", "decoder-no-id")
+    try:
+        a.call("store", name, "no-decoder", None, random_keys(2), random_rows(2))
+        a.call("finish", name, "no-decoder")
+        a.call("step", name, 3)
+        assert failed_stores() == 0
+        a.call("store", name, "decoder-no-id", {"remote_decoder": decoder}, random_keys(2), random_rows(2))
+        a.call("step", name, 3)
+        assert wait_until(lambda: failed_stores() == 1, 5.0), "the store was reported successful"
+        a.call("finish", name, "decoder-no-id")
+    finally:
+        a.call("shutdown", name)
 
 
 def test_a_failed_kv_request_id_answers_miss_until_its_requests_finish(cluster):
