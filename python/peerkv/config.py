@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ from peerkv._options_schema import DIGEST, SCHEMA
 __all__ = [
     "DIGEST",
     "PeerKVConfigError",
+    "Problem",
     "check_tier_config",
     "library_options",
     "suggest",
@@ -60,6 +62,33 @@ _TIER_KEYS: dict[str, dict[str, Any]] = {
 }
 
 _WILDCARDS = ("0.0.0.0", "::", "*", "0:0:0:0:0:0:0:0")
+
+# Where the auth secret may come from besides the tier (core/config.SecretEnv).
+SECRET_ENV = "PEERKV_AUTH_SECRET"
+
+# vLLM's p2p environment variables the tier reads, and the library option
+# each one sets when the tier does not. vLLM reads them with int()
+# (vllm/envs.py), so anything else fails the engine; the library reads
+# VLLM_P2P_IDLE_TIMEOUT_S itself, as a number (core/config), 0 or less
+# turning idle eviction off.
+_P2P_ENV: dict[str, tuple[str, type]] = {
+    "VLLM_P2P_SIDE_CHANNEL_PORT": ("port", int),
+    "VLLM_P2P_MAX_PEERS": ("max_peers", int),
+    "VLLM_P2P_HANDSHAKE_TIMEOUT_S": ("handshake_timeout_s", int),
+    "VLLM_P2P_IDLE_TIMEOUT_S": ("idle_timeout_s", float),
+}
+
+
+class Problem(str):
+    """One problem (or warning) of a configuration: its text, which names
+    the key, and the key itself (``key``) for machine-readable output."""
+
+    key: str | None
+
+    def __new__(cls, text: str, key: str | None = None) -> Problem:
+        self = super().__new__(cls, text)
+        self.key = key
+        return self
 
 
 class PeerKVConfigError(ValueError):
@@ -112,11 +141,11 @@ def suggest(key: str, known: list[str] | None = None) -> str:
     return best
 
 
-def _unknown(key: str) -> str:
+def _unknown(key: str) -> Problem:
     close = suggest(key)
     if close:
-        return f'unknown option "{key}" (did you mean "{close}"?)'
-    return f'unknown option "{key}" (the options are listed in docs/vllm.md)'
+        return Problem(f'unknown option "{key}" (did you mean "{close}"?)', key)
+    return Problem(f'unknown option "{key}" (the options are listed in docs/vllm.md)', key)
 
 
 def _shown(value: Any) -> str:
@@ -151,12 +180,12 @@ def _valid(spec: dict[str, Any], value: Any) -> bool:
     return False
 
 
-def _type_problem(name: str, spec: dict[str, Any], value: Any) -> str | None:
+def _type_problem(name: str, spec: dict[str, Any], value: Any) -> Problem | None:
     if value is None or _valid(spec, value):
         return None
     if spec.get("secret"):
-        return f"{name} must be {spec['want']}"
-    return f"{name} must be {spec['want']}, got {_shown(value)}"
+        return Problem(f"{name} must be {spec['want']}", name)
+    return Problem(f"{name} must be {spec['want']}, got {_shown(value)}", name)
 
 
 def is_wildcard(host: str) -> bool:
@@ -228,8 +257,119 @@ def allowed_peers_problem(entries: Any) -> str | None:
     return None
 
 
-def problems_in(config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[str]:
-    """Every problem of a peerkv tier configuration, in key order."""
+def is_loopback(host: str) -> bool:
+    """Whether host names this machine's loopback (no other host reaches it)."""
+    host = host.strip().strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_problem(key: str, host: str) -> Problem | None:
+    """Whether this machine can bind host, as the engine will (an ephemeral
+    port of it, closed at once); a Problem naming key when it cannot."""
+    try:
+        addresses = socket.getaddrinfo(host.strip("[]"), 0, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        return Problem(
+            f'{key} "{host}" does not resolve ({getattr(exc, "strerror", None) or exc}): '
+            f"set {key} to this node's routable address",
+            key,
+        )
+    why = ""
+    for family, kind, proto, _, address in addresses:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(address)
+                return None
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+    return Problem(
+        f'{key} "{host}" is not an address of this machine, so the engine cannot bind it ({why}): '
+        f"set {key} to this node's routable address (`hostname -I` lists them)",
+        key,
+    )
+
+
+def _secret_problems(config: Mapping[str, Any], environ: Mapping[str, str], machine: bool) -> list[Problem]:
+    """The library's secret rules (core/config.loadSecret, Validate), in its
+    words; machine: read auth_secret_file as the engine will."""
+    problems: list[Problem] = []
+    given: list[str] = []
+    if isinstance(config.get("auth_secret"), str) and config["auth_secret"]:
+        given.append("auth_secret")
+    path = config.get("auth_secret_file")
+    if isinstance(path, str) and path:
+        readable = True
+        if machine:
+            try:
+                with open(path, "rb") as f:
+                    secret = f.read().rstrip(b"\r\n")
+            except OSError as exc:
+                readable = False
+                problems.append(Problem(
+                    f'auth_secret_file "{path}" cannot be read ({exc.strerror}): put the cluster secret '
+                    "there (one line, mode 0600, readable by the engine's user) or fix the path",
+                    "auth_secret_file",
+                ))
+            else:
+                if not secret:
+                    readable = False
+                    problems.append(Problem(f"auth_secret_file {path} is empty", "auth_secret_file"))
+        if readable:
+            given.append("auth_secret_file")
+    if environ.get(SECRET_ENV):
+        given.append(SECRET_ENV)
+    if len(given) > 1:
+        problems.append(Problem(
+            f"the auth secret is given more than once (auth_secret, auth_secret_file, {SECRET_ENV}): keep one",
+            given[0],
+        ))
+    if config.get("encrypt") is True and not given and not problems:
+        problems.append(Problem(
+            f"encrypt needs a cluster secret: set auth_secret_file or {SECRET_ENV}", "encrypt"
+        ))
+    return problems
+
+
+def _env_problems(config: Mapping[str, Any], environ: Mapping[str, str]) -> list[Problem]:
+    """vLLM's p2p environment variables, read as the engine reads them."""
+    problems: list[Problem] = []
+    for var, (option, parse) in _P2P_ENV.items():
+        text = environ.get(var)
+        if text is None:
+            continue
+        try:
+            value = parse(text)
+        except ValueError:
+            kind = "an integer" if parse is int else "a number"
+            problems.append(Problem(
+                f"environment: {var} must be {kind} (vLLM reads it so), got {_shown(text)}: fix or unset it", var
+            ))
+            continue
+        if config.get(option) is not None:
+            continue  # the tier's own value wins
+        if option == "idle_timeout_s" and value <= 0:
+            continue  # turns idle eviction off
+        spec = OPTIONS[option]
+        if not _valid(spec, value):
+            problems.append(Problem(
+                f"environment: {var}={text.strip()} is out of range: {option} must be {spec['want']}; "
+                f'fix or unset it, or set "{option}" in the tier',
+                var,
+            ))
+    return problems
+
+
+def problems_in(
+    config: Mapping[str, Any], environ: Mapping[str, str] | None = None, *, machine: bool = False
+) -> list[str]:
+    """Every problem of a peerkv tier configuration, in key order, then the
+    environment's; machine: also what only this machine can tell (the
+    addresses it can bind, the secret file it can read)."""
     environ = os.environ if environ is None else environ
     problems: list[str] = []
     for key in sorted(config):
@@ -245,44 +385,74 @@ def problems_in(config: Mapping[str, Any], environ: Mapping[str, str] | None = N
     if peers_problem:
         problems.append(peers_problem)
     if config.get("backpressure") is not None:
-        problems.append(
+        problems.append(Problem(
             "backpressure is not supported by peerkv: dropping a PD store leaves the decoder "
-            "waiting for its load deadline; remove it from this tier"
-        )
+            "waiting for its load deadline; remove it from this tier",
+            "backpressure",
+        ))
     for alias, spec in _TIER_KEYS.items():
         target = spec.get("alias_of")
         if target and config.get(alias) is not None and config.get(target) is not None:
-            problems.append(f"{alias} and {target} name the same option: keep one")
+            problems.append(Problem(f"{alias} and {target} name the same option: keep one", alias))
     host = config.get("host")
     if host is None:
         host = environ.get("VLLM_P2P_SIDE_CHANNEL_HOST")
     advertise = config.get("advertise_host")
     if isinstance(advertise, str) and is_wildcard(advertise):
-        problems.append(
-            f'advertise_host "{advertise}" is a wildcard: set the address peers dial to reach this node'
-        )
+        problems.append(Problem(
+            f'advertise_host "{advertise}" is a wildcard: set the address peers dial to reach this node',
+            "advertise_host",
+        ))
     elif isinstance(host, str) and is_wildcard(host) and not advertise:
-        problems.append(
+        problems.append(Problem(
             f'host "{host}" binds every interface, so it cannot be the identity peers dial: '
-            'set advertise_host to this node\'s routable address (e.g. "10.0.0.1"), or set host to it'
-        )
+            'set advertise_host to this node\'s routable address (e.g. "10.0.0.1"), or set host to it',
+            "host",
+        ))
+    problems.extend(_secret_problems(config, environ, machine))
+    problems.extend(_env_problems(config, environ))
+    if machine:
+        for key, value in (("host", host if host is not None else "localhost"), ("data_host", config.get("data_host"))):
+            if isinstance(value, str) and value and not is_wildcard(value):
+                problem = bind_problem(key, value)
+                if problem is not None:
+                    problems.append(problem)
     return problems
 
 
-def check_tier_config(config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[str]:
+def check_tier_config(
+    config: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+    *,
+    machine: bool = False,
+    multi_host: bool = False,
+) -> list[str]:
     """Raises PeerKVConfigError listing every problem; returns warnings
-    (lines worth logging, e.g. a secret given inline)."""
+    (lines worth logging, e.g. a secret given inline). machine: also check
+    what only the engine's machine can tell (problems_in); multi_host: warn
+    when the identity peers dial is a loopback address."""
     if not isinstance(config, Mapping):
         raise PeerKVConfigError([f"a secondary_tiers entry must be a JSON object, got {_shown(config)}"])
-    problems = problems_in(config, environ)
+    environ = os.environ if environ is None else environ
+    problems = problems_in(config, environ, machine=machine)
     if problems:
         raise PeerKVConfigError(problems)
-    warnings = []
+    warnings: list[str] = []
     if config.get("auth_secret"):
-        warnings.append(
+        warnings.append(Problem(
             "auth_secret is given inline, so it shows in the process list and in vLLM's "
-            "logged arguments: put it in a file (auth_secret_file, mode 0600) or in $PEERKV_AUTH_SECRET"
-        )
+            "logged arguments: put it in a file (auth_secret_file, mode 0600) or in $PEERKV_AUTH_SECRET",
+            "auth_secret",
+        ))
+    if multi_host:
+        key = "advertise_host" if config.get("advertise_host") else "host"
+        identity = config.get(key) or environ.get("VLLM_P2P_SIDE_CHANNEL_HOST") or "localhost"
+        if is_loopback(identity):
+            warnings.append(Problem(
+                f'{key} "{identity}" is a loopback address, the identity peers dial: engines on other '
+                f"hosts can never reach this one; set {key} to this node's routable address",
+                key,
+            ))
     return warnings
 
 

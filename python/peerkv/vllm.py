@@ -201,9 +201,19 @@ class _RequestState:
     """What the tier knows about one request, cached on its ReqContext: what
     the library told it about each key, so vLLM's lookups need no call."""
 
-    __slots__ = ("started", "req_id", "req_id_bytes", "fixed", "answers", "order", "positions", "unsent", "queued")
+    __slots__ = (
+        "started", "req_id", "req_id_bytes", "fixed", "answers", "order", "positions", "unsent", "queued",
+        "source_ids", "stores_fail",
+    )
 
-    def __init__(self, started: bool, req_id: str = "", fixed: LookupResult | None = LookupResult.MISS) -> None:
+    def __init__(
+        self,
+        started: bool,
+        req_id: str = "",
+        fixed: LookupResult | None = LookupResult.MISS,
+        source_ids: tuple[str, ...] = (),
+        stores_fail: bool = False,
+    ) -> None:
         self.started = started
         self.req_id = req_id
         self.req_id_bytes = req_id.encode()  # as lookup_packed takes it, once per request
@@ -218,6 +228,14 @@ class _RequestState:
         self.positions: dict[bytes, int] = {}  # order's index, built at the first re-ask
         self.unsent: list[bytes] = []  # asked this step, sent at its end
         self.queued = False  # in PeerKVTier._to_send
+        # The kv_request_ids the orchestrator gave this request's sources
+        # (remote_prefiller, remote_kv_source): a failed pull marks them
+        # failed for every request naming them (PeerKVTier._failed_kv_ids).
+        self.source_ids = source_ids
+        # A remote_decoder block the library refused (e.g. no kv_request_id):
+        # no decoder can fetch this request's rows, so its stores fail, as in
+        # vLLM's tier.
+        self.stores_fail = stores_fail
 
     def fail(self) -> None:
         """Every key MISS from now on: the request recomputes."""
@@ -282,8 +300,10 @@ class PeerKVTier(SecondaryTierManager):
                 "the 'backpressure' config from this tier."
             )
         # Every key, type and bound first, before anything else runs: a
-        # mistake names its key (and the closest known one) here.
-        warnings = _config.check_tier_config(options)
+        # mistake names its key (and the closest known one) here. This is
+        # the machine that binds: its addresses and secret file are checked
+        # too, by the rules `peerkv check-config` applies.
+        warnings = _config.check_tier_config(options, machine=True)
         super().__init__(offloading_spec, primary_kv_view, tier_type)
         if options.get("locality") is not None:
             logger.info("PeerKVTier ignores 'locality' (peers are always remote).")
@@ -315,6 +335,11 @@ class PeerKVTier(SecondaryTierManager):
         # (added at on_new_request, removed at on_request_finished).
         self._tracked: dict[str, _RequestState] = {}
         self._to_send: list[_RequestState] = []  # requests with keys asked this step
+        # kv_request_ids of failed pulls, and the live requests naming each
+        # source kv_request_id (so a failed one is forgotten with the last).
+        self._failed_kv_ids: set[str] = set()
+        self._naming: dict[str, set[str]] = {}
+        self._loading: dict[int, _RequestState] = {}  # load job id -> its request, while in flight
         # The request lookup saw last and its state: vLLM looks up every key
         # of one request in a row, and get_state is a call per key. One
         # tuple, replaced whole; reset wherever a context's state is set.
@@ -366,11 +391,11 @@ class PeerKVTier(SecondaryTierManager):
                 req_context.req_id,
                 _bad_params_cause(exc.message, req_context.req_id),
             )
-            req_context.set_state(_RequestState(started=False))
+            req_context.set_state(_RequestState(started=False, stores_fail=_names_decoder(params)))
             return RequestOffloadingContext()
         except PeerKVError as exc:
             logger.error("PeerKVTier: starting request %s failed: %s", req_context.req_id, exc)
-            req_context.set_state(_RequestState(started=False))
+            req_context.set_state(_RequestState(started=False, stores_fail=_names_decoder(params)))
             return RequestOffloadingContext()
         try:
             mode = self._peer.lookup_mode(req_context.req_id)
@@ -378,8 +403,25 @@ class PeerKVTier(SecondaryTierManager):
             self._log_once("lookup_mode", "reading a request's lookup mode failed: %s", exc)
             mode = 0
         fixed = _MODE_ANSWERS.get(mode, LookupResult.MISS)
-        state = _RequestState(True, req_context.req_id, fixed)
-        if fixed is not LookupResult.MISS:
+        source_ids = _source_kv_ids(params)
+        state = _RequestState(True, req_context.req_id, fixed, source_ids)
+        for kv_id in source_ids:
+            self._naming.setdefault(kv_id, set()).add(req_context.req_id)
+        failed_id = next((kv_id for kv_id in source_ids if kv_id in self._failed_kv_ids), None)
+        if failed_id is not None:
+            # As vLLM's tier: a kv_request_id whose pull failed answers MISS
+            # until the requests naming it have finished, so a retry of the
+            # same transfer does not wait on the dead source again.
+            logger.info(
+                "peerkv %s: request %s names kv_request_id %s, whose pull failed; computed locally",
+                self._local_id,
+                req_context.req_id,
+                failed_id,
+            )
+            state.fixed = LookupResult.MISS
+        elif fixed is LookupResult.MISS:
+            self._mark_failed(state)  # no source could be opened
+        if state.fixed is not LookupResult.MISS:
             self._tracked[req_context.req_id] = state
         req_context.set_state(state)
         if policy == 1:  # PEERKV_POLICY_REQUEST_LEVEL
@@ -465,6 +507,7 @@ class PeerKVTier(SecondaryTierManager):
                 continue
             if change.failed:
                 state.fail()
+                self._mark_failed(state)
                 continue
             if state.fixed is not None:
                 continue  # failed here already; a PD decoder has no positions
@@ -484,12 +527,36 @@ class PeerKVTier(SecondaryTierManager):
             for pos, code in zip(positions, results):
                 answers[order[pos]] = _RESULTS[code]
 
+    def _mark_failed(self, state: _RequestState) -> None:
+        """A request's pull failed: every kv_request_id it gave its sources
+        answers MISS, for every request naming it, until all of those have
+        finished (vLLM's tier: its _failed_req_ids)."""
+        for kv_id in state.source_ids:
+            if kv_id not in self._naming:
+                continue  # every request naming it has finished: nothing to remember
+            self._failed_kv_ids.add(kv_id)
+            for req_id in self._naming[kv_id]:
+                other = self._tracked.pop(req_id, None)
+                if other is not None:
+                    other.fail()
+
+    def _forget_sources(self, state: _RequestState) -> None:
+        for kv_id in state.source_ids:
+            naming = self._naming.get(kv_id)
+            if naming is None:
+                continue
+            naming.discard(state.req_id)
+            if not naming:
+                del self._naming[kv_id]
+                self._failed_kv_ids.discard(kv_id)
+
     def on_request_finished(self, req_context: ReqContext) -> None:
         state = req_context.get_state(_RequestState)
         if state is None or not state.started or self._peer is None:
             return
         state.started = False
         state.fail()
+        self._forget_sources(state)
         self._tracked.pop(req_context.req_id, None)
         self._last_lookup = (None, None)  # holds no finished request
         try:
@@ -511,8 +578,10 @@ class PeerKVTier(SecondaryTierManager):
         state = job.req_context.get_state(_RequestState)
         started = state is not None and state.started
         if not started or self._peer is None:
-            # Nothing to pull for this request; a store has nobody to serve.
-            self._local_results.append(JobResult(job_id=job.job_id, success=not is_load))
+            # Nothing to pull for this request; a store has nobody to serve,
+            # unless it named a decoder the library refused (vLLM fails it).
+            stores_fail = state is not None and state.stores_fail
+            self._local_results.append(JobResult(job_id=job.job_id, success=not is_load and not stores_fail))
             return
         if is_load:
             # The fetch closes the round at the sources: what they answered
@@ -531,8 +600,12 @@ class PeerKVTier(SecondaryTierManager):
                 exc,
             )
             self._local_results.append(JobResult(job_id=job.job_id, success=False))
+            if is_load:
+                self._mark_failed(state)
             return
         self._outstanding[job.job_id] = is_load
+        if is_load and state.source_ids:
+            self._loading[job.job_id] = state
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         if self._waker is not None:
@@ -554,6 +627,9 @@ class PeerKVTier(SecondaryTierManager):
                 for r in self._peer.get_finished():
                     if self._outstanding.pop(r.job_id, None) is None:
                         continue  # already failed locally (poisoned library)
+                    loading = self._loading.pop(r.job_id, None)
+                    if loading is not None and not r.success:
+                        self._mark_failed(loading)
                     results.append(
                         JobResult(
                             job_id=r.job_id,
@@ -577,6 +653,7 @@ class PeerKVTier(SecondaryTierManager):
         for job_id in self._outstanding:
             self._local_results.append(JobResult(job_id=job_id, success=False))
         self._outstanding.clear()
+        self._loading.clear()
 
     def drain_jobs(self) -> None:
         if self._peer is None:
@@ -882,6 +959,27 @@ def _identity(options: dict[str, Any]) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{host}:{options.get('port')}"
+
+
+def _names_decoder(params: Any) -> bool:
+    """Whether kv_transfer_params hold a remote_decoder block (vLLM's
+    test: present and not null, whatever it holds)."""
+    return isinstance(params, dict) and params.get("remote_decoder") is not None
+
+
+def _source_kv_ids(params: Any) -> tuple[str, ...]:
+    """The kv_request_ids given to the sources of params the library
+    accepted (remote_prefiller, or remote_kv_source's object or list); a
+    source without one (the consumer mints it) or a URL string has none."""
+    if not isinstance(params, dict):
+        return ()
+    sources = params.get("remote_prefiller")
+    if sources is None:
+        sources = params.get("remote_kv_source")
+    if not isinstance(sources, list):
+        sources = [sources]
+    ids = (s.get("kv_request_id") for s in sources if isinstance(s, dict))
+    return tuple(dict.fromkeys(i for i in ids if isinstance(i, str) and i))
 
 
 def _bad_params_cause(message: str, req_id: str) -> str:

@@ -218,21 +218,143 @@ def test_the_constructor_checks_before_anything_else():
     assert 'unknown option "prot" (did you mean "port"?) | loaded: False' in out.stdout
 
 
-def test_check_config_command(tmp_path):
-    def run(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "peerkv", "check-config", *args], capture_output=True, text=True, timeout=60,
-            env=dict(os.environ, PYTHONPATH=str(REPO / "python")),
-        )
+def _check_config(*args, env=None):
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_P2P_", "PEERKV_AUTH"))}
+    return subprocess.run(
+        [sys.executable, "-m", "peerkv", "check-config", *args], capture_output=True, text=True, timeout=60,
+        env=dict(environ, PYTHONPATH=str(REPO / "python"), **(env or {})),
+    )
 
-    good = {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {
-        "secondary_tiers": [{"type": "fs", "root": "/x"}, {"type": "peerkv", "host": "10.0.0.1", "port": 5710}]}}
-    out = run(json.dumps(good))
+
+def _transfer_config(tier, **extra):
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+        "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 8000000000, **extra,
+        "secondary_tiers": [{"type": "fs", "root": "/x"}, tier]}}
+
+
+def test_check_config_command(tmp_path):
+    good = _transfer_config({"type": "peerkv", "host": "127.0.0.1", "port": 5710})
+    out = _check_config("--single-host", json.dumps(good))
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "kv_connector_extra_config.secondary_tiers[1]: ok"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"type": "PeerKVTier", "module_path": "peerkv.vllm", "prot": 1, "host": "0.0.0.0"}))
-    out = run("@" + str(bad))
-    assert out.returncode == 2
+    out = _check_config("@" + str(bad))
+    assert out.returncode == 1
     assert 'the tier: unknown option "prot" (did you mean "port"?)' in out.stdout
     assert "advertise_host" in out.stdout
+    out = _check_config("@" + str(tmp_path / "missing.json"))
+    assert out.returncode == 2 and "cannot read CONFIG" in out.stderr
+
+
+_PEERKV = {"type": "peerkv", "host": "127.0.0.1", "port": 5710}
+
+
+@pytest.mark.parametrize(
+    "doc,env,key,words",
+    [
+        # What vLLM needs to build peerkv's tier at all.
+        ({k: v for k, v in _transfer_config(_PEERKV).items() if k != "kv_role"}, {}, "kv_role", 'set "kv_role": "kv_both"'),
+        ({**_transfer_config(_PEERKV), "kv_connector": "NixlConnector"}, {}, "kv_connector", '"MultiConnector"'),
+        ({"kv_role": "kv_both", "kv_connector_extra_config": {}}, {}, "kv_connector", 'vLLM\'s "OffloadingConnector"'),
+        ({"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+            "cpu_bytes_to_use": 8000000000, "secondary_tiers": [_PEERKV]}}, {}, "spec_name",
+         'builds its default CPUOffloadingSpec, which ignores secondary_tiers: peerkv would never load; '
+         'add "spec_name": "TieringOffloadingSpec"'),
+        ({"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+            "spec_name": "TieringOffloadingSpec", "secondary_tiers": [_PEERKV]}}, {}, "cpu_bytes_to_use", "is missing"),
+        (_transfer_config({"type": "p2p"}), {}, "secondary_tiers", "holds no peerkv tier"),
+        ({"type": "PeerKVTier", "port": 5710}, {}, "module_path", '"module_path": "peerkv.vllm"'),
+        # What the engine would refuse when it builds the tier.
+        ({**_PEERKV, "encrypt": True}, {}, "encrypt", "encrypt needs a cluster secret: set auth_secret_file or PEERKV_AUTH_SECRET"),
+        ({**_PEERKV, "auth_secret_file": "/nonexistent/secret"}, {}, "auth_secret_file",
+         'auth_secret_file "/nonexistent/secret" cannot be read (No such file or directory)'),
+        ({**_PEERKV, "auth_secret": "s"}, {"PEERKV_AUTH_SECRET": "t"}, "auth_secret", "the auth secret is given more than once"),
+        (_PEERKV, {"VLLM_P2P_MAX_PEERS": "many"}, "VLLM_P2P_MAX_PEERS",
+         'VLLM_P2P_MAX_PEERS must be an integer (vLLM reads it so), got "many"'),
+        ({"type": "peerkv"}, {"VLLM_P2P_SIDE_CHANNEL_PORT": "70000"}, "VLLM_P2P_SIDE_CHANNEL_PORT",
+         "port must be an integer in 1..65535"),
+        (_PEERKV, {"VLLM_P2P_HANDSHAKE_TIMEOUT_S": "2.5"}, "VLLM_P2P_HANDSHAKE_TIMEOUT_S", "must be an integer"),
+        ({**_PEERKV, "host": "192.0.2.77"}, {}, "host", 'host "192.0.2.77" is not an address of this machine'),
+        ({**_PEERKV, "host": "no-such-host.invalid"}, {}, "host", 'host "no-such-host.invalid" does not resolve'),
+    ],
+)
+def test_check_config_refuses_what_the_engine_would_refuse(doc, env, key, words):
+    out = _check_config("--output", "json", json.dumps(doc), env=env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    got = json.loads(out.stdout)
+    assert not got["ok"] and got["exit_status"] == 1
+    assert any(p["key"] == key and words in p["message"] for p in got["problems"]), got["problems"]
+    text = _check_config(json.dumps(doc), env=env)
+    assert text.returncode == 1 and words in text.stdout, text.stdout
+
+
+def test_the_engine_refuses_them_too_with_the_same_words(tmp_path):
+    """The tier's constructor (EngineCore) applies check-config's rules; so
+    does the library, with the same words where both say it."""
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    for tier in ({"encrypt": True}, {"auth_secret": "a", "auth_secret_file": str(secret)}):
+        assert _engine_problems({**tier, "host": "127.0.0.1"}) == _problems(tier)
+    assert _engine_problems({"auth_secret_file": str(empty)}) == [f"auth_secret_file {empty} is empty"]
+    assert check_tier_config({"host": "192.0.2.77"}, environ={}) == []  # only the engine's machine can tell
+    (problem,) = _engine_problems({"host": "192.0.2.77"})
+    assert problem.startswith('host "192.0.2.77" is not an address of this machine')
+
+
+def _engine_problems(tier):
+    with pytest.raises(PeerKVConfigError) as caught:
+        check_tier_config(tier, environ={}, machine=True)
+    return caught.value.problems
+
+
+def test_the_library_words_the_secret_refusals_alike(library, tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    region = bytearray(4096)
+    for tier in ({"encrypt": True}, {"auth_secret": "a", "auth_secret_file": str(secret)},
+                 {"auth_secret_file": str(empty)}):
+        (expected,) = _engine_problems({**tier, "host": "127.0.0.1"})
+        with pytest.raises(peerkv.InvalidArgumentError) as caught:
+            peerkv.Peer(region, 1, 4096, {"port": 27399, "host": "127.0.0.1", **tier})
+        assert caught.value.message.endswith(expected), (tier, caught.value.message)
+
+
+def test_a_loopback_identity_is_a_warning_unless_single_host():
+    doc = json.dumps(_transfer_config(_PEERKV))
+    out = _check_config(doc)
+    assert out.returncode == 0, out.stdout
+    assert 'warning: host "127.0.0.1" is a loopback address' in out.stdout
+    assert "engines on other hosts can never reach this one" in out.stdout
+    assert _check_config("--strict", doc).returncode == 1
+    quiet = _check_config("--single-host", doc)
+    assert quiet.returncode == 0 and "warning" not in quiet.stdout
+
+
+def test_the_multiconnector_form_with_nixl_pd_is_checked_inside():
+    """llm-d combines NIXL PD with a P2P tier in a MultiConnector; peerkv's
+    tier works there, and is checked where it sits."""
+    offloading = _transfer_config(_PEERKV)
+    doc = {"kv_connector": "MultiConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"connectors": [
+        {"kv_connector": "NixlConnector", "kv_role": "kv_both"}, offloading]}}
+    out = _check_config("--single-host", json.dumps(doc))
+    assert out.returncode == 0, out.stdout + out.stderr
+    where = "kv_connector_extra_config.connectors[1].kv_connector_extra_config.secondary_tiers[1]"
+    assert out.stdout.strip() == f"{where}: ok"
+    offloading["kv_connector_extra_config"]["secondary_tiers"][1] = {**_PEERKV, "encrypt": True}
+    out = _check_config("--single-host", json.dumps(doc))
+    assert out.returncode == 1 and f"{where}: encrypt needs a cluster secret" in out.stdout
+    doc["kv_connector_extra_config"]["connectors"] = [{"kv_connector": "NixlConnector", "kv_role": "kv_both"}]
+    out = _check_config(json.dumps(doc))
+    assert out.returncode == 1 and "no connector in connectors is the OffloadingConnector" in out.stdout
+
+
+def test_elsewhere_skips_what_only_the_engines_machine_can_tell():
+    doc = json.dumps(_transfer_config({**_PEERKV, "host": "192.0.2.77", "auth_secret_file": "/nonexistent/secret"}))
+    assert _check_config(doc).returncode == 1
+    out = _check_config("--elsewhere", doc)
+    assert out.returncode == 0, out.stdout

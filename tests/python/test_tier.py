@@ -460,3 +460,57 @@ def test_a_producer_whose_early_poller_ended_is_stepped_for_a_peers_lookup(clust
         assert elapsed < interval_s / 6, f"the pull took {elapsed:.1f} s"
     finally:
         cluster.a.call("shutdown", "a_poll_ended")
+
+
+def _tier_answers(node, name, req_id, params, keys):
+    """The tier's own answers to one step of lookups (no promotion starts)."""
+    return node.call("ask_interleaved", name, [(req_id, params, keys)])[req_id]
+
+
+@pytest.mark.parametrize("decoder", [{}, {"remote_host": HOST, "remote_port": 5710}])
+def test_a_store_for_a_remote_decoder_without_kv_request_id_fails_as_in_vllm(cluster, decoder):
+    """vLLM's tier fails a store whose remote_decoder block names no
+    kv_request_id (no decoder can ever fetch it); a store of a request that
+    names no decoder at all still succeeds."""
+    a, name = cluster.a, "a_no_id"
+    cluster.add(a, name)  # a tier of its own: no other test's store is counted
+    failures = "vllm:kv_offload_tiering_cascade_job_failures"
+    counted = [0]
+
+    def failed_stores():  # each metrics call returns what was counted since the last one
+        counted[0] += sum(v for k, v in a.call("metrics", name).items() if k.startswith(failures))
+        return counted[0]
+
+    try:
+        a.call("store", name, "no-decoder", None, random_keys(2), random_rows(2))
+        a.call("finish", name, "no-decoder")
+        a.call("step", name, 3)
+        assert failed_stores() == 0
+        a.call("store", name, "decoder-no-id", {"remote_decoder": decoder}, random_keys(2), random_rows(2))
+        a.call("step", name, 3)
+        assert wait_until(lambda: failed_stores() == 1, 5.0), "the store was reported successful"
+        a.call("finish", name, "decoder-no-id")
+    finally:
+        a.call("shutdown", name)
+
+
+def test_a_failed_kv_request_id_answers_miss_until_its_requests_finish(cluster):
+    """As vLLM's tier: once a decoder's pull under a kv_request_id failed,
+    another request naming that id (a retry of the same transfer) answers
+    MISS at once instead of waiting on the dead prefiller again, until every
+    request naming the id has finished; then the id is forgotten."""
+    b, key, first_answer = cluster.b, "remote_prefiller", "HIT"
+    keys, kid = random_keys(2), new_kv_id()
+    source = {key: {"kv_request_id": kid, "remote_host": HOST, "remote_port": control_port()}}  # nothing listens
+    got = b.call("pull", "b", f"failed-1-{key}", source, keys, PULL_TIMEOUT_S)
+    assert got["results"] == ["MISS", "MISS"]
+    assert _tier_answers(b, "b", f"failed-2-{key}", source, keys) == ["MISS", "MISS"]
+    other = {key: dict(source[key], kv_request_id=new_kv_id())}
+    assert _tier_answers(b, "b", f"other-{key}", other, keys) == [first_answer] * 2  # other ids are untouched
+    b.call("finish", "b", f"other-{key}")
+    b.call("finish", "b", f"failed-1-{key}")
+    assert _tier_answers(b, "b", f"failed-3-{key}", source, keys) == ["MISS", "MISS"]  # failed-2 still names it
+    b.call("finish", "b", f"failed-2-{key}")
+    b.call("finish", "b", f"failed-3-{key}")
+    assert _tier_answers(b, "b", f"failed-4-{key}", source, keys) == [first_answer] * 2
+    b.call("finish", "b", f"failed-4-{key}")
