@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "a2faeb04e83e67ccec3efa013bfe1d360b1c63f1d7d7376907450691547e9546"
+DIGEST = "9942baf61a73b18a88e724f6fc545987936a76d388caf188308f424ee059f16f"
 
 SCHEMA = json.loads(
     r"""
@@ -259,8 +259,8 @@ SCHEMA = json.loads(
    "type": "integer",
    "min": 1,
    "max": 1099511627776,
-   "default": "67108864",
-   "doc": "largest control frame accepted",
+   "default": "derived",
+   "doc": "largest control frame accepted; default: max_list_items x (key_len + 11) + 1 MiB, within 4..64 MiB",
    "want": "an integer in 1..1099511627776"
   },
   {
@@ -268,8 +268,8 @@ SCHEMA = json.loads(
    "type": "integer",
    "min": 1,
    "max": 1099511627776,
-   "default": "1048576",
-   "doc": "largest list in a control frame",
+   "default": "derived",
+   "doc": "largest list in a control frame; default: the region's rows, within 32768..1048576",
    "want": "an integer in 1..1099511627776"
   },
   {

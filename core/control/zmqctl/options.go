@@ -33,7 +33,7 @@ const (
 	DefaultTotalSendQueueBytes = 256 << 20
 	// DefaultRecvHWM: frames one inbound connection may queue in libzmq
 	// (its default is 1000); past it TCP pushes back on the sender.
-	DefaultRecvHWM = 2
+	DefaultRecvHWM = 1
 	// DefaultMaxInboundConns and DefaultMaxInboundConnsPerHost bound the
 	// ROUTER's TCP connections, as the TCP data path bounds its own.
 	DefaultMaxInboundConns        = 1024
