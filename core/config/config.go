@@ -32,7 +32,7 @@ const (
 	DefaultShutdownDrainTimeout = 3 * time.Second  // _SHUTDOWN_DRAIN_TIMEOUT_S
 	DefaultDrainTimeout         = 60 * time.Second // bound on drain_jobs
 	DefaultTick                 = 20 * time.Millisecond
-	DefaultMaxPeers             = 128 // VLLM_P2P_MAX_PEERS
+	DefaultMaxPeers             = 128               // VLLM_P2P_MAX_PEERS
 	DefaultIdleTimeout          = 300 * time.Second // VLLM_P2P_IDLE_TIMEOUT_S
 	DefaultMaxPeersPerHost      = 32
 	DefaultMaxRequestsPerPeer   = 4096

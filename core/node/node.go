@@ -51,8 +51,8 @@ func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
 		// Room for every session admission allows, and a redial each.
 		MaxInboundConns:        max(zmqctl.DefaultMaxInboundConns, 2*cfg.MaxPeers),
 		MaxInboundConnsPerHost: max(zmqctl.DefaultMaxInboundConnsPerHost, 2*cfg.MaxPeersPerHost),
-		Curve:          curve,
-		Logger:         logs.logger(),
+		Curve:                  curve,
+		Logger:                 logs.logger(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: control path at %s: %v", ErrTransport, cfg.LocalID(), err)

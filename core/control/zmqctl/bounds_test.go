@@ -214,3 +214,34 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// Connections beyond MaxInboundConnsPerHost from one address are shut down
+// as they arrive; those within it stay and are heard.
+func TestInboundConnectionsPerHostAreBounded(t *testing.T) {
+	const perHost, dialers = 2, 5
+	b := newTestTransport(t, Options{MaxInboundConnsPerHost: perHost})
+	var wg sync.WaitGroup
+	dropped := make([]bool, dialers)
+	for i := range dialers {
+		d := newRawDealer(t, fmt.Sprintf("127.0.0.1:%d", 20000+i), b.LocalID(),
+			func(s *zmq.Socket) error { return s.SetReconnectIvl(time.Minute) })
+		require.True(t, d.awaitEvent(zmq.EVENT_CONNECTED, 5*time.Second), "dialer %d", i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dropped[i] = d.awaitEvent(zmq.EVENT_DISCONNECTED, 2*time.Second)
+		}()
+	}
+	wg.Wait()
+	shut := 0
+	for _, d := range dropped {
+		if d {
+			shut++
+		}
+	}
+	st := b.Stats()
+	t.Logf("dropped %v; stats %+v", dropped, st)
+	assert.Equal(t, dialers-perHost, shut, "connections over the per-host bound")
+	assert.Equal(t, uint64(dialers-perHost), st.InboundShut)
+	assert.Equal(t, int64(perHost), st.InboundConns)
+}

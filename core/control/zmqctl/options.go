@@ -40,11 +40,12 @@ const (
 	DefaultMaxInboundConnsPerHost = 64
 	// DefaultUnheardTimeout: an inbound connection libzmq has read no frame
 	// from by then is closed (every peer sends as soon as it connects).
-	DefaultUnheardTimeout = 5 * time.Second
-	DefaultEventBuffer       = 1024
-	DefaultCloseTimeout      = 5 * time.Second
-	DefaultDisconnectLinger  = 500 * time.Millisecond
-	// DefaultMaxFrameBytes matches config.DefaultMaxFrameBytes.
+	DefaultUnheardTimeout   = 5 * time.Second
+	DefaultEventBuffer      = 1024
+	DefaultCloseTimeout     = 5 * time.Second
+	DefaultDisconnectLinger = 500 * time.Millisecond
+	// DefaultMaxFrameBytes is config.MaxMaxFrameBytes; a node passes the
+	// bound it derived from its region.
 	DefaultMaxFrameBytes = 64 << 20
 )
 

@@ -26,13 +26,13 @@ type Transport struct {
 	done    chan struct{} // closed when the pump has exited
 
 	mu       sync.Mutex
-	closing  atomic.Bool           // set under mu; read by the pump without it
-	commands []command             // guarded by mu
+	closing  atomic.Bool             // set under mu; read by the pump without it
+	commands []command               // guarded by mu
 	queued   map[string]queuedFrames // guarded by mu: per peer, what waits in front of libzmq
 	// queuedBytes is the sum of queued's bytes (guarded by mu), bounded by
 	// Options.TotalSendQueueBytes.
 	queuedBytes int
-	failure  atomic.Pointer[error] // why the pump died, if it did
+	failure     atomic.Pointer[error] // why the pump died, if it did
 
 	closeOnce sync.Once
 	counters  counters
@@ -95,7 +95,7 @@ type Stats struct {
 
 type counters struct {
 	framesIn, framesOut, droppedIn, droppedOut, peersUp, peersDown, peersReaped, inboundShut atomic.Uint64
-	openPeers, queuedBytes, inboundConns                                                   atomic.Int64
+	openPeers, queuedBytes, inboundConns                                                     atomic.Int64
 }
 
 // New binds the ROUTER at tcp://bindHost:port and starts the pump. localID is
