@@ -124,9 +124,10 @@
 // kept small) refuses wait in order in front of it and go out when the
 // DEALER becomes writable; libzmq learns late what its I/O thread
 // consumed, so a full queue alone is not a dead peer (vLLM fails the
-// connection at once). A peer that drains nothing for Options.SendTimeout
-// while frames wait is reported down (ErrSendQueueFull) and its queues are
-// freed; each frame it takes restarts that clock. Send fails with
+// connection at once). A peer whose frames keep waiting in front of libzmq
+// for Options.SendTimeout (the clock starts at the first frame libzmq
+// refuses, and stops only when nothing waits) is reported down
+// (ErrSendQueueFull) and its queues are freed. Send fails with
 // ErrSendQueueFull, the frame dropped, once Options.SendHWM frames or
 // Options.SendQueueBytes bytes for the peer, or
 // Options.TotalSendQueueBytes for all peers, are waiting in front of

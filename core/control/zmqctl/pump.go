@@ -558,10 +558,6 @@ func (p *pump) flushPeer(pc *peerConn) {
 				pc.stalledSince = time.Now()
 				p.retime(pc)
 				p.watchDealer(pc) // start watching for room
-			} else if sent > 0 {
-				// It drains, if slowly: the clock times how long it has
-				// not, and SendQueueBytes bounds what waits meanwhile.
-				pc.stalledSince = time.Now()
 			}
 			return
 		}
@@ -663,17 +659,22 @@ func (p *pump) expireDeadlines(now time.Time) {
 	}
 	for pc := range p.timed {
 		switch {
-		case pc.parked() && !now.Before(pc.parkedUntil):
-			p.forget(pc, 0) // its linger is over
 		case !pc.dialAt.IsZero() && !now.Before(pc.dialAt):
 			if err := pc.dial(); err != nil {
 				p.peerDown(pc, fmt.Errorf("%w: %v", ErrSocket, err))
 				continue
 			}
+			if pc.parked() {
+				// Its whole linger runs from the dial, even when the pump
+				// got here late (a loaded host): the goodbye must go out.
+				pc.parkedUntil = now.Add(o.DisconnectLinger)
+			}
 			p.retime(pc)
 			if len(pc.pending) > 0 {
 				p.flushPeer(pc) // connect attached the pipe: no fd wake-up tells of the room
 			}
+		case pc.parked() && !now.Before(pc.parkedUntil):
+			p.forget(pc, 0) // its linger is over
 		case !pc.deadline.IsZero() && now.After(pc.deadline):
 			p.peerDown(pc, fmt.Errorf("%w: no ZMTP handshake within %v", ErrConnectTimeout, o.ConnectTimeout))
 		case !pc.stalledSince.IsZero() && now.Sub(pc.stalledSince) > o.SendTimeout:

@@ -228,7 +228,7 @@ func (t *Transport) takeCommandsLocked() []command {
 // Options.SendHWM frames or Options.SendQueueBytes bytes waiting in front
 // of libzmq, or all peers over Options.TotalSendQueueBytes. A peer that
 // stays over because it stopped reading is reported down by the pump once
-// it has drained nothing for Options.SendTimeout (pump.flushPeer).
+// frames have waited for it for Options.SendTimeout (expireDeadlines).
 func (t *Transport) admitLocked(peerID string, frame []byte) error {
 	q, cost, o := t.queued[peerID], frameCost(frame), t.opts
 	var over string

@@ -122,9 +122,10 @@ func runVictim(specJSON string) int {
 			n, _ := strconv.Atoi(f[3])
 			every, _ := strconv.Atoi(f[4])
 			peer, down := f[1], downFlag(f[1])
+			payload := make([]byte, size) // Send copies it
 			go func() {
 				for i := 0; i < n && !down.Load(); i++ {
-					_ = tr.Send(peer, make([]byte, size))
+					_ = tr.Send(peer, payload)
 					time.Sleep(time.Duration(every) * time.Millisecond)
 				}
 			}()
