@@ -76,6 +76,15 @@ func (p *pump) monitorRouter() error {
 		return err
 	}
 	p.in.monitor = reader
+	// No bound on the events waiting for the pump: libzmq's I/O thread
+	// sends them with a blocking send, so a full queue (a connection flood
+	// while the pump is busy) would stall every connection of that thread,
+	// and stopping the monitor at Close, which waits for that send, would
+	// never return. An event is a few dozen bytes; the pump drains them
+	// every pass.
+	if err := reader.SetRcvhwm(0); err != nil {
+		return fmt.Errorf("router monitor receive hwm: %w", err)
+	}
 	if err := reader.Connect(addr); err != nil {
 		return fmt.Errorf("connect router monitor %s: %w", addr, err)
 	}
@@ -155,12 +164,16 @@ func (p *pump) accepted(fd int, now time.Time) {
 func (p *pump) inboundGone(fd int) {
 	in := p.in
 	c := in.conns[fd]
+	if in.handshakeFailed != 0 {
+		from := "an address gone before it was seen" // closed before the pump read its accept
+		if c != nil {
+			from = c.remote.String()
+		}
+		p.logHandshakeFailure(from, in.handshakeFailed)
+		in.handshakeFailed = 0
+	}
 	if c == nil {
 		return
-	}
-	if in.handshakeFailed != 0 {
-		p.logHandshakeFailure(c.remote, in.handshakeFailed)
-		in.handshakeFailed = 0
 	}
 	delete(in.conns, fd)
 	delete(in.unheard, fd)
@@ -229,13 +242,13 @@ func (p *pump) shut(c *inboundConn, why string) {
 
 // logHandshakeFailure names the likely cause of a failed ZMTP handshake on
 // an inbound connection: the two ends disagree on encrypt.
-func (p *pump) logHandshakeFailure(remote netip.AddrPort, event zmq.Event) {
+func (p *pump) logHandshakeFailure(from string, event zmq.Event) {
 	n, ok := p.in.logs.allow("handshake", time.Now())
 	if !ok {
 		return
 	}
-	p.t.log.Warn("inbound control handshake failed", "from", remote.String(), "event", event.String(),
-		"cause", encryptMismatch(p.t.opts.Curve != nil, "the peer at "+remote.Addr().String()), "suppressed", n)
+	p.t.log.Warn("inbound control handshake failed", "from", from, "event", event.String(),
+		"cause", encryptMismatch(p.t.opts.Curve != nil, "the dialer"), "suppressed", n)
 }
 
 // encryptMismatch says, in an operator's words, why a ZMTP handshake
