@@ -32,9 +32,7 @@ const (
 	DefaultShutdownDrainTimeout = 3 * time.Second  // _SHUTDOWN_DRAIN_TIMEOUT_S
 	DefaultDrainTimeout         = 60 * time.Second // bound on drain_jobs
 	DefaultTick                 = 20 * time.Millisecond
-	DefaultMaxPeers             = 128 // VLLM_P2P_MAX_PEERS
-	DefaultMaxFrameBytes        = 64 << 20
-	DefaultMaxListItems         = 1 << 20
+	DefaultMaxPeers             = 128               // VLLM_P2P_MAX_PEERS
 	DefaultIdleTimeout          = 300 * time.Second // VLLM_P2P_IDLE_TIMEOUT_S
 	DefaultMaxPeersPerHost      = 32
 	DefaultMaxRequestsPerPeer   = 4096
@@ -42,6 +40,45 @@ const (
 	DefaultMaxSourcesPerRequest = 4
 	defaultDataTransport        = DataAuto
 )
+
+// Control-frame bounds left unset are derived from what the node serves
+// (WithServedLimits): no request needs a list longer than the region has
+// rows, or a frame larger than such a list of keys. The floors admit a
+// real long-prompt request from a stock vLLM peer whatever the region:
+// 2^15 keys is a 512K-token prompt at vLLM's 16-token blocks (a 128K-token
+// one needs 8K). The old fixed defaults (2^20 items, 64 MiB frames) are
+// the ceilings.
+const (
+	MinMaxListItems  = 1 << 15
+	MaxMaxListItems  = 1 << 20
+	MinMaxFrameBytes = 4 << 20
+	MaxMaxFrameBytes = 64 << 20
+	// assumedKeyLen stands in for key_len when it is not set.
+	assumedKeyLen = 64
+	// listItemWire is what one list item adds to a frame besides its key:
+	// msgpack's bin header and the block index a fetch pairs with it.
+	listItemWire = 2 + 9
+	// frameSlack covers a frame's other fields (ids, NIXL agent metadata).
+	frameSlack = 1 << 20
+)
+
+// WithServedLimits returns c with max_list_items and max_frame_bytes, when
+// unset, derived from a region of rows rows and key_len (see
+// MinMaxListItems).
+func (c Config) WithServedLimits(rows uint64) Config {
+	if c.MaxListItems == 0 {
+		c.MaxListItems = int(min(max(rows, MinMaxListItems), MaxMaxListItems))
+	}
+	if c.MaxFrameBytes == 0 {
+		keyLen := c.KeyLen
+		if keyLen == 0 {
+			keyLen = assumedKeyLen
+		}
+		need := c.MaxListItems*(keyLen+listItemWire) + frameSlack
+		c.MaxFrameBytes = min(max(need, MinMaxFrameBytes), MaxMaxFrameBytes)
+	}
+	return c
+}
 
 // DataAuto serves a same-host copy path (peerkv peers on this host), NIXL
 // when this host can load it (stock vLLM peers need it) and TCP, choosing
@@ -113,6 +150,8 @@ type Config struct {
 	// Tick is how often the progress loop checks deadlines.
 	Tick time.Duration
 
+	// MaxFrameBytes and MaxListItems bound one control frame and one list
+	// in it; 0 derives them from the region (WithServedLimits).
 	MaxFrameBytes int
 	MaxListItems  int
 
@@ -185,12 +224,6 @@ func (c Config) WithDefaults() Config {
 	if c.NixlNumThreads == 0 {
 		c.NixlNumThreads = 4
 	}
-	if c.MaxFrameBytes == 0 {
-		c.MaxFrameBytes = DefaultMaxFrameBytes
-	}
-	if c.MaxListItems == 0 {
-		c.MaxListItems = DefaultMaxListItems
-	}
 	if c.MaxPeersPerHost == 0 {
 		c.MaxPeersPerHost = min(DefaultMaxPeersPerHost, c.MaxPeers)
 	}
@@ -250,6 +283,9 @@ func (c Config) Validate() error {
 	if _, err := ParsePeerList(c.AllowedPeers); err != nil {
 		return err
 	}
+	if c.MaxFrameBytes < 0 || c.MaxListItems < 0 { // 0: derived from the region
+		return fmt.Errorf("max_frame_bytes (%d) and max_list_items (%d) must not be negative", c.MaxFrameBytes, c.MaxListItems)
+	}
 	if c.GoMaxProcs < 0 || c.GoMaxProcs > 1024 {
 		return fmt.Errorf("go_max_procs must be in 1..1024, got %d", c.GoMaxProcs)
 	}
@@ -259,7 +295,6 @@ func (c Config) Validate() error {
 		v    int
 	}{
 		{"max_peers", c.MaxPeers}, {"nixl_num_threads", c.NixlNumThreads},
-		{"max_frame_bytes", c.MaxFrameBytes}, {"max_list_items", c.MaxListItems},
 		{"max_peers_per_host", c.MaxPeersPerHost}, {"max_requests_per_peer", c.MaxRequestsPerPeer},
 		{"max_keys_per_peer", c.MaxKeysPerPeer},
 	} {

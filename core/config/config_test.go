@@ -22,8 +22,8 @@ func TestFromJSONDefaults(t *testing.T) {
 		assert.Equal(t, DefaultMaxPeers, c.MaxPeers)
 		assert.Equal(t, []string{"UCX"}, c.NixlBackends)
 		assert.Equal(t, 4, c.NixlNumThreads)
-		assert.Equal(t, DefaultMaxFrameBytes, c.MaxFrameBytes)
-		assert.Equal(t, DefaultMaxListItems, c.MaxListItems)
+		assert.Zero(t, c.MaxFrameBytes, "derived from the region when the node opens")
+		assert.Zero(t, c.MaxListItems, "derived from the region when the node opens")
 		assert.Equal(t, 30*time.Second, c.HandshakeTimeout)
 		assert.Equal(t, 10*time.Second, c.LookupTimeout)
 		assert.Equal(t, 30*time.Second, c.LoadTimeout)
@@ -166,4 +166,41 @@ func TestIdleTimeoutFromVLLMEnvironment(t *testing.T) {
 func TestEncryptNeedsASecret(t *testing.T) {
 	_, err := FromJSON([]byte(`{"encrypt": true}`))
 	assert.ErrorContains(t, err, "encrypt needs a cluster secret")
+}
+
+// Unset frame bounds follow the region and key length, between floors that
+// still admit a stock vLLM peer's long-prompt lookup and the old defaults.
+func TestControlBoundsAreDerivedFromTheRegion(t *testing.T) {
+	cases := []struct {
+		name             string
+		cfg              Config
+		rows             uint64
+		items, frameMiBs int
+	}{
+		{"small region: the floors", Config{KeyLen: 36}, 1024, MinMaxListItems, MinMaxFrameBytes >> 20},
+		{"rows above the floor", Config{KeyLen: 36}, 200_000, 200_000, (200_000*(36+11) + 1<<20 + 1<<20 - 1) >> 20},
+		{"huge region: the ceilings", Config{}, 1 << 30, MaxMaxListItems, MaxMaxFrameBytes >> 20},
+		{"set values are kept", Config{MaxListItems: 10, MaxFrameBytes: 1000}, 1 << 30, 10, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := c.cfg.WithServedLimits(c.rows)
+			assert.Equal(t, c.items, got.MaxListItems)
+			if c.cfg.MaxFrameBytes != 0 {
+				assert.Equal(t, c.cfg.MaxFrameBytes, got.MaxFrameBytes)
+				return
+			}
+			assert.Equal(t, c.frameMiBs, (got.MaxFrameBytes+1<<20-1)>>20)
+			keyLen := max(c.cfg.KeyLen, 1)
+			if c.cfg.KeyLen == 0 {
+				keyLen = 64
+			}
+			assert.GreaterOrEqual(t, got.MaxFrameBytes, min(got.MaxListItems*(keyLen+2), MaxMaxFrameBytes),
+				"a list at the bound fits in a frame")
+		})
+	}
+	// A 128K-token prompt at 16-token blocks, from a stock peer, fits any region.
+	floor := Config{KeyLen: 36}.WithServedLimits(1)
+	assert.GreaterOrEqual(t, floor.MaxListItems, 8192)
+	assert.GreaterOrEqual(t, floor.MaxFrameBytes, 8192*(36+2)*2)
 }

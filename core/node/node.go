@@ -31,6 +31,7 @@ var ErrUnavailable = nixl.ErrUnavailable
 // Open builds a peer bound at cfg.Host:cfg.Port serving region. cfg must
 // have its defaults applied (config.FromJSON does).
 func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
+	cfg = cfg.WithServedLimits(region.NumRows())
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", tier.ErrInvalidArgument, err)
 	}
@@ -47,8 +48,11 @@ func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
 	ctl, err := zmqctl.New(cfg.LocalID(), cfg.Host, cfg.Port, zmqctl.Options{
 		ConnectTimeout: cfg.HandshakeTimeout,
 		MaxFrameBytes:  cfg.MaxFrameBytes,
-		Curve:          curve,
-		Logger:         logs.logger(),
+		// Room for every session admission allows, and a redial each.
+		MaxInboundConns:        max(zmqctl.DefaultMaxInboundConns, 2*cfg.MaxPeers),
+		MaxInboundConnsPerHost: max(zmqctl.DefaultMaxInboundConnsPerHost, 2*cfg.MaxPeersPerHost),
+		Curve:                  curve,
+		Logger:                 logs.logger(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: control path at %s: %v", ErrTransport, cfg.LocalID(), err)

@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "df9f7c2b1eea51ab991dedae4b39d400dd7baac9efe2204020325be05500db76"
+DIGEST = "2e1f1eb484fa7a4b515dfc780e2fbd0e5a303c4afb8d8bee1f55f43af4acacba"
 
 SCHEMA = json.loads(
     r"""
@@ -266,8 +266,8 @@ SCHEMA = json.loads(
    "type": "integer",
    "min": 1,
    "max": 1099511627776,
-   "default": "67108864",
-   "doc": "largest control frame accepted",
+   "default": "derived",
+   "doc": "largest control frame accepted; default: max_list_items x (key_len + 11) + 1 MiB, within 4..64 MiB",
    "want": "an integer in 1..1099511627776"
   },
   {
@@ -275,8 +275,8 @@ SCHEMA = json.loads(
    "type": "integer",
    "min": 1,
    "max": 1099511627776,
-   "default": "1048576",
-   "doc": "largest list in a control frame",
+   "default": "derived",
+   "doc": "largest list in a control frame; default: the region's rows, within 32768..1048576",
    "want": "an integer in 1..1099511627776"
   },
   {

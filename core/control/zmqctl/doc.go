@@ -48,7 +48,7 @@
 //     only when the heartbeat times out, ~15 s), again and again. Without
 //     it, such a dialer is the one left unread; what it can still do is
 //     dial first, before the peer's own connection exists (docs/security.md,
-//     D6).
+//     D6). A connection left unread is shut down (see Limits).
 //   - Under CURVE only members can dial, and our ROUTER sets handover: a
 //     member that restarted before we saw its old link close is heard on
 //     its new connection at once.
@@ -119,12 +119,19 @@
 // The pump calls it without its lock, so it may Send; while it runs the
 // pump reads nothing else, and libzmq and TCP push back as above.
 //
-// Send never blocks. Frames that libzmq's queue (ZMQ_SNDHWM) refuses wait
-// in order in front of it and go out when the DEALER becomes writable;
-// libzmq learns late what its I/O thread consumed, so a full queue alone
-// is not a dead peer (vLLM fails the connection at once; we wait up to
-// Options.SendTimeout). Send fails with ErrSendQueueFull once
-// Options.SendHWM frames for the peer are waiting in front of libzmq.
+// Send never blocks. Frames that libzmq's queue (ZMQ_SNDHWM,
+// Options.SocketSendHWM frames: libzmq counts frames, not bytes, so it is
+// kept small) refuses wait in order in front of it and go out when the
+// DEALER becomes writable; libzmq learns late what its I/O thread
+// consumed, so a full queue alone is not a dead peer (vLLM fails the
+// connection at once). A peer whose frames keep waiting in front of libzmq
+// for Options.SendTimeout (the clock starts at the first frame libzmq
+// refuses, and stops only when nothing waits) is reported down
+// (ErrSendQueueFull) and its queues are freed. Send fails with
+// ErrSendQueueFull, the frame dropped, once Options.SendHWM frames or
+// Options.SendQueueBytes bytes for the peer, or
+// Options.TotalSendQueueBytes for all peers, are waiting in front of
+// libzmq.
 //
 // # Limits
 //
@@ -136,7 +143,27 @@
 // libzmq holds the parts of a message until its last arrives, with no bound
 // on their number, so a stranger can grow us with a message it never
 // finishes. CURVE (below) is the defence: without the secret no frame gets
-// past the handshake. DEALERs have a receive
+// past the handshake.
+//
+// The ROUTER queues at most Options.RecvHWM frames per connection
+// (ZMQ_RCVHWM; libzmq's default is 1000), so with the frame being read a
+// connection holds at most (RecvHWM+1) x MaxFrameBytes in libzmq. Its
+// monitor reports each accepted and each ended connection with its file
+// descriptor, and every frame carries the descriptor it came in on
+// (libzmq's "__fd" property, what ZMQ_SRCFD reads), so the pump counts
+// connections per remote address and in all and knows which ones libzmq
+// reads. It shuts down, with shutdown(2) on the descriptor once it has
+// checked that the descriptor is still that connection, one over
+// Options.MaxInboundConns or MaxInboundConnsPerHost, and one libzmq has
+// read no frame from within Options.UnheardTimeout although the ROUTER had
+// nothing else to give: a second connection under a routing id in use
+// (libzmq never reads it without handover) or a silent one. libzmq 4.3
+// never frees what it queued from a connection it did not identify
+// (router.cpp keeps the pipe among its anonymous ones, waiting for a read
+// that never comes), so that much, at most RecvHWM+1 frames, outlives it.
+// A failed handshake on the ROUTER is logged with the dialer's address and
+// its likely cause, an encrypt mismatch; on a DEALER the same words are in
+// the EventPeerDown error. DEALERs have a receive
 // queue of one message: peers never send on them, and one that does is
 // held back by TCP instead of filling our memory. Event.Addr is the IP of
 // the frame's TCP connection (libzmq's "Peer-Address", from the kernel),

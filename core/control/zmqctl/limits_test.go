@@ -42,7 +42,8 @@ type rawDealer struct {
 	close         func() // idempotent; also run at cleanup
 }
 
-func newRawDealer(t *testing.T, identity, target string) *rawDealer {
+// setup, if any, sets socket options before it connects.
+func newRawDealer(t *testing.T, identity, target string, setup ...func(*zmq.Socket) error) *rawDealer {
 	t.Helper()
 	ctx, err := zmq.NewContext()
 	require.NoError(t, err)
@@ -55,6 +56,9 @@ func newRawDealer(t *testing.T, identity, target string) *rawDealer {
 	d.monitor, err = newSocket(ctx, zmq.PAIR)
 	require.NoError(t, err)
 	require.NoError(t, d.monitor.Connect(monitorAddr))
+	for _, set := range setup {
+		require.NoError(t, set(d.sock))
+	}
 	require.NoError(t, d.sock.Connect("tcp://"+target))
 	closed := false
 	closeAll := func() {

@@ -23,10 +23,29 @@ const (
 	DefaultConnectTimeout    = 10 * time.Second
 	DefaultSendTimeout       = 10 * time.Second
 	DefaultSendHWM           = 1000
-	DefaultEventBuffer       = 1024
-	DefaultCloseTimeout      = 5 * time.Second
-	DefaultDisconnectLinger  = 500 * time.Millisecond
-	// DefaultMaxFrameBytes matches config.DefaultMaxFrameBytes.
+	// DefaultSocketSendHWM is lower than vLLM's 1000 (a local setting,
+	// invisible on the wire): libzmq counts frames, not bytes, and an
+	// answer is as large as the lookup it answers.
+	DefaultSocketSendHWM = 16
+	// DefaultSendQueueBytes and DefaultTotalSendQueueBytes bound what
+	// waits in front of libzmq, per peer and for all peers.
+	DefaultSendQueueBytes      = 32 << 20
+	DefaultTotalSendQueueBytes = 256 << 20
+	// DefaultRecvHWM: frames one inbound connection may queue in libzmq
+	// (its default is 1000); past it TCP pushes back on the sender.
+	DefaultRecvHWM = 1
+	// DefaultMaxInboundConns and DefaultMaxInboundConnsPerHost bound the
+	// ROUTER's TCP connections, as the TCP data path bounds its own.
+	DefaultMaxInboundConns        = 1024
+	DefaultMaxInboundConnsPerHost = 64
+	// DefaultUnheardTimeout: an inbound connection libzmq has read no frame
+	// from by then is closed (every peer sends as soon as it connects).
+	DefaultUnheardTimeout   = 5 * time.Second
+	DefaultEventBuffer      = 1024
+	DefaultCloseTimeout     = 5 * time.Second
+	DefaultDisconnectLinger = 500 * time.Millisecond
+	// DefaultMaxFrameBytes is config.MaxMaxFrameBytes; a node passes the
+	// bound it derived from its region.
 	DefaultMaxFrameBytes = 64 << 20
 )
 
@@ -44,9 +63,30 @@ type Options struct {
 	// libzmq queue; past it the peer has stopped reading and is reported
 	// down.
 	SendTimeout time.Duration
-	// SendHWM bounds the frames queued per peer, both in libzmq (ZMQ_SNDHWM)
-	// and in front of it (Send fails with ErrSendQueueFull beyond that).
+	// SendHWM bounds the frames waiting per peer in front of libzmq (Send
+	// fails with ErrSendQueueFull beyond that).
 	SendHWM int
+	// SocketSendHWM bounds the frames libzmq holds per peer (ZMQ_SNDHWM;
+	// at most SendHWM).
+	SocketSendHWM int
+	// SendQueueBytes bounds the bytes waiting for one peer in front of
+	// libzmq, TotalSendQueueBytes those of all peers; a frame past either
+	// is refused with ErrSendQueueFull, and a peer libzmq already refuses
+	// (it stopped reading) is reported down and its queue freed.
+	SendQueueBytes      int
+	TotalSendQueueBytes int
+	// RecvHWM bounds the frames one inbound connection may queue in libzmq
+	// (ZMQ_RCVHWM on the ROUTER); with the frame being decoded, one holds
+	// at most (RecvHWM+1) x MaxFrameBytes.
+	RecvHWM int
+	// MaxInboundConns and MaxInboundConnsPerHost bound the ROUTER's TCP
+	// connections in all and per remote address; one over is shut down.
+	MaxInboundConns        int
+	MaxInboundConnsPerHost int
+	// UnheardTimeout: an inbound connection libzmq has read no frame from
+	// by then (a second connection under an identity in use is never read
+	// in plaintext) is shut down, with what it queued.
+	UnheardTimeout time.Duration
 	// DisconnectLinger bounds how long a DEALER the owner disconnected
 	// stays open flushing frames already queued (the goodbye to a peer we
 	// reject goes out on a connection that may not be up yet), and may be
@@ -85,6 +125,7 @@ func (o Options) withDefaults() (Options, error) {
 		{"SendTimeout", &o.SendTimeout, DefaultSendTimeout},
 		{"CloseTimeout", &o.CloseTimeout, DefaultCloseTimeout},
 		{"DisconnectLinger", &o.DisconnectLinger, DefaultDisconnectLinger},
+		{"UnheardTimeout", &o.UnheardTimeout, DefaultUnheardTimeout},
 	}
 	for _, d := range durations {
 		switch {
@@ -94,23 +135,34 @@ func (o Options) withDefaults() (Options, error) {
 			*d.value = d.def
 		}
 	}
-	if o.SendHWM < 0 || o.EventBuffer < 0 || o.MaxFrameBytes < 0 {
-		return o, fmt.Errorf("zmqctl: Options.SendHWM (%d), EventBuffer (%d) and MaxFrameBytes (%d) must not be negative",
-			o.SendHWM, o.EventBuffer, o.MaxFrameBytes)
+	counts := []struct {
+		name  string
+		value *int
+		def   int
+	}{
+		{"SendHWM", &o.SendHWM, DefaultSendHWM},
+		{"SocketSendHWM", &o.SocketSendHWM, DefaultSocketSendHWM},
+		{"EventBuffer", &o.EventBuffer, DefaultEventBuffer},
+		{"MaxFrameBytes", &o.MaxFrameBytes, DefaultMaxFrameBytes},
+		{"SendQueueBytes", &o.SendQueueBytes, DefaultSendQueueBytes},
+		{"TotalSendQueueBytes", &o.TotalSendQueueBytes, DefaultTotalSendQueueBytes},
+		{"RecvHWM", &o.RecvHWM, DefaultRecvHWM},
+		{"MaxInboundConns", &o.MaxInboundConns, DefaultMaxInboundConns},
+		{"MaxInboundConnsPerHost", &o.MaxInboundConnsPerHost, DefaultMaxInboundConnsPerHost},
 	}
-	if o.MaxFrameBytes == 0 {
-		o.MaxFrameBytes = DefaultMaxFrameBytes
+	for _, c := range counts {
+		switch {
+		case *c.value < 0:
+			return o, fmt.Errorf("zmqctl: Options.%s must not be negative (%d)", c.name, *c.value)
+		case *c.value == 0:
+			*c.value = c.def
+		}
 	}
+	o.SocketSendHWM = min(o.SocketSendHWM, o.SendHWM)
 	if o.Curve != nil {
 		if err := o.Curve.validate(); err != nil {
 			return o, err
 		}
-	}
-	if o.SendHWM == 0 {
-		o.SendHWM = DefaultSendHWM
-	}
-	if o.EventBuffer == 0 {
-		o.EventBuffer = DefaultEventBuffer
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

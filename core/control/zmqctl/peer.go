@@ -97,7 +97,7 @@ func openPeerAt(ctx *zmq.Context, affinity uint64, localID, peerID string, ep en
 	}{
 		{"affinity", func() error { return pc.dealer.SetAffinity(affinity) }},
 		{"identity", func() error { return pc.dealer.SetIdentity(localID) }},
-		{"send hwm", func() error { return pc.dealer.SetSndhwm(o.SendHWM) }},
+		{"send hwm", func() error { return pc.dealer.SetSndhwm(o.SocketSendHWM) }},
 		{"max message size", func() error { return pc.dealer.SetMaxmsgsize(maxMsgSize(o)) }},
 		// Nothing reads a DEALER: peers never send on it, so a peer that
 		// does gets TCP back-pressure instead of our memory.

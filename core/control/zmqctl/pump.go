@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,7 +40,8 @@ const (
 	fdRouter fdKind = iota + 1
 	fdWaker
 	fdMonitor
-	fdDealer // a stalled DEALER, watched for room
+	fdDealer        // a stalled DEALER, watched for room
+	fdRouterMonitor // the ROUTER's monitor: connections accepted and ended
 )
 
 type fdTarget struct {
@@ -81,6 +83,9 @@ type pump struct {
 	wakeFd                  int
 	routerArmed, routerMore bool
 
+	in                 *inbound // the ROUTER's connections
+	routerMonitorReady bool
+
 	backlog []control.Event // events waiting for room in t.events, or for hand
 	// hand, once adopted from t.hand, takes every event on this goroutine,
 	// never under t.mu (it may call Send): events raised under the lock
@@ -98,7 +103,7 @@ func newPump(t *Transport, bind endpoint) (p *pump, err error) {
 	}
 	p = &pump{t: t, ctx: ctx, affinity: nextAffinity(), epfd: -1, routerMore: true,
 		peers: map[string]*peerConn{}, timed: map[*peerConn]struct{}{}, closed: map[string]time.Time{}, fds: map[int32]fdTarget{},
-		events: make([]unix.EpollEvent, 64)}
+		events: make([]unix.EpollEvent, 64), in: newInbound()}
 	defer func() {
 		if err != nil {
 			p.closeSockets()
@@ -112,10 +117,16 @@ func newPump(t *Transport, bind endpoint) (p *pump, err error) {
 	if err = p.configureRouter(bind); err != nil {
 		return p, err
 	}
+	if err = p.monitorRouter(); err != nil {
+		return p, err
+	}
 	if err = p.router.Bind(bind.addr); err != nil {
 		return p, fmt.Errorf("bind %s: %w", bind.addr, err)
 	}
 	p.bound = true
+	if p.in.localPort, err = boundPort(p.router); err != nil {
+		return p, err
+	}
 	if err = p.openEpoll(); err != nil {
 		return p, err
 	}
@@ -134,7 +145,23 @@ func newPump(t *Transport, bind endpoint) (p *pump, err error) {
 	if err = p.watch(p.routerFd, fdTarget{kind: fdRouter}, unix.EPOLLIN|unix.EPOLLET); err != nil {
 		return p, err
 	}
+	if err = p.watchRouterMonitor(); err != nil {
+		return p, err
+	}
 	return p, nil
+}
+
+// boundPort is the TCP port the ROUTER listens on.
+func boundPort(router *zmq.Socket) (uint16, error) {
+	endpoint, err := router.GetLastEndpoint()
+	if err != nil {
+		return 0, fmt.Errorf("router endpoint: %w", err)
+	}
+	ap, err := netip.ParseAddrPort(strings.TrimPrefix(endpoint, "tcp://"))
+	if err != nil {
+		return 0, fmt.Errorf("router endpoint %q: %w", endpoint, err)
+	}
+	return ap.Port(), nil
 }
 
 // openEpoll creates the epoll set, non-blocking, and hands it to Go's
@@ -187,6 +214,11 @@ func (p *pump) configureRouter(bind endpoint) error {
 	}
 	if err := p.router.SetRouterMandatory(1); err != nil {
 		return fmt.Errorf("set router mandatory: %w", err)
+	}
+	// Frames each connection may queue in libzmq before TCP pushes back on
+	// its sender (libzmq's default is 1000, each up to MaxFrameBytes).
+	if err := p.router.SetRcvhwm(p.t.opts.RecvHWM); err != nil {
+		return fmt.Errorf("set router receive hwm: %w", err)
 	}
 	// Under CURVE a new connection under a routing id in use takes it over
 	// (the old one is no longer read): a member that restarted before we saw
@@ -247,9 +279,14 @@ func (p *pump) run() {
 		}
 		p.flushBacklog()
 		p.handleReady()
+		if p.routerMonitorReady {
+			p.routerMonitorReady = false
+			p.readRouterMonitor()
+		}
 		p.runCommands(t.takeCommandsLocked())
 		now := time.Now()
 		p.expireDeadlines(now)
+		p.expireUnheard(now)
 		timeout := p.pollTimeout(now)
 		t.mu.Unlock()
 		locked = false
@@ -325,6 +362,8 @@ func (p *pump) wait(timeout time.Duration) error {
 		case fdWaker:
 			p.t.wake.drain()
 			woken = true
+		case fdRouterMonitor:
+			p.routerMonitorReady = true
 		default:
 			p.ready = append(p.ready, target)
 		}
@@ -377,7 +416,7 @@ func (p *pump) pollTimeout(now time.Time) time.Duration {
 	if p.routerMore {
 		return 0
 	}
-	timeout := idlePoll
+	timeout := p.unheardTimeout(now, idlePoll)
 	for pc := range p.timed {
 		if !pc.deadline.IsZero() {
 			timeout = min(timeout, pc.deadline.Sub(now))
@@ -405,11 +444,13 @@ func (p *pump) readRouter() {
 		if err != nil {
 			if isAgain(err) {
 				p.routerMore = false // drained: the next message raises an edge
+				p.in.drainedAt = time.Now()
 			} else {
 				p.t.log.Warn("router receive failed", "err", err)
 			}
 			return
 		}
+		p.heard(msg.fd)
 		if msg.parts != 2 {
 			p.t.counters.droppedIn.Add(1)
 			p.t.log.Warn("dropping message with wrong frame count", "frames", msg.parts, "want", 2)
@@ -435,6 +476,11 @@ func (p *pump) readMonitor(pc *peerConn) {
 			return
 		}
 		switch {
+		case event&handshakeFailures != 0:
+			// libzmq names no cause; in practice the ends disagree on encrypt.
+			p.peerDown(pc, fmt.Errorf("%w (%v): %s", ErrPeerDisconnected, event,
+				encryptMismatch(p.t.opts.Curve != nil, "the peer "+pc.id)))
+			return
 		case event&fatalEvents != 0:
 			p.peerDown(pc, fmt.Errorf("%w (%v)", ErrPeerDisconnected, event))
 			return
@@ -483,7 +529,7 @@ func (p *pump) send(c command) {
 	pc := p.peer(c.peerID, c.ep)
 	if pc == nil {
 		p.t.counters.droppedOut.Add(1)
-		p.t.releasedLocked(c.peerID, 1)
+		p.t.releasedLocked(c.peerID, 1, frameCost(c.frame))
 		return
 	}
 	pc.pending = append(pc.pending, c.frame)
@@ -500,10 +546,10 @@ func (p *pump) flushPeer(pc *peerConn) {
 		// clock would start early. The dial flushes (expireDeadlines).
 		return
 	}
-	sent := 0
+	sent, sentBytes := 0, 0
 	defer func() {
 		p.t.counters.framesOut.Add(uint64(sent))
-		p.t.releasedLocked(pc.id, sent)
+		p.t.releasedLocked(pc.id, sent, sentBytes)
 	}()
 	for len(pc.pending) > 0 {
 		_, err := pc.dealer.SendBytes(pc.pending[0], zmq.DONTWAIT)
@@ -519,6 +565,7 @@ func (p *pump) flushPeer(pc *peerConn) {
 			p.peerDown(pc, fmt.Errorf("%w: send: %v", ErrSocket, err))
 			return
 		}
+		sentBytes += frameCost(pc.pending[0])
 		pc.pending[0] = nil
 		pc.pending = pc.pending[1:]
 		sent++
@@ -612,23 +659,37 @@ func (p *pump) expireDeadlines(now time.Time) {
 	}
 	for pc := range p.timed {
 		switch {
-		case pc.parked() && !now.Before(pc.parkedUntil):
-			p.forget(pc, 0) // its linger is over
 		case !pc.dialAt.IsZero() && !now.Before(pc.dialAt):
 			if err := pc.dial(); err != nil {
 				p.peerDown(pc, fmt.Errorf("%w: %v", ErrSocket, err))
 				continue
 			}
+			if pc.parked() {
+				// Its whole linger runs from the dial, even when the pump
+				// got here late (a loaded host): the goodbye must go out.
+				pc.parkedUntil = now.Add(o.DisconnectLinger)
+			}
 			p.retime(pc)
 			if len(pc.pending) > 0 {
 				p.flushPeer(pc) // connect attached the pipe: no fd wake-up tells of the room
 			}
+		case pc.parked() && !now.Before(pc.parkedUntil):
+			p.forget(pc, 0) // its linger is over
 		case !pc.deadline.IsZero() && now.After(pc.deadline):
 			p.peerDown(pc, fmt.Errorf("%w: no ZMTP handshake within %v", ErrConnectTimeout, o.ConnectTimeout))
 		case !pc.stalledSince.IsZero() && now.Sub(pc.stalledSince) > o.SendTimeout:
-			p.peerDown(pc, fmt.Errorf("%w: %d frames waited %v for room", ErrSendQueueFull, len(pc.pending), o.SendTimeout))
+			p.reap(pc, fmt.Errorf("%w: %d frames waited %v for room", ErrSendQueueFull, len(pc.pending), o.SendTimeout))
 		}
 	}
+}
+
+// reap ends a peer that stopped draining what we send it: its DEALER
+// closes with linger 0, so libzmq frees its queue, and the frames waiting
+// in front of it are dropped.
+func (p *pump) reap(pc *peerConn, err error) {
+	p.t.counters.peersReaped.Add(1)
+	p.t.log.Warn("dropping a peer that stopped reading", "peer", pc.id, "err", err)
+	p.peerDown(pc, err)
 }
 
 func (p *pump) peerDown(pc *peerConn, err error) {
@@ -660,7 +721,11 @@ func (p *pump) reportDown(peerID string, err error) {
 // of it; those already in libzmq's queue get up to linger to go out.
 func (p *pump) forget(pc *peerConn, linger time.Duration) {
 	p.t.counters.droppedOut.Add(uint64(len(pc.pending)))
-	p.t.releasedLocked(pc.id, len(pc.pending))
+	pendingBytes := 0
+	for _, f := range pc.pending {
+		pendingBytes += frameCost(f)
+	}
+	p.t.releasedLocked(pc.id, len(pc.pending), pendingBytes)
 	pc.pending = nil
 	delete(p.peers, pc.id)
 	delete(p.timed, pc)
@@ -787,6 +852,7 @@ type routerMessage struct {
 	identity, payload []byte
 	parts             int
 	addr              string
+	fd                int // the TCP connection's descriptor, -1 if libzmq gave none
 }
 
 // recvRouterMessage reads one whole message. Parts past the second are
@@ -794,7 +860,8 @@ type routerMessage struct {
 // identity part carries no metadata when libzmq prefetched the message,
 // so the address is asked of every part until one has it.
 func recvRouterMessage(sock *zmq.Socket) (msg routerMessage, err error) {
-	want := []string{peerAddressProperty}
+	want := []string{peerAddressProperty, fdProperty}
+	msg.fd = -1
 	for {
 		part, meta, err := sock.RecvBytesWithMetadata(zmq.DONTWAIT, want...)
 		if err != nil {
@@ -810,6 +877,7 @@ func recvRouterMessage(sock *zmq.Socket) (msg routerMessage, err error) {
 		}
 		if msg.addr == "" {
 			if msg.addr = peerAddress(meta); msg.addr != "" {
+				msg.fd = messageFd(meta)
 				want = nil
 			}
 		}

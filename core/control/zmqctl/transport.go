@@ -26,10 +26,13 @@ type Transport struct {
 	done    chan struct{} // closed when the pump has exited
 
 	mu       sync.Mutex
-	closing  atomic.Bool           // set under mu; read by the pump without it
-	commands []command             // guarded by mu
-	queued   map[string]int        // guarded by mu: frames per peer not yet taken by the pump
-	failure  atomic.Pointer[error] // why the pump died, if it did
+	closing  atomic.Bool             // set under mu; read by the pump without it
+	commands []command               // guarded by mu
+	queued   map[string]queuedFrames // guarded by mu: per peer, what waits in front of libzmq
+	// queuedBytes is the sum of queued's bytes (guarded by mu), bounded by
+	// Options.TotalSendQueueBytes.
+	queuedBytes int
+	failure     atomic.Pointer[error] // why the pump died, if it did
 
 	closeOnce sync.Once
 	counters  counters
@@ -48,6 +51,16 @@ const (
 	cmdDisconnect
 )
 
+// queuedFrames is what waits for one peer in front of libzmq: frames
+// handed to Send and not yet taken by libzmq.
+type queuedFrames struct{ frames, bytes int }
+
+// frameOverhead is what one queued frame costs besides its payload (slice
+// header, command), so that many empty frames count too.
+const frameOverhead = 64
+
+func frameCost(frame []byte) int { return len(frame) + frameOverhead }
+
 type command struct {
 	kind   commandKind
 	peerID string
@@ -64,11 +77,25 @@ type Stats struct {
 	PeersUp         uint64 // ZMTP handshakes completed on DEALERs
 	PeersDown       uint64 // EventPeerDown reported
 	OpenPeers       int64  // DEALERs open now
+	// QueuedSendBytes is what waits in front of libzmq now, all peers
+	// (payload plus a fixed cost per frame); bounded per peer by
+	// Options.SendQueueBytes and in all by Options.TotalSendQueueBytes.
+	QueuedSendBytes int64
+	// PeersReaped counts peers ended because they stopped draining their
+	// queue (over a send bound, or stalled past SendTimeout); each is also
+	// in PeersDown.
+	PeersReaped uint64
+	// InboundConns is the TCP connections our ROUTER holds now.
+	InboundConns int64
+	// InboundShut counts inbound connections we shut down: over
+	// MaxInboundConns or MaxInboundConnsPerHost, or unheard past
+	// UnheardTimeout (libzmq never gave us a frame from them).
+	InboundShut uint64
 }
 
 type counters struct {
-	framesIn, framesOut, droppedIn, droppedOut, peersUp, peersDown atomic.Uint64
-	openPeers                                                      atomic.Int64
+	framesIn, framesOut, droppedIn, droppedOut, peersUp, peersDown, peersReaped, inboundShut atomic.Uint64
+	openPeers, queuedBytes, inboundConns                                                     atomic.Int64
 }
 
 // New binds the ROUTER at tcp://bindHost:port and starts the pump. localID is
@@ -93,7 +120,7 @@ func New(localID, bindHost string, port int, opts Options) (*Transport, error) {
 		events:   make(chan control.Event, opts.EventBuffer),
 		done:     make(chan struct{}),
 		adopted:  make(chan struct{}),
-		queued:   make(map[string]int),
+		queued:   make(map[string]queuedFrames),
 	}
 	p, err := newPump(t, bind)
 	if err != nil {
@@ -160,21 +187,26 @@ func (t *Transport) enqueue(kind commandKind, peerID string, frame []byte) error
 		return t.closedErr()
 	}
 	if kind == cmdSend {
-		if t.queued[peerID] >= t.opts.SendHWM {
+		if err := t.admitLocked(peerID, frame); err != nil {
 			t.mu.Unlock()
 			t.counters.droppedOut.Add(1)
-			return fmt.Errorf("zmqctl: %w: %s (%d frames waiting)", ErrSendQueueFull, peerID, t.opts.SendHWM)
+			return err
 		}
 		// The direct path: with nothing queued ahead of it and the peer's
 		// DEALER open and not stalled, hand the frame to libzmq here. The
 		// pump touches that DEALER only under mu and never while it waits,
 		// so mu is the full memory barrier libzmq asks of a socket that
 		// changes threads. Anything else takes the queue.
-		if len(t.commands) == 0 && t.queued[peerID] == 0 && t.pump.sendDirect(peerID, frame) {
+		if len(t.commands) == 0 && t.queued[peerID].frames == 0 && t.pump.sendDirect(peerID, frame) {
 			t.mu.Unlock()
 			return nil
 		}
-		t.queued[peerID]++
+		q := t.queued[peerID]
+		q.frames++
+		q.bytes += frameCost(frame)
+		t.queued[peerID] = q
+		t.queuedBytes += frameCost(frame)
+		t.counters.queuedBytes.Store(int64(t.queuedBytes))
 	}
 	if frame != nil {
 		frame = bytes.Clone(frame)
@@ -192,14 +224,42 @@ func (t *Transport) takeCommandsLocked() []command {
 	return batch
 }
 
+// admitLocked refuses a frame that would put peerID over a send bound:
+// Options.SendHWM frames or Options.SendQueueBytes bytes waiting in front
+// of libzmq, or all peers over Options.TotalSendQueueBytes. A peer that
+// stays over because it stopped reading is reported down by the pump once
+// frames have waited for it for Options.SendTimeout (expireDeadlines).
+func (t *Transport) admitLocked(peerID string, frame []byte) error {
+	q, cost, o := t.queued[peerID], frameCost(frame), t.opts
+	var over string
+	switch {
+	case q.frames >= o.SendHWM:
+		over = fmt.Sprintf("%d frames waiting", q.frames)
+	case q.bytes+cost > o.SendQueueBytes:
+		over = fmt.Sprintf("%d bytes waiting and %d more, bound %d", q.bytes, cost, o.SendQueueBytes)
+	case t.queuedBytes+cost > o.TotalSendQueueBytes:
+		over = fmt.Sprintf("%d bytes waiting for all peers and %d more, bound %d", t.queuedBytes, cost, o.TotalSendQueueBytes)
+	default:
+		return nil
+	}
+	return fmt.Errorf("zmqctl: %w: %s (%s)", ErrSendQueueFull, peerID, over)
+}
+
 // releasedLocked is called by the pump, under mu, for queued frames libzmq
 // accepted or that were discarded, making room for more Sends to peerID.
-func (t *Transport) releasedLocked(peerID string, frames int) {
+func (t *Transport) releasedLocked(peerID string, frames, bytes int) {
 	if frames == 0 {
 		return
 	}
-	if t.queued[peerID] -= frames; t.queued[peerID] <= 0 {
+	q := t.queued[peerID]
+	q.frames -= frames
+	q.bytes -= bytes
+	t.queuedBytes -= bytes
+	t.counters.queuedBytes.Store(int64(t.queuedBytes))
+	if q.frames <= 0 {
 		delete(t.queued, peerID)
+	} else {
+		t.queued[peerID] = q
 	}
 }
 
@@ -239,6 +299,10 @@ func (t *Transport) Stats() Stats {
 		PeersUp:         c.peersUp.Load(),
 		PeersDown:       c.peersDown.Load(),
 		OpenPeers:       c.openPeers.Load(),
+		QueuedSendBytes: c.queuedBytes.Load(),
+		PeersReaped:     c.peersReaped.Load(),
+		InboundConns:    c.inboundConns.Load(),
+		InboundShut:     c.inboundShut.Load(),
 	}
 }
 
@@ -262,4 +326,6 @@ func (t *Transport) stopAccepting() {
 	t.closing.Store(true)
 	t.commands = nil
 	clear(t.queued)
+	t.queuedBytes = 0
+	t.counters.queuedBytes.Store(0)
 }

@@ -20,6 +20,7 @@ func (p *pump) closeRouter() {
 	if p.router == nil {
 		return
 	}
+	p.stopRouterMonitor()
 	if p.bound {
 		if err := p.unbindRouter(); err != nil {
 			p.t.log.Warn("router port may still be held after close", "err", err)

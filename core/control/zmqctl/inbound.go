@@ -1,0 +1,326 @@
+package zmqctl
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"golang.org/x/sys/unix"
+)
+
+// routerEvents are what the ROUTER's monitor reports: each accepted and
+// each ended connection with its file descriptor, and failed handshakes
+// (to name an encrypt mismatch; the descriptor comes with the disconnect
+// that follows).
+const routerEvents = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | handshakeFailures
+
+const handshakeFailures = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL |
+	zmq.EVENT_HANDSHAKE_FAILED_AUTH
+
+// fdProperty is the message property libzmq fills with the descriptor of
+// the TCP connection a message came in on (the one ZMQ_SRCFD reads).
+const fdProperty = "__fd"
+
+// inboundConn is one TCP connection our ROUTER accepted.
+type inboundConn struct {
+	fd       int
+	remote   netip.AddrPort
+	accepted time.Time
+	heard    bool // libzmq gave us a frame from it: the ROUTER reads it
+	shut     bool // we shut it down; its disconnect is on the way
+}
+
+// inbound counts the ROUTER's connections, per host and in all, from its
+// monitor, and ends those it must not keep (see pump.shut): over
+// Options.MaxInboundConns or MaxInboundConnsPerHost, or unheard, that is
+// never read by libzmq (a second connection under a routing id in use, or
+// one that sent nothing) past Options.UnheardTimeout. Each holds up to
+// Options.RecvHWM+1 frames in libzmq, so these bound what strangers park
+// there. Owned by the pump.
+type inbound struct {
+	monitor   *zmq.Socket
+	monitorFd int
+	localPort uint16
+
+	conns   map[int]*inboundConn
+	perHost map[netip.Addr]int
+	unheard map[int]*inboundConn // not heard and not shut
+	// drainedAt is when the ROUTER last had nothing for us to read: a
+	// connection accepted UnheardTimeout before that, and still unheard,
+	// is not being read.
+	drainedAt time.Time
+	// handshakeFailed: the next disconnect ends a connection whose ZMTP
+	// handshake failed, logged with its address (events of one socket
+	// come in order from its I/O thread).
+	handshakeFailed zmq.Event
+	logs            rateLimiter
+}
+
+func newInbound() *inbound {
+	return &inbound{monitorFd: -1, conns: map[int]*inboundConn{}, perHost: map[netip.Addr]int{},
+		unheard: map[int]*inboundConn{}, logs: rateLimiter{every: 10 * time.Second}}
+}
+
+// monitorRouter attaches the ROUTER's monitor and its reader. It runs
+// before Bind: libzmq's I/O thread sends monitor events with a blocking
+// send, so the reader must be there before the first event.
+func (p *pump) monitorRouter() error {
+	addr := nextMonitorAddr()
+	if err := p.router.Monitor(addr, routerEvents); err != nil {
+		return fmt.Errorf("monitor router: %w", err)
+	}
+	reader, err := newSocket(p.ctx, zmq.PAIR)
+	if err != nil {
+		return err
+	}
+	p.in.monitor = reader
+	// No bound on the events waiting for the pump: libzmq's I/O thread
+	// sends them with a blocking send, so a full queue (a connection flood
+	// while the pump is busy) would stall every connection of that thread,
+	// and stopping the monitor at Close, which waits for that send, would
+	// never return. An event is a few dozen bytes; the pump drains them
+	// every pass.
+	if err := reader.SetRcvhwm(0); err != nil {
+		return fmt.Errorf("router monitor receive hwm: %w", err)
+	}
+	if err := reader.Connect(addr); err != nil {
+		return fmt.Errorf("connect router monitor %s: %w", addr, err)
+	}
+	return nil
+}
+
+// watchRouterMonitor polls the monitor's reader (after Bind, once the
+// epoll set exists).
+func (p *pump) watchRouterMonitor() error {
+	fd, err := p.in.monitor.GetFd()
+	if err != nil {
+		return fmt.Errorf("router monitor fd: %w", err)
+	}
+	if err := p.watch(fd, fdTarget{kind: fdRouterMonitor}, unix.EPOLLIN); err != nil {
+		return err
+	}
+	p.in.monitorFd = fd
+	p.readRouterMonitor()
+	return nil
+}
+
+// stopRouterMonitor ends the monitor before its reader, as for a DEALER
+// (peerConn.stopWatching).
+func (p *pump) stopRouterMonitor() {
+	if p.router != nil {
+		_ = p.router.Monitor("", 0)
+	}
+	p.unwatch(p.in.monitorFd)
+	p.in.monitorFd = -1
+	if p.in.monitor != nil {
+		p.in.monitor.Close()
+		p.in.monitor = nil
+	}
+}
+
+func (p *pump) readRouterMonitor() {
+	for p.in.monitor != nil {
+		event, _, value, err := p.in.monitor.RecvEvent(zmq.DONTWAIT)
+		if err != nil {
+			if !isAgain(err) {
+				p.t.log.Warn("router monitor receive failed", "err", err)
+			}
+			return
+		}
+		switch {
+		case event&zmq.EVENT_ACCEPTED != 0:
+			p.accepted(value, time.Now())
+		case event&zmq.EVENT_DISCONNECTED != 0:
+			p.inboundGone(value)
+		case event&handshakeFailures != 0:
+			p.in.handshakeFailed = event
+		}
+	}
+}
+
+// accepted records a new connection and ends it at once when it is one
+// too many.
+func (p *pump) accepted(fd int, now time.Time) {
+	in, o := p.in, p.t.opts
+	remote, ok := peerOf(fd)
+	if !ok {
+		return // gone already; its disconnect follows
+	}
+	c := &inboundConn{fd: fd, remote: remote, accepted: now}
+	in.conns[fd] = c
+	in.unheard[fd] = c
+	in.perHost[remote.Addr()]++
+	p.t.counters.inboundConns.Store(int64(len(in.conns)))
+	switch {
+	case len(in.conns) > o.MaxInboundConns:
+		p.shut(c, fmt.Sprintf("%d control connections open, bound %d (max_inbound_conns)", len(in.conns), o.MaxInboundConns))
+	case in.perHost[remote.Addr()] > o.MaxInboundConnsPerHost:
+		p.shut(c, fmt.Sprintf("%d control connections from %s, bound %d", in.perHost[remote.Addr()], remote.Addr(), o.MaxInboundConnsPerHost))
+	}
+}
+
+func (p *pump) inboundGone(fd int) {
+	in := p.in
+	c := in.conns[fd]
+	if in.handshakeFailed != 0 {
+		from := "an address gone before it was seen" // closed before the pump read its accept
+		if c != nil {
+			from = c.remote.String()
+		}
+		p.logHandshakeFailure(from, in.handshakeFailed)
+		in.handshakeFailed = 0
+	}
+	if c == nil {
+		return
+	}
+	delete(in.conns, fd)
+	delete(in.unheard, fd)
+	if in.perHost[c.remote.Addr()]--; in.perHost[c.remote.Addr()] <= 0 {
+		delete(in.perHost, c.remote.Addr())
+	}
+	p.t.counters.inboundConns.Store(int64(len(in.conns)))
+}
+
+// heard marks the connection a frame came in on as read by libzmq.
+func (p *pump) heard(fd int) {
+	if c := p.in.unheard[fd]; c != nil {
+		c.heard = true
+		delete(p.in.unheard, fd)
+	}
+}
+
+// expireUnheard ends connections libzmq has not read from within
+// UnheardTimeout although the ROUTER had nothing else for us: a second
+// connection under an identity in use (libzmq never reads it without
+// handover), or one that never sent a frame. Either would hold what it
+// sent in libzmq for as long as it stays open.
+func (p *pump) expireUnheard(now time.Time) {
+	drained := p.in.drainedAt
+	if !p.routerMore && len(p.backlog) == 0 {
+		drained = now // nothing is waiting to be read right now
+	}
+	for _, c := range p.in.unheard {
+		if !c.accepted.Add(p.t.opts.UnheardTimeout).After(drained) {
+			p.shut(c, fmt.Sprintf("no frame read from it within %v (a second connection under an identity in use, or a silent one)",
+				p.t.opts.UnheardTimeout))
+		}
+	}
+}
+
+// unheardTimeout is how long until the next unheard connection is due.
+func (p *pump) unheardTimeout(now time.Time, timeout time.Duration) time.Duration {
+	for _, c := range p.in.unheard {
+		timeout = min(timeout, c.accepted.Add(p.t.opts.UnheardTimeout).Sub(now))
+	}
+	return timeout
+}
+
+// shut ends an inbound connection with shutdown(2) on its descriptor;
+// libzmq then sees the connection end and closes it. The descriptor is
+// libzmq's, so it is first checked to still be this connection (ours,
+// from the same remote address and port): a descriptor closed since and
+// reused is left alone.
+func (p *pump) shut(c *inboundConn, why string) {
+	delete(p.in.unheard, c.fd)
+	if c.shut {
+		return
+	}
+	c.shut = true
+	if remote, ok := peerOf(c.fd); !ok || remote != c.remote || localPortOf(c.fd) != p.in.localPort {
+		return
+	}
+	if err := unix.Shutdown(c.fd, unix.SHUT_RDWR); err != nil {
+		return
+	}
+	p.t.counters.inboundShut.Add(1)
+	if n, ok := p.in.logs.allow("shut", time.Now()); ok {
+		p.t.log.Warn("closing an inbound control connection", "from", c.remote.String(), "why", why, "suppressed", n)
+	}
+}
+
+// logHandshakeFailure names the likely cause of a failed ZMTP handshake on
+// an inbound connection: the two ends disagree on encrypt.
+func (p *pump) logHandshakeFailure(from string, event zmq.Event) {
+	n, ok := p.in.logs.allow("handshake", time.Now())
+	if !ok {
+		return
+	}
+	p.t.log.Warn("inbound control handshake failed", "from", from, "event", event.String(),
+		"cause", encryptMismatch(p.t.opts.Curve != nil, "the dialer"), "suppressed", n)
+}
+
+// encryptMismatch says, in an operator's words, why a ZMTP handshake
+// failed between this node and peer: libzmq reports only that it did.
+func encryptMismatch(curve bool, peer string) string {
+	if curve {
+		return "CURVE/encrypt mismatch: this node has encrypt on (CURVE) and " + peer +
+			" does not (a stock vLLM peer, or encrypt off), or derives its keys from another auth secret: " +
+			"set encrypt and the same secret on every peer"
+	}
+	return "CURVE/encrypt mismatch: this node has encrypt off (plaintext) and " + peer +
+		" requires CURVE (encrypt on), or it is not a ZMQ peer: set encrypt the same on every peer"
+}
+
+// peerOf returns the remote address of a TCP socket descriptor.
+func peerOf(fd int) (netip.AddrPort, bool) {
+	sa, err := unix.Getpeername(fd)
+	if err != nil {
+		return netip.AddrPort{}, false
+	}
+	return addrPortOf(sa)
+}
+
+func localPortOf(fd int) uint16 {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return 0
+	}
+	ap, _ := addrPortOf(sa)
+	return ap.Port()
+}
+
+func addrPortOf(sa unix.Sockaddr) (netip.AddrPort, bool) {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)), true
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port)), true
+	}
+	return netip.AddrPort{}, false
+}
+
+// messageFd is the descriptor libzmq reported for a message, -1 if none.
+func messageFd(meta map[string]string) int {
+	s, ok := meta[fdProperty]
+	if !ok {
+		return -1
+	}
+	fd, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return fd
+}
+
+// rateLimiter lets one log line per cause through every period, counting
+// what it held back.
+type rateLimiter struct {
+	every time.Duration
+	last  map[string]time.Time
+	held  map[string]int
+}
+
+func (r *rateLimiter) allow(cause string, now time.Time) (suppressed int, ok bool) {
+	if r.last == nil {
+		r.last, r.held = map[string]time.Time{}, map[string]int{}
+	}
+	if last, seen := r.last[cause]; seen && now.Sub(last) < r.every {
+		r.held[cause]++
+		return 0, false
+	}
+	suppressed = r.held[cause]
+	r.last[cause], r.held[cause] = now, 0
+	return suppressed, true
+}
