@@ -290,6 +290,8 @@ func (s *Session) dispatch(m protocol.Message) error {
 	}
 	switch msg := m.(type) {
 	case *protocol.Lookup:
+		return s.producer.onLookup(&PreparedLookup{Lookup: msg})
+	case *PreparedLookup:
 		return s.producer.onLookup(msg)
 	case *protocol.LookupResp:
 		s.consumer.onLookupResp(msg)

@@ -17,7 +17,8 @@ import (
 //     other than a connect, or one its session may not send yet (a lookup
 //     before the handshake finished), is dropped or refused there,
 //     undecoded;
-//  3. only a frame the sender may send is decoded, off the lock, and then
+//  3. only a frame the sender may send is decoded, and what grows with
+//     its size prepared (session.Prepare), off the lock; it is then
 //     handled under it (onFrame), which checks everything again: the
 //     sessions may have changed in between.
 //
@@ -38,6 +39,9 @@ func (t *Tier) take(ev control.Event) {
 		return
 	}
 	m, err := protocol.Decode(ev.Frame, lim)
+	if err == nil {
+		m = session.Prepare(m, t.cfg.MaxKeysPerPeer) // a lookup's keys de-duplicated, or its refusal encoded
+	}
 	t.locked(func() {
 		t.stats.framesDecoded++
 		t.onFrame(ev, m, err)
