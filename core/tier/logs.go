@@ -64,8 +64,15 @@ type Logf func(level, format string, args ...any)
 // logf is the one way into the host's log: the tier's lines, its
 // sessions' (Env.Logf) and its data paths' (Deps.NewData's logf). Each
 // cause is rate-limited (logLimiter), since a remote party can trigger
-// most of them at will.
+// most of them at will; INFO lines are not: each marks a session's
+// registration or orderly end, or a host call, so a party needs a whole
+// handshake per line, and operators (and tests) look for them by peer.
 func (t *Tier) logf(level, format string, args ...any) {
+	if level == "INFO" {
+		t.logs.add(logLine(level, fmt.Sprintf(format, args...)))
+		t.news.bump(NewsLogs)
+		return
+	}
 	now := t.now()
 	emit, summary := t.limiter.admit(level, format, args, now)
 	if summary != "" {
