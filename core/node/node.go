@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -249,6 +250,31 @@ func (l *transportLog) Write(p []byte) (int, error) {
 	if strings.HasPrefix(line, "level=ERROR") {
 		level = "ERROR"
 	}
-	(*logf)(level, "control transport: %s", line)
+	// The tier rate-limits lines per format string: the record's level and
+	// message (a constant in zmqctl) go into the format, so one flooded
+	// warning cannot silence the others.
+	cause, attrs := splitRecord(line)
+	(*logf)(level, "control transport: "+strings.ReplaceAll(cause, "%", "%%")+"%s", attrs)
 	return len(p), nil
+}
+
+// splitRecord splits a text record after its msg value.
+func splitRecord(line string) (cause, attrs string) {
+	i := strings.Index(line, " msg=")
+	if i < 0 {
+		return "", line
+	}
+	end := i + len(" msg=")
+	if rest := line[end:]; strings.HasPrefix(rest, `"`) {
+		q, err := strconv.QuotedPrefix(rest)
+		if err != nil {
+			return "", line
+		}
+		end += len(q)
+	} else if j := strings.IndexByte(rest, ' '); j >= 0 {
+		end += j
+	} else {
+		end = len(line)
+	}
+	return line[:end], line[end:]
 }

@@ -113,11 +113,21 @@ type (
 	}
 )
 
+// Encoded is a message encoded ahead of its send (by Encode, off a lock
+// its sender holds when it sends); Encode returns Frame as it is.
+type Encoded struct {
+	Message
+	Frame []byte
+}
+
 // Encode returns m as one msgpack map, byte-identical to what vLLM's
 // msgspec produces for the same dict. It refuses messages that a vLLM peer
 // would reject as a protocol error (and disconnect for): unequal parallel
 // lists, zero num_blocks or block_len.
 func Encode(m Message) ([]byte, error) {
+	if e, ok := m.(*Encoded); ok {
+		return e.Frame, nil
+	}
 	wire, size, err := toWire(m)
 	if err != nil {
 		return nil, err

@@ -9,7 +9,7 @@ import (
 )
 
 // FuzzDecode: Decode never panics, every error wraps exactly one sentinel,
-// and anything it accepts is a msgpack map that an independent decoder
+// PeekType names the type of what it accepts, and anything it accepts is a msgpack map that an independent decoder
 // (ugorji) also parses, re-encodes, and decodes back to the same message.
 func FuzzDecode(f *testing.F) {
 	for _, g := range oracleVectors() {
@@ -31,6 +31,10 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("error %q wraps ErrMalformed=%v ErrUnknownType=%v", err, malformed, unknown)
 			}
 			return
+		}
+		// The receiver screens frames by PeekType before it decodes them.
+		if typ, err := PeekType(frame, lim); err != nil || typ != m.MsgType() {
+			t.Fatalf("Decode accepted a %s, PeekType says %q, %v", m.MsgType(), typ, err)
 		}
 		var generic any
 		if err := codec.NewDecoderBytes(frame, genericHandle).Decode(&generic); err != nil {

@@ -76,12 +76,64 @@ func (l *InboundLookup) OwesFinish() bool {
 // Pending returns the keys the host must (re)evaluate, in first-seen order.
 func (l *InboundLookup) Pending() [][]byte { return l.pending }
 
-func (p *producer) onLookup(m *protocol.Lookup) error {
+// PreparedLookup is a lookup with the work that grows with its keys done
+// (Prepare), so that handling it does not.
+type PreparedLookup struct {
+	*protocol.Lookup
+	prepared bool
+	pending  [][]byte        // its distinct keys, in first-seen order
+	resolved map[string]bool // sized for them
+	// refusal is the all-miss answer, encoded, to a lookup of more keys
+	// than a peer may make us hold (max_keys_per_peer): it is never filed.
+	refusal protocol.Message
+}
+
+// Prepare does the work on m that grows with its size, so the owner can do
+// it without its lock and Handle only files the result; maxKeys is
+// max_keys_per_peer. It returns what to pass to Handle: m itself for
+// messages with nothing to prepare.
+func Prepare(m protocol.Message, maxKeys int) protocol.Message {
+	l, ok := m.(*protocol.Lookup)
+	if !ok {
+		return m
+	}
+	if max(1, len(l.Keys)) > maxKeys { // over the cap whatever the peer holds (producer.overCap)
+		answer := &protocol.LookupResp{KVRequestID: l.KVRequestID, Keys: l.Keys, Hits: make([]bool, len(l.Keys))}
+		frame, err := protocol.Encode(answer)
+		if err != nil {
+			return m // encoded when sent, and the error met there
+		}
+		return &PreparedLookup{Lookup: l, refusal: &protocol.Encoded{Message: answer, Frame: frame}}
+	}
+	return prepareLookup(l)
+}
+
+func prepareLookup(l *protocol.Lookup) *PreparedLookup {
+	p := &PreparedLookup{Lookup: l, prepared: true}
+	seen := make(map[string]struct{}, len(l.Keys))
+	for _, k := range l.Keys {
+		if _, dup := seen[string(k)]; !dup {
+			seen[string(k)] = struct{}{}
+			p.pending = append(p.pending, k)
+		}
+	}
+	p.resolved = make(map[string]bool, len(p.pending))
+	return p
+}
+
+func (p *producer) onLookup(m *PreparedLookup) error {
 	if why := p.overCap(m.KVRequestID, len(m.Keys)); why != "" {
 		// Answer at once, all misses, without involving the host.
 		p.s.env.Logf("WARNING", "peer %s: lookup kv_request_id=%s answered as misses: %s", p.s.peerID, m.KVRequestID, why)
-		p.s.send(&protocol.LookupResp{KVRequestID: m.KVRequestID, Keys: m.Keys, Hits: make([]bool, len(m.Keys))})
+		answer := m.refusal
+		if answer == nil {
+			answer = &protocol.LookupResp{KVRequestID: m.KVRequestID, Keys: m.Keys, Hits: make([]bool, len(m.Keys))}
+		}
+		p.s.send(answer)
 		return nil
+	}
+	if !m.prepared {
+		m = prepareLookup(m.Lookup)
 	}
 	id := p.s.env.NextLookupID()
 	l := &InboundLookup{
@@ -91,17 +143,11 @@ func (p *producer) onLookup(m *protocol.Lookup) error {
 		Round:       m.RoundSeq,
 		s:           p.s,
 		keys:        m.Keys,
-		resolved:    make(map[string]bool, len(m.Keys)),
+		resolved:    m.resolved,
+		pending:     m.pending,
 	}
 	l.arrived = p.s.env.Now()
 	l.deadline = l.arrived.Add(p.s.env.Cfg.InboundLookupTimeout)
-	seen := make(map[string]struct{}, len(m.Keys))
-	for _, k := range m.Keys {
-		if _, dup := seen[string(k)]; !dup {
-			seen[string(k)] = struct{}{}
-			l.pending = append(l.pending, k)
-		}
-	}
 	p.request(m.KVRequestID).addLookup(l)
 	p.s.report(Report{Kind: InboundReady, Lookup: l})
 	return nil

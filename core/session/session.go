@@ -212,6 +212,46 @@ func (s *Session) HandleDecodeError(err error) {
 	s.protocolError(err.Error())
 }
 
+// RefuseType handles a frame known only by its type t when no message of
+// that type may come now (a request before the handshake finished, or from
+// a session that ended): the frame is a protocol error whatever it holds,
+// so the owner need not decode it. It reports whether it handled the frame;
+// false means decode it and call Handle or HandleDecodeError.
+func (s *Session) RefuseType(t protocol.Type) bool {
+	if s.dead {
+		return true // Handle would ignore it
+	}
+	err := s.refusesType(t)
+	if err == nil {
+		return false
+	}
+	s.lastActivity = s.env.Now()
+	s.protocolError(err.Error())
+	return true
+}
+
+// refusesType says why no message of type t may come in the session's
+// state, or nil. connect and disconnect may always come.
+func (s *Session) refusesType(t protocol.Type) error {
+	switch t {
+	case protocol.TypeConnect, protocol.TypeDisconnect:
+		return nil
+	}
+	if s.peer == nil {
+		return fmt.Errorf("%s before connect", t)
+	}
+	switch t {
+	case protocol.TypeConnectAck, protocol.TypeProof, protocol.TypePaths:
+		return nil
+	}
+	// A peer may send requests only after our ack: vLLM queues them until
+	// then, and so do we.
+	if s.state != acked {
+		return fmt.Errorf("%s before the handshake finished", t)
+	}
+	return nil
+}
+
 // Kill ends the session without a goodbye, e.g. when the connection dropped.
 func (s *Session) Kill(reason string) { s.markDead(reason) }
 
@@ -236,8 +276,8 @@ func (s *Session) dispatch(m protocol.Message) error {
 		}
 		return nil
 	}
-	if s.peer == nil {
-		return fmt.Errorf("%s before connect", m.MsgType())
+	if err := s.refusesType(m.MsgType()); err != nil {
+		return err
 	}
 	switch msg := m.(type) {
 	case *protocol.ConnectAck:
@@ -248,13 +288,10 @@ func (s *Session) dispatch(m protocol.Message) error {
 	case *protocol.Paths:
 		return s.onPaths(msg)
 	}
-	// A peer may send requests only after our ack: vLLM queues them until
-	// then, and so do we.
-	if s.state != acked {
-		return fmt.Errorf("%s before the handshake finished", m.MsgType())
-	}
 	switch msg := m.(type) {
 	case *protocol.Lookup:
+		return s.producer.onLookup(&PreparedLookup{Lookup: msg})
+	case *PreparedLookup:
 		return s.producer.onLookup(msg)
 	case *protocol.LookupResp:
 		s.consumer.onLookupResp(msg)

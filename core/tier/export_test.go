@@ -7,3 +7,10 @@ func PanicNext(where string) { panicAt.Store(&where) }
 // InlineAsk is how many keys a host call registers itself (more are left to
 // the loop).
 const InlineAsk = inlineAsk
+
+// FramesDecoded is how many inbound frames were decoded past their type.
+func (t *Tier) FramesDecoded() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stats.framesDecoded
+}

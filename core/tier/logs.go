@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 )
 
 // logRing buffers log lines for the host to collect (peerkv_take_logs),
@@ -60,10 +61,145 @@ func (r *logRing) take(max int) []byte {
 // "WARNING" or "ERROR".
 type Logf func(level, format string, args ...any)
 
+// logf is the one way into the host's log: the tier's lines, its
+// sessions' (Env.Logf) and its data paths' (Deps.NewData's logf). Each
+// cause is rate-limited (logLimiter), since a remote party can trigger
+// most of them at will; INFO lines are not: each marks a session's
+// registration or orderly end, or a host call, so a party needs a whole
+// handshake per line, and operators (and tests) look for them by peer.
 func (t *Tier) logf(level, format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	t.logs.add(level + " " + strings.ReplaceAll(msg, "\n", "\n  ") + "\n")
-	t.news.bump(NewsLogs)
+	if level == "INFO" {
+		t.logs.add(logLine(level, fmt.Sprintf(format, args...)))
+		t.news.bump(NewsLogs)
+		return
+	}
+	now := t.now()
+	emit, summary := t.limiter.admit(level, format, args, now)
+	if summary != "" {
+		t.logs.add(summary)
+	}
+	if emit {
+		t.logs.add(logLine(level, fmt.Sprintf(format, args...)))
+	}
+	if emit || summary != "" {
+		t.news.bump(NewsLogs)
+	}
+}
+
+// flushLogs logs what the rate limit suppressed in windows that are over,
+// so a flood that stopped is still reported; the progress loop calls it.
+func (t *Tier) flushLogs(now time.Time) {
+	if lines := t.limiter.due(now); len(lines) > 0 {
+		for _, l := range lines {
+			t.logs.add(l)
+		}
+		t.news.bump(NewsLogs)
+	}
+}
+
+func logLine(level, msg string) string {
+	return level + " " + strings.ReplaceAll(msg, "\n", "\n  ") + "\n"
+}
+
+// Each cause (a call site: its level and format string) logs at most
+// logBurst lines per logWindow. Lines beyond are counted, not formatted;
+// when the window is over one line reports how many there were, with the
+// last of them. A flood of one cause leaves every other cause's budget
+// whole.
+const (
+	logBurst  = 10
+	logWindow = 10 * time.Second
+	// maxLogCauses bounds the causes tracked (format strings are constants,
+	// so real code has far fewer); beyond it, new causes share one budget.
+	maxLogCauses = 1024
+)
+
+type logLimiter struct {
+	mu     sync.Mutex
+	causes map[logKey]*logCause
+	owed   int // causes with suppressed lines not yet reported
+}
+
+type logKey struct{ level, format string }
+
+type logCause struct {
+	start      time.Time // of the current window
+	logged     int
+	suppressed int
+	last       []any // the args of the last line suppressed
+	lastFormat string
+}
+
+var sharedCause = logKey{format: "(other causes)"}
+
+// admit says whether a line may be logged now, and returns the report of
+// the cause's previous window when that window is over and suppressed lines.
+func (l *logLimiter) admit(level, format string, args []any, now time.Time) (bool, string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.causes == nil {
+		l.causes = map[logKey]*logCause{}
+	}
+	k := logKey{level, format}
+	c := l.causes[k]
+	if c == nil {
+		if len(l.causes) >= maxLogCauses {
+			k = sharedCause
+			c = l.causes[k]
+		}
+		if c == nil {
+			c = &logCause{start: now}
+			l.causes[k] = c
+		}
+	}
+	summary := ""
+	if now.Sub(c.start) >= logWindow {
+		summary = l.close(k, c, now)
+	}
+	if c.logged < logBurst {
+		c.logged++
+		return true, summary
+	}
+	if c.suppressed == 0 {
+		l.owed++
+	}
+	c.suppressed++
+	c.last, c.lastFormat = args, format
+	return false, summary
+}
+
+// close ends c's window at now, returning its report ("" if it suppressed
+// nothing).
+func (l *logLimiter) close(k logKey, c *logCause, now time.Time) string {
+	summary := ""
+	if c.suppressed > 0 {
+		l.owed--
+		level := k.level
+		if k == sharedCause {
+			level = "WARNING"
+		}
+		summary = logLine(level, fmt.Sprintf("%s (%d lines like this suppressed in the last %v; this is the last)",
+			fmt.Sprintf(c.lastFormat, c.last...), c.suppressed, now.Sub(c.start).Round(time.Second)))
+	}
+	*c = logCause{start: now}
+	return summary
+}
+
+// due closes every window that is over and suppressed lines, returning
+// their reports.
+func (l *logLimiter) due(now time.Time) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.owed == 0 {
+		return nil
+	}
+	var out []string
+	for k, c := range l.causes {
+		if c.suppressed > 0 && now.Sub(c.start) >= logWindow {
+			out = append(out, l.close(k, c, now))
+		}
+	}
+	return out
 }
 
 // TakeLogs returns pending log lines ("LEVEL message\n"), at most max bytes.

@@ -3,6 +3,7 @@ package tier
 // counters are updated with t.mu held.
 type counters struct {
 	framesIn, framesOut, droppedFrames, badFrames int64
+	framesDecoded                                 int64 // frames screen let through to Decode (intake.go)
 	sessionsOpened, sessionsClosed                int64
 	lookupHits, lookupMisses, inboundLookups      int64
 	loadsOK, loadsFailed, storesOK, storesFailed  int64

@@ -53,9 +53,12 @@ type Tier struct {
 	now    func() time.Time
 	env    *session.Env
 	logs   *logRing
-	reg    *registry
-	notify notifier // the host's notification fd; see notify.go
-	news   news     // what the host has to collect, read without a call; see news.go
+	// limiter rate-limits log lines per cause (logs.go); it has its own
+	// lock, as data paths log from their goroutines.
+	limiter logLimiter
+	reg     *registry
+	notify  notifier // the host's notification fd; see notify.go
+	news    news     // what the host has to collect, read without a call; see news.go
 
 	mu       sync.Mutex
 	closed   bool
@@ -293,7 +296,7 @@ func (t *Tier) loop() {
 				t.poison(fmt.Errorf("%w: the control transport stopped; the peer is stopped", ErrInternal))
 				return
 			}
-			t.locked(func() { t.onEvent(ev) })
+			t.take(ev)
 		case c, ok := <-completions:
 			if !ok {
 				completions = nil
@@ -339,58 +342,40 @@ func (t *Tier) locked(f func()) {
 // (control.Handing), sparing each frame a hand-off to the loop.
 func (t *Tier) handle(ev control.Event) {
 	defer t.recoverLoop("the control path's handler")
-	t.locked(func() { t.onEvent(ev) })
+	t.take(ev)
 }
 
-func (t *Tier) onEvent(ev control.Event) {
-	switch ev.Kind {
-	case control.EventPeerDown:
-		if s := t.sessions[ev.PeerID]; s != nil {
-			s.Kill(ev.Err.Error()) // "peer connection lost (EVENT_DISCONNECTED)"
-		}
-	case control.EventFrame:
-		t.stats.framesIn++
-		m, err := protocol.Decode(ev.Frame, protocol.Limits{
-			MaxFrameBytes: t.cfg.MaxFrameBytes, MaxListItems: t.cfg.MaxListItems, KeyLen: t.cfg.KeyLen,
-		})
-		s := t.sessions[ev.PeerID]
-		if s == nil {
-			if err != nil || m.MsgType() != protocol.TypeConnect {
-				t.stats.droppedFrames++
-				t.logf("WARNING", "dropping a frame from %s, which has no session (first message must be connect): %v", ev.PeerID, describe(m, err))
-				return
-			}
-			// A stock peer's connect may be the one our goodbye drew (refusals.go).
-			stock := m.(*protocol.Connect).PeerKV == nil
-			quiet := stock && t.refused.take(ev.PeerID, t.now())
-			if why := t.admit(ev.PeerID, ev.Addr); why != "" {
-				t.refuseBeforeSession(ev.PeerID, ev.Addr, why, stock, quiet)
-				return
-			}
-			s = t.openSession(ev.PeerID, ev.Addr, false)
-			t.refused.owes(ev.PeerID) // a goodbye still owed would end this session
-			if quiet {
-				s.RefuseQuietly()
-			}
-		}
-		if ev.Addr != "" {
-			s.PinSource(ev.Addr)
-			if s.Source() != ev.Addr {
-				// Someone else connected under this peer's id: its frames are
-				// not the session's.
-				t.stats.droppedFrames++
-				t.logf("WARNING", "dropping a frame claiming to be %s from %s: the session's frames come from %s",
-					ev.PeerID, ev.Addr, s.Source())
-				return
-			}
-		}
-		if err != nil {
-			t.stats.badFrames++
-			s.HandleDecodeError(err)
+// onFrame handles a frame screen let through, decoded off the lock: the
+// sessions may have changed meanwhile, so everything is checked again.
+func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
+	s := t.sessions[ev.PeerID]
+	if s == nil {
+		if err != nil || m.MsgType() != protocol.TypeConnect {
+			t.dropSessionless(ev.PeerID, describe(m, err))
 			return
 		}
-		s.Handle(m)
+		// A stock peer's connect may be the one our goodbye drew (refusals.go).
+		stock := m.(*protocol.Connect).PeerKV == nil
+		quiet := stock && t.refused.take(ev.PeerID, t.now())
+		if why := t.admit(ev.PeerID, ev.Addr); why != "" {
+			t.refuseBeforeSession(ev.PeerID, ev.Addr, why, stock, quiet)
+			return
+		}
+		s = t.openSession(ev.PeerID, ev.Addr, false)
+		t.refused.owes(ev.PeerID) // a goodbye still owed would end this session
+		if quiet {
+			s.RefuseQuietly()
+		}
 	}
+	if !t.fromSource(s, ev) {
+		return
+	}
+	if err != nil {
+		t.stats.badFrames++
+		s.HandleDecodeError(err)
+		return
+	}
+	s.Handle(m)
 }
 
 // refuseBeforeSession refuses a connect admit turned away. A peerkv peer
@@ -572,6 +557,7 @@ func (t *Tier) onTick() {
 	}
 	t.tickServing(now)
 	t.tickLoads(now)
+	t.flushLogs(now)
 	for _, id := range t.refused.dueGoodbyes(now) {
 		if s := t.sessions[id]; s == nil || s.Dead() { // a session opened since would end with it
 			t.sayGoodbye(id)

@@ -1,0 +1,118 @@
+package tier
+
+import (
+	"github.com/peerkv/peerkv/core/control"
+	"github.com/peerkv/peerkv/core/protocol"
+	"github.com/peerkv/peerkv/core/session"
+)
+
+// Inbound frames are taken in three steps, so that the lock host calls
+// wait on is never held for work that grows with a frame (docs/security.md,
+// G16):
+//
+//  1. off the lock, the frame's type is peeked (protocol.PeekType: a few
+//     bytes, whatever the frame's size);
+//  2. under the lock, screen checks the sender's standing from the type
+//     alone (a map look-up): a frame from an identity without a session,
+//     other than a connect, or one its session may not send yet (a lookup
+//     before the handshake finished), is dropped or refused there,
+//     undecoded;
+//  3. only a frame the sender may send is decoded, and what grows with
+//     its size prepared (session.Prepare), off the lock; it is then
+//     handled under it (onFrame), which checks everything again: the
+//     sessions may have changed in between.
+//
+// Frames of one transport arrive on one goroutine, in order, so no two of
+// them interleave.
+
+// take handles one control event, on the goroutine that delivers it.
+func (t *Tier) take(ev control.Event) {
+	if ev.Kind != control.EventFrame {
+		t.locked(func() { t.onPeerDown(ev) })
+		return
+	}
+	lim := t.frameLimits()
+	typ, peekErr := protocol.PeekType(ev.Frame, lim)
+	decode := false
+	t.locked(func() { decode = t.screen(ev, typ, peekErr) })
+	if !decode {
+		return
+	}
+	m, err := protocol.Decode(ev.Frame, lim)
+	if err == nil {
+		m = session.Prepare(m, t.cfg.MaxKeysPerPeer) // a lookup's keys de-duplicated, or its refusal encoded
+	}
+	t.locked(func() {
+		t.stats.framesDecoded++
+		t.onFrame(ev, m, err)
+	})
+}
+
+func (t *Tier) frameLimits() protocol.Limits {
+	return protocol.Limits{MaxFrameBytes: t.cfg.MaxFrameBytes, MaxListItems: t.cfg.MaxListItems, KeyLen: t.cfg.KeyLen}
+}
+
+func (t *Tier) onPeerDown(ev control.Event) {
+	if ev.Kind != control.EventPeerDown {
+		return
+	}
+	if s := t.sessions[ev.PeerID]; s != nil {
+		s.Kill(ev.Err.Error()) // "peer connection lost (EVENT_DISCONNECTED)"
+	}
+}
+
+// screen decides from a frame's type alone whether its sender may send it
+// now; a frame it may not is dropped or refused here. It reports whether
+// the frame must be decoded. Called with t.mu held; costs no more than a
+// map look-up whatever the frame holds.
+func (t *Tier) screen(ev control.Event, typ protocol.Type, peekErr error) bool {
+	t.stats.framesIn++
+	s := t.sessions[ev.PeerID]
+	if s == nil {
+		if peekErr != nil || typ != protocol.TypeConnect {
+			t.dropSessionless(ev.PeerID, describeType(typ, peekErr))
+			return false
+		}
+		return true // a connect: onFrame admits it or not
+	}
+	if !t.fromSource(s, ev) {
+		return false
+	}
+	if peekErr != nil {
+		// Decode says what is wrong with it, or that it is of a type we do
+		// not know (ignored, as vLLM does): the peer holds a session.
+		return true
+	}
+	return !s.RefuseType(typ)
+}
+
+// dropSessionless drops a frame from an identity with no session.
+func (t *Tier) dropSessionless(peerID, what string) {
+	t.stats.droppedFrames++
+	t.logf("WARNING", "dropping a frame from %s, which has no session (first message must be connect): %v", peerID, what)
+}
+
+// fromSource pins s to the address its first frame comes from, and drops
+// (false) a frame under its id from any other.
+func (t *Tier) fromSource(s *session.Session, ev control.Event) bool {
+	if ev.Addr == "" {
+		return true
+	}
+	s.PinSource(ev.Addr)
+	if s.Source() == ev.Addr {
+		return true
+	}
+	// Someone else connected under this peer's id: its frames are not the
+	// session's.
+	t.stats.droppedFrames++
+	t.logf("WARNING", "dropping a frame claiming to be %s from %s: the session's frames come from %s",
+		ev.PeerID, ev.Addr, s.Source())
+	return false
+}
+
+func describeType(typ protocol.Type, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return string(typ)
+}
