@@ -46,13 +46,14 @@ const (
 // rows, or a frame larger than such a list of keys. The floors admit a
 // real long-prompt request from a stock vLLM peer whatever the region:
 // 2^15 keys is a 512K-token prompt at vLLM's 16-token blocks (a 128K-token
-// one needs 8K). The old fixed defaults (2^20 items, 64 MiB frames) are
-// the ceilings.
+// one needs 8K). The ceiling, 2^16 keys (a 1M-token prompt), keeps a large
+// region from admitting lists no request needs; an operator who serves
+// longer prompts sets max_list_items (and max_frame_bytes) explicitly.
 const (
 	MinMaxListItems  = 1 << 15
-	MaxMaxListItems  = 1 << 20
+	MaxMaxListItems  = 1 << 16
 	MinMaxFrameBytes = 4 << 20
-	MaxMaxFrameBytes = 64 << 20
+	MaxMaxFrameBytes = 16 << 20
 	// assumedKeyLen stands in for key_len when it is not set.
 	assumedKeyLen = 64
 	// listItemWire is what one list item adds to a frame besides its key:

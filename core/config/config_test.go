@@ -169,7 +169,8 @@ func TestEncryptNeedsASecret(t *testing.T) {
 }
 
 // Unset frame bounds follow the region and key length, between floors that
-// still admit a stock vLLM peer's long-prompt lookup and the old defaults.
+// still admit a stock vLLM peer's long-prompt lookup and ceilings no
+// request needs more than (a 1M-token prompt's keys).
 func TestControlBoundsAreDerivedFromTheRegion(t *testing.T) {
 	cases := []struct {
 		name             string
@@ -178,8 +179,9 @@ func TestControlBoundsAreDerivedFromTheRegion(t *testing.T) {
 		items, frameMiBs int
 	}{
 		{"small region: the floors", Config{KeyLen: 36}, 1024, MinMaxListItems, MinMaxFrameBytes >> 20},
-		{"rows above the floor", Config{KeyLen: 36}, 200_000, 200_000, (200_000*(36+11) + 1<<20 + 1<<20 - 1) >> 20},
-		{"huge region: the ceilings", Config{}, 1 << 30, MaxMaxListItems, MaxMaxFrameBytes >> 20},
+		{"rows above the floor", Config{KeyLen: 36}, 50_000, 50_000, (50_000*(36+11) + 1<<20 + 1<<20 - 1) >> 20},
+		{"huge region: the list ceiling", Config{}, 1 << 30, MaxMaxListItems, (MaxMaxListItems*(64+11) + 1<<20 + 1<<20 - 1) >> 20},
+		{"huge keys: the frame ceiling", Config{KeyLen: 1024}, 1 << 30, MaxMaxListItems, MaxMaxFrameBytes >> 20},
 		{"set values are kept", Config{MaxListItems: 10, MaxFrameBytes: 1000}, 1 << 30, 10, 0},
 	}
 	for _, c := range cases {

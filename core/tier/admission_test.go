@@ -32,7 +32,6 @@ func allow(entries ...string) func(*config.Config) {
 	return func(cfg *config.Config) { cfg.AllowedPeers = entries }
 }
 
-
 // A client may name any host in kv_transfer_params: a source outside
 // allowed_peers is never dialed, and the request is served locally at once
 // (MISS, the load failed), counted and logged once per interval.

@@ -117,8 +117,8 @@ func TestAStrangersLargeFramesDoNotStallHostCalls(t *testing.T) {
 	c := newCluster(t)
 	victim, victimID := zmqTier(t, c)
 	attacker := zmqTransport(t)
-	frame := lookupFrame(config.DefaultMaxListItems)
-	t.Logf("each frame: %.1f MiB, %d keys", float64(len(frame))/(1<<20), config.DefaultMaxListItems)
+	frame := lookupFrame(protocol.DefaultMaxListItems)
+	t.Logf("each frame: %.1f MiB, %d keys", float64(len(frame))/(1<<20), protocol.DefaultMaxListItems)
 
 	const frames = 8
 	stop := make(chan struct{})

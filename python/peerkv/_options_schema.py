@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "2e1f1eb484fa7a4b515dfc780e2fbd0e5a303c4afb8d8bee1f55f43af4acacba"
+DIGEST = "e559ecf0f436872a6ccca1d6ff393e71e2729429a6a324af918f63cfb17beea3"
 
 SCHEMA = json.loads(
     r"""
@@ -267,7 +267,7 @@ SCHEMA = json.loads(
    "min": 1,
    "max": 1099511627776,
    "default": "derived",
-   "doc": "largest control frame accepted; default: max_list_items x (key_len + 11) + 1 MiB, within 4..64 MiB",
+   "doc": "largest control frame accepted; default: max_list_items x (key_len + 11) + 1 MiB, within 4..16 MiB",
    "want": "an integer in 1..1099511627776"
   },
   {
@@ -276,7 +276,7 @@ SCHEMA = json.loads(
    "min": 1,
    "max": 1099511627776,
    "default": "derived",
-   "doc": "largest list in a control frame; default: the region's rows, within 32768..1048576",
+   "doc": "largest list in a control frame; default: the region's rows, within 32768..65536",
    "want": "an integer in 1..1099511627776"
   },
   {
