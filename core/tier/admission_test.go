@@ -3,7 +3,6 @@ package tier_test
 import (
 	"fmt"
 	"net"
-	"strings"
 	"testing"
 	"time"
 

@@ -44,7 +44,7 @@ const (
 	DefaultEventBuffer      = 1024
 	DefaultCloseTimeout     = 5 * time.Second
 	DefaultDisconnectLinger = 500 * time.Millisecond
-	// DefaultMaxFrameBytes is config.MaxMaxFrameBytes; a node passes the
+	// DefaultMaxFrameBytes is the protocol's own default; a node passes the
 	// bound it derived from its region.
 	DefaultMaxFrameBytes = 64 << 20
 )
