@@ -197,7 +197,7 @@ func pace(halt <-chan struct{}, step func() (progress, done bool)) {
 // secret) sending 65 536-key lookups as fast as the victim takes them.
 func sessionlessFlood() driver {
 	return driver{"sessionless-flood", func(t *testing.T, tg target) func(<-chan struct{}) {
-		const idents, budget = 32, 512 << 20
+		const idents, budget = 32, 384 << 20
 		a := NewAttacker(t, "127.0.0.1")
 		var cs []*Conn
 		for range idents {
@@ -261,7 +261,7 @@ func duplicateIdentities() driver {
 // so every answer is as large as its lookup.
 func sessionsThatNeverRead() driver {
 	return driver{"sessions-that-never-read", func(t *testing.T, tg target) func(<-chan struct{}) {
-		const sessions, budget, kvLen = 4, 512 << 20, 12
+		const sessions, budget, kvLen = 4, 384 << 20, 12
 		a := NewAttacker(t, "127.0.3.1")
 		var cs []*Conn
 		for range sessions {
@@ -295,7 +295,7 @@ func sessionsThatNeverRead() driver {
 // a million keys (36 MiB) every 250 ms.
 func hugeSessionlessLookups() driver {
 	return driver{"huge-sessionless-lookups", func(t *testing.T, tg target) func(<-chan struct{}) {
-		const frames = 12
+		const frames = 8
 		a := NewAttacker(t, "127.0.0.1")
 		c := a.dialQueued(tg.ctl, uniq("huge"), "", 1)
 		frame := sharedLookup(1_000_000)
@@ -425,10 +425,45 @@ func sendHugePart(c net.Conn, id, token string, transfer uint64, totalRows uint3
 
 // slowloris: 64 connections to the legitimate consumer's data port from
 // the victim's own address (127.0.0.1) that never send a hello, each
-// redialled when the consumer closes it.
+// redialled while the attack runs when the consumer closes it, and held
+// after it until the test ends.
 func slowloris() driver {
 	return driver{"slowloris", func(t *testing.T, tg target) func(<-chan struct{}) {
 		const conns = 64
+		var mu sync.Mutex
+		held := map[net.Conn]bool{}
+		var readers sync.WaitGroup
+		t.Cleanup(func() {
+			mu.Lock()
+			for c := range held {
+				_ = c.Close()
+			}
+			mu.Unlock()
+			readers.Wait()
+		})
+		// hold dials one connection and returns a channel closed when the
+		// consumer closes it.
+		hold := func() (<-chan struct{}, bool) {
+			c, err := net.DialTimeout("tcp", tg.legitData, time.Second)
+			if err != nil {
+				return nil, false
+			}
+			mu.Lock()
+			held[c] = true
+			mu.Unlock()
+			closed := make(chan struct{})
+			readers.Add(1)
+			go func() {
+				defer readers.Done()
+				_, _ = io.Copy(io.Discard, c)
+				mu.Lock()
+				delete(held, c)
+				mu.Unlock()
+				_ = c.Close()
+				close(closed)
+			}()
+			return closed, true
+		}
 		return func(halt <-chan struct{}) {
 			var wg sync.WaitGroup
 			for range conns {
@@ -436,28 +471,23 @@ func slowloris() driver {
 				go func() {
 					defer wg.Done()
 					for {
+						closed, ok := hold()
+						if !ok {
+							closed = nil
+						}
 						select {
 						case <-halt:
 							return
-						default:
-						}
-						c, err := net.DialTimeout("tcp", tg.legitData, time.Second)
-						if err != nil {
-							select {
-							case <-halt:
-								return
-							case <-time.After(20 * time.Millisecond):
-							}
-							continue
-						}
-						closed := make(chan struct{})
-						go func() { _, _ = io.Copy(io.Discard, c); close(closed) }()
-						select {
-						case <-halt:
 						case <-closed:
+						case <-time.After(20 * time.Millisecond):
+							if ok {
+								select {
+								case <-halt:
+									return
+								case <-closed:
+								}
+							}
 						}
-						_ = c.Close()
-						<-closed
 					}
 				}()
 			}

@@ -25,11 +25,11 @@ import (
 const (
 	// growthLimit is the bound on the victim's RSS over its idle figure.
 	growthLimit = 256 << 20
-	// hostCallLimit bounds the victim's slowest host call. The target
-	// is 5 ms; these tests run under the race detector on a shared 2-core
-	// machine, where an idle host call has been seen to take tens of ms now
-	// and then, so the bound is ten times the target (the figure printed is
-	// the measured one).
+	// hostCallLimit bounds the victim's slowest host call, not counting the
+	// time the kernel kept the calling thread waiting for a CPU (waits for
+	// peerkv's locks and goroutines count). The target is 5 ms;
+	// these tests run under the race detector on a shared 2-core machine, so
+	// the bound is ten times the target (the figures printed are measured).
 	hostCallLimit = 50 * time.Millisecond
 	// pullLimit bounds the legitimate pull: handshake, lookup, load.
 	pullLimit = 8 * time.Second
@@ -81,7 +81,8 @@ func legitOptions(t *testing.T, m secretMode) map[string]any {
 // figures is what one case measured.
 type figures struct {
 	idle, peak int64
-	slowest    time.Duration
+	slowest    time.Duration // not counting the host thread's waits for a CPU
+	slowWall   time.Duration // by the wall clock
 	slowCall   string
 	pull       time.Duration
 	pullErr    error
@@ -95,8 +96,9 @@ func (f figures) String() string {
 	if f.pullErr != nil {
 		pull = fmt.Sprintf("pull FAILED after %v (%v)", f.pull.Round(time.Millisecond), f.pullErr)
 	}
-	s := fmt.Sprintf("idle %s, peak %s, growth %s, slowest host call %v (%s), %s",
-		mib(f.idle), mib(f.peak), mib(f.growth()), f.slowest.Round(10*time.Microsecond), f.slowCall, pull)
+	s := fmt.Sprintf("idle %s, peak %s, growth %s, slowest host call %v (%s; %v by the wall clock), %s",
+		mib(f.idle), mib(f.peak), mib(f.growth()), f.slowest.Round(10*time.Microsecond), f.slowCall,
+		f.slowWall.Round(10*time.Microsecond), pull)
 	if f.died != nil {
 		s += fmt.Sprintf(", victim lost: %v", f.died)
 	}
@@ -214,7 +216,7 @@ func measure(t *testing.T, m secretMode, rows int, drivers []driver) figures {
 		f.peak = max(f.peak, victimRSSCeiling) // it exits past the ceiling
 		return f
 	}
-	f.peak, f.slowest, f.slowCall = last.Peak, last.Slowest, last.SlowestCall
+	f.peak, f.slowest, f.slowWall, f.slowCall = last.Peak, last.Slowest, last.SlowestWall, last.SlowestCall
 	if t.Failed() || f.growth() >= growthLimit || f.slowest >= hostCallLimit || f.pullErr != nil {
 		v.dumpLogs()
 	}
