@@ -23,8 +23,8 @@ import (
 // connections stay open until the test ends, so what they made the victim
 // hold is still held when the figures are read.
 
-// target is what an attack aims at.
-type target struct {
+// attackTarget is what an attack aims at.
+type attackTarget struct {
 	mode      string // "default", "auth" or "encrypt": the attacker holds no secret in any
 	ctl       string // the victim's peer id (control address)
 	data      string // the victim's TCP data address
@@ -32,11 +32,10 @@ type target struct {
 	legitData string // the TCP data address of the legitimate consumer that pulls during the attack
 }
 
-// driver is one attack: setup runs on the test goroutine and returns the
+// attackDriver is one attack: setup runs on the test goroutine and returns the
 // loop, which must stop soon after halt closes.
-type driver struct {
-	name  string
-	setup func(t *testing.T, tg target) (loop func(halt <-chan struct{}))
+type attackDriver struct {
+	setup func(t *testing.T, tg attackTarget) (loop func(halt <-chan struct{}))
 }
 
 // ---- frames ------------------------------------------------------------------------
@@ -160,7 +159,7 @@ func (c *Conn) trySend(b []byte) bool {
 
 // handshakeOrClaim completes a handshake in default mode; with a secret the
 // attacker, holding none, can only send its connect.
-func handshakeOrClaim(tg target, c *Conn) Frame {
+func handshakeOrClaim(tg attackTarget, c *Conn) Frame {
 	if tg.mode == "default" {
 		return c.Handshake(3 * time.Second)
 	}
@@ -168,9 +167,9 @@ func handshakeOrClaim(tg target, c *Conn) Frame {
 	return Frame{}
 }
 
-// pace runs step until halt closes or step reports the budget spent,
+// paceAttack runs step until halt closes or step reports the budget spent,
 // sleeping a little whenever step made no progress.
-func pace(halt <-chan struct{}, step func() (progress, done bool)) {
+func paceAttack(halt <-chan struct{}, step func() (progress, done bool)) {
 	for {
 		select {
 		case <-halt:
@@ -193,10 +192,10 @@ func pace(halt <-chan struct{}, step func() (progress, done bool)) {
 
 // ---- item 1: frames queued in libzmq before anyone reads them -------------------------
 
-// sessionlessFlood: 32 identities without a session (and without a
+// sessionlessFloodAttack: 32 identities without a session (and without a
 // secret) sending 65 536-key lookups as fast as the victim takes them.
-func sessionlessFlood() driver {
-	return driver{"sessionless-flood", func(t *testing.T, tg target) func(<-chan struct{}) {
+func sessionlessFloodAttack() attackDriver {
+	return attackDriver{func(t *testing.T, tg attackTarget) func(<-chan struct{}) {
 		const idents, budget = 32, 384 << 20
 		a := NewAttacker(t, "127.0.0.1")
 		var cs []*Conn
@@ -206,7 +205,7 @@ func sessionlessFlood() driver {
 		frame := sharedLookup(1 << 16)
 		return func(halt <-chan struct{}) {
 			sent := 0
-			pace(halt, func() (bool, bool) {
+			paceAttack(halt, func() (bool, bool) {
 				progress := false
 				for _, c := range cs {
 					if c.trySend(frame) {
@@ -220,11 +219,11 @@ func sessionlessFlood() driver {
 	}}
 }
 
-// duplicateIdentities: an identity is taken by one quiet connection; three
+// duplicateIdentitiesAttack: an identity is taken by one quiet connection; three
 // more connections under the same identity, which the ROUTER never reads,
 // each send five 32 MiB lookups.
-func duplicateIdentities() driver {
-	return driver{"duplicate-identities", func(t *testing.T, tg target) func(<-chan struct{}) {
+func duplicateIdentitiesAttack() attackDriver {
+	return attackDriver{func(t *testing.T, tg attackTarget) func(<-chan struct{}) {
 		const dups, perDup = 3, 5
 		a := NewAttacker(t, "127.0.0.1")
 		id := uniq("taken")
@@ -238,7 +237,7 @@ func duplicateIdentities() driver {
 		frame := sharedLookup(32 << 20 / (2 + KeyLen))
 		return func(halt <-chan struct{}) {
 			sent := make([]int, len(cs))
-			pace(halt, func() (bool, bool) {
+			paceAttack(halt, func() (bool, bool) {
 				progress, done := false, true
 				for i, c := range cs {
 					if sent[i] < perDup && c.trySend(frame) {
@@ -255,12 +254,12 @@ func duplicateIdentities() driver {
 
 // ---- item 2: answers queued for peers that never read ---------------------------
 
-// sessionsThatNeverRead: four sessions (in default mode; with a secret the
+// sessionsThatNeverReadAttack: four sessions (in default mode; with a secret the
 // attacker gets none and its lookups are refused) whose ROUTER stops reading
 // after the handshake, each sending 65 536-key lookups under fresh kv ids,
 // so every answer is as large as its lookup.
-func sessionsThatNeverRead() driver {
-	return driver{"sessions-that-never-read", func(t *testing.T, tg target) func(<-chan struct{}) {
+func sessionsThatNeverReadAttack() attackDriver {
+	return attackDriver{func(t *testing.T, tg attackTarget) func(<-chan struct{}) {
 		const sessions, budget, kvLen = 4, 384 << 20, 12
 		a := NewAttacker(t, "127.0.3.1")
 		var cs []*Conn
@@ -273,7 +272,7 @@ func sessionsThatNeverRead() driver {
 		frame := lookupFrame(1<<16, kvLen)
 		return func(halt <-chan struct{}) {
 			sent, seq := 0, 0
-			pace(halt, func() (bool, bool) {
+			paceAttack(halt, func() (bool, bool) {
 				progress := false
 				for _, c := range cs {
 					seq++
@@ -291,17 +290,17 @@ func sessionsThatNeverRead() driver {
 
 // ---- item 3: sessionless multi-MiB lookups stall the scheduler thread ------------------
 
-// hugeSessionlessLookups: one identity without a session sends a lookup of
+// hugeSessionlessLookupsAttack: one identity without a session sends a lookup of
 // a million keys (36 MiB) every 250 ms.
-func hugeSessionlessLookups() driver {
-	return driver{"huge-sessionless-lookups", func(t *testing.T, tg target) func(<-chan struct{}) {
+func hugeSessionlessLookupsAttack() attackDriver {
+	return attackDriver{func(t *testing.T, tg attackTarget) func(<-chan struct{}) {
 		const frames = 8
 		a := NewAttacker(t, "127.0.0.1")
 		c := a.dialQueued(tg.ctl, uniq("huge"), "", 1)
 		frame := sharedLookup(1_000_000)
 		return func(halt <-chan struct{}) {
 			sent := 0
-			pace(halt, func() (bool, bool) {
+			paceAttack(halt, func() (bool, bool) {
 				if c.trySend(frame) {
 					sent++
 					select {
@@ -317,13 +316,13 @@ func hugeSessionlessLookups() driver {
 
 // ---- items 4 and 5: the TCP data port -------------------------------------------------------
 
-// hugePartHeaders: in default mode the attacker takes a session (and its data
+// hugePartHeadersAttack: in default mode the attacker takes a session (and its data
 // token) and opens 32 data connections, each sending one part header that
 // names every row of the victim's region (indices included; the guard
 // refuses it), then stays connected. With a secret it has no token and its
 // hellos are refused.
-func hugePartHeaders() driver {
-	return driver{"huge-part-headers", func(t *testing.T, tg target) func(<-chan struct{}) {
+func hugePartHeadersAttack() attackDriver {
+	return attackDriver{func(t *testing.T, tg attackTarget) func(<-chan struct{}) {
 		const conns = 32
 		a := NewAttacker(t, "127.0.4.1")
 		id := a.Listen("127.0.4.1")
@@ -423,12 +422,12 @@ func sendHugePart(c net.Conn, id, token string, transfer uint64, totalRows uint3
 	return err
 }
 
-// slowloris: 64 connections to the legitimate consumer's data port from
+// slowlorisAttack: 64 connections to the legitimate consumer's data port from
 // the victim's own address (127.0.0.1) that never send a hello, each
 // redialled while the attack runs when the consumer closes it, and held
 // after it until the test ends.
-func slowloris() driver {
-	return driver{"slowloris", func(t *testing.T, tg target) func(<-chan struct{}) {
+func slowlorisAttack() attackDriver {
+	return attackDriver{func(t *testing.T, tg attackTarget) func(<-chan struct{}) {
 		const conns = 64
 		var mu sync.Mutex
 		held := map[net.Conn]bool{}
@@ -498,12 +497,12 @@ func slowloris() driver {
 
 // ---- item 8: sessions from a few addresses fill max_peers ---------------------------
 
-// slotFilling: four addresses (127.0.2.1-4), each opening up to the victim's
+// slotFillingAttack: four addresses (127.0.2.1-4), each opening up to the victim's
 // max_peers_per_host sessions (4), one handshake at a time, and keeping them
 // busy with a lookup every 500 ms. Without a secret the attacker can only
 // start handshakes, so it sends its connects again each round.
-func slotFilling() driver {
-	return driver{"slot-filling", func(t *testing.T, tg target) func(<-chan struct{}) {
+func slotFillingAttack() attackDriver {
+	return attackDriver{func(t *testing.T, tg attackTarget) func(<-chan struct{}) {
 		const hosts, perHost = 4, 4
 		a := NewAttacker(t, "127.0.2.1")
 		var cs []*Conn

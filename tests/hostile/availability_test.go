@@ -47,13 +47,13 @@ const (
 // attack is halted.
 var victimSlots = make(chan struct{}, 3)
 
-// secretMode is one of the three ways a cluster runs.
-type secretMode struct {
+// clusterMode is one of the three ways a cluster runs.
+type clusterMode struct {
 	name string
 	opts map[string]any
 }
 
-var secretModes = []secretMode{
+var clusterModes = []clusterMode{
 	{"default", map[string]any{}},
 	{"auth", map[string]any{"auth_secret": secret}},
 	{"encrypt", map[string]any{"auth_secret": secret, "encrypt": true}},
@@ -61,7 +61,7 @@ var secretModes = []secretMode{
 
 // victimOptions: room for 16 sessions, 4 from one address, so item 8 needs
 // few sessions; generous deadlines for a loaded machine.
-func victimOptions(m secretMode) map[string]any {
+func victimOptions(m clusterMode) map[string]any {
 	o := map[string]any{"max_peers": 16, "max_peers_per_host": 4, "handshake_timeout_s": 4.0}
 	for k, v := range m.opts {
 		o[k] = v
@@ -69,7 +69,7 @@ func victimOptions(m secretMode) map[string]any {
 	return o
 }
 
-func legitOptions(t *testing.T, m secretMode) map[string]any {
+func legitOptions(t *testing.T, m clusterMode) map[string]any {
 	o := map[string]any{"handshake_timeout_s": 4.0, "lookup_timeout_s": 4.0, "load_timeout_s": 4.0,
 		"data_port": FreePort(t, "127.0.0.1")}
 	for k, v := range m.opts {
@@ -78,8 +78,8 @@ func legitOptions(t *testing.T, m secretMode) map[string]any {
 	return o
 }
 
-// figures is what one case measured.
-type figures struct {
+// availFigures is what one case measured.
+type availFigures struct {
 	idle, peak int64
 	slowest    time.Duration // not counting the host thread's waits for a CPU
 	slowWall   time.Duration // by the wall clock
@@ -89,15 +89,15 @@ type figures struct {
 	died       error // the victim exited (past victimRSSCeiling) or stopped answering
 }
 
-func (f figures) growth() int64 { return f.peak - f.idle }
+func (f availFigures) growth() int64 { return f.peak - f.idle }
 
-func (f figures) String() string {
+func (f availFigures) String() string {
 	pull := fmt.Sprintf("pull %v", f.pull.Round(time.Millisecond))
 	if f.pullErr != nil {
 		pull = fmt.Sprintf("pull FAILED after %v (%v)", f.pull.Round(time.Millisecond), f.pullErr)
 	}
 	s := fmt.Sprintf("idle %s, peak %s, growth %s, slowest host call %v (%s; %v by the wall clock), %s",
-		mib(f.idle), mib(f.peak), mib(f.growth()), f.slowest.Round(10*time.Microsecond), f.slowCall,
+		inMiB(f.idle), inMiB(f.peak), inMiB(f.growth()), f.slowest.Round(10*time.Microsecond), f.slowCall,
 		f.slowWall.Round(10*time.Microsecond), pull)
 	if f.died != nil {
 		s += fmt.Sprintf(", victim lost: %v", f.died)
@@ -107,19 +107,19 @@ func (f figures) String() string {
 
 // underAttack runs the drivers against a victim in each mode (a subtest
 // per mode) and checks the figures.
-func underAttack(t *testing.T, attack string, rows int, drivers ...driver) {
-	for _, m := range secretModes {
+func underAttack(t *testing.T, attack string, rows int, drivers ...attackDriver) {
+	for _, m := range clusterModes {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
 			victimSlots <- struct{}{}
 			t.Cleanup(func() { <-victimSlots }) // registered first, so it runs after the victim is gone
-			f := measure(t, m, rows, drivers)
+			f := measureAvailability(t, m, rows, drivers)
 			t.Logf("availability: %-26s %-7s %v", attack, m.name, f)
 			if f.died != nil {
 				t.Errorf("the victim was lost under attack: %v", f.died)
 			}
 			if f.growth() >= growthLimit {
-				t.Errorf("the victim's RSS grew by %s over its idle %s (limit %s)", mib(f.growth()), mib(f.idle), mib(growthLimit))
+				t.Errorf("the victim's RSS grew by %s over its idle %s (limit %s)", inMiB(f.growth()), inMiB(f.idle), inMiB(growthLimit))
 			}
 			if f.slowest >= hostCallLimit {
 				t.Errorf("the victim's slowest host call (%s) took %v (limit %v; the issue's target is 5 ms)", f.slowCall, f.slowest, hostCallLimit)
@@ -131,12 +131,12 @@ func underAttack(t *testing.T, attack string, rows int, drivers ...driver) {
 	}
 }
 
-// measure starts the victim, takes its idle figure after a legitimate
+// measureAvailability starts the victim, takes its idle figure after a legitimate
 // pull, runs the attack for attackWindow with a fresh legitimate peer
 // pulling pullDelay into it, and returns the figures. An attack is halted
 // early once the victim grew past growthLimit (the case has failed by then,
 // and the machine is shared); its connections stay open to the end.
-func measure(t *testing.T, m secretMode, rows int, drivers []driver) figures {
+func measureAvailability(t *testing.T, m clusterMode, rows int, drivers []attackDriver) availFigures {
 	served := uniq("served")
 	v := startVictim(t, victimSpec{Options: victimOptions(m), Rows: rows, Served: served})
 	warm := OpenNode(t, legitOptions(t, m))
@@ -153,9 +153,9 @@ func measure(t *testing.T, m secretMode, rows int, drivers []driver) figures {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := figures{idle: idle.RSS, peak: idle.RSS}
+	f := availFigures{idle: idle.RSS, peak: idle.RSS}
 
-	tg := target{mode: m.name, ctl: v.ID, data: v.DataAddr, rows: rows,
+	tg := attackTarget{mode: m.name, ctl: v.ID, data: v.DataAddr, rows: rows,
 		legitData: fmt.Sprintf("127.0.0.1:%v", fresh.Cfg.DataPort)}
 	var loops []func(<-chan struct{})
 	for _, d := range drivers {
@@ -280,43 +280,43 @@ func p2pPull(n *Node, victimID, served string, within time.Duration) (time.Durat
 // Item 1: frames from connections without a session pile up in libzmq.
 func TestAvailabilityUnderSessionlessFloods(t *testing.T) {
 	t.Parallel()
-	underAttack(t, "sessionless-flood", NumRows, sessionlessFlood())
+	underAttack(t, "sessionless-flood", NumRows, sessionlessFloodAttack())
 }
 
 // Item 1: connections under an identity already in use are never read.
 func TestAvailabilityUnderDuplicateIdentities(t *testing.T) {
 	t.Parallel()
-	underAttack(t, "duplicate-identities", NumRows, duplicateIdentities())
+	underAttack(t, "duplicate-identities", NumRows, duplicateIdentitiesAttack())
 }
 
 // Item 2: answers queue for sessions that never read them.
 func TestAvailabilityUnderSessionsThatNeverRead(t *testing.T) {
 	t.Parallel()
-	underAttack(t, "sessions-that-never-read", NumRows, sessionsThatNeverRead())
+	underAttack(t, "sessions-that-never-read", NumRows, sessionsThatNeverReadAttack())
 }
 
 // Item 3: multi-MiB lookups from strangers must not stall the host's calls.
 func TestAvailabilityUnderHugeSessionlessLookups(t *testing.T) {
 	t.Parallel()
-	underAttack(t, "huge-sessionless-lookups", NumRows, hugeSessionlessLookups())
+	underAttack(t, "huge-sessionless-lookups", NumRows, hugeSessionlessLookupsAttack())
 }
 
 // Items 4 and 5: part headers naming the whole region, and connections that
 // never finish the hello, on the data ports.
 func TestAvailabilityUnderDataPortAbuse(t *testing.T) {
 	t.Parallel()
-	underAttack(t, "data-port-abuse", bigRegionRows, hugePartHeaders(), slowloris())
+	underAttack(t, "data-port-abuse", bigRegionRows, hugePartHeadersAttack(), slowlorisAttack())
 }
 
 // Item 8: sessions from a few addresses fill max_peers.
 func TestAvailabilityUnderSessionSlotFilling(t *testing.T) {
 	t.Parallel()
-	underAttack(t, "slot-filling", NumRows, slotFilling())
+	underAttack(t, "slot-filling", NumRows, slotFillingAttack())
 }
 
 // Every attack above at once.
 func TestAvailabilityUnderAllAttacksAtOnce(t *testing.T) {
 	t.Parallel()
-	underAttack(t, "all-at-once", bigRegionRows, hugePartHeaders(), sessionsThatNeverRead(), slotFilling(),
-		sessionlessFlood(), duplicateIdentities(), hugeSessionlessLookups(), slowloris())
+	underAttack(t, "all-at-once", bigRegionRows, hugePartHeadersAttack(), sessionsThatNeverReadAttack(), slotFillingAttack(),
+		sessionlessFloodAttack(), duplicateIdentitiesAttack(), hugeSessionlessLookupsAttack(), slowlorisAttack())
 }

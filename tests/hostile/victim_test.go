@@ -66,10 +66,10 @@ type victimStat struct {
 
 func (s victimStat) String() string {
 	return fmt.Sprintf("rss %s, peak %s, slowest host call %v (%s; %v by the wall clock) of %d, %d sessions",
-		mib(s.RSS), mib(s.Peak), s.Slowest, s.SlowestCall, s.SlowestWall, s.Calls, s.Sessions)
+		inMiB(s.RSS), inMiB(s.Peak), s.Slowest, s.SlowestCall, s.SlowestWall, s.Calls, s.Sessions)
 }
 
-func mib(b int64) string { return fmt.Sprintf("%d MiB", b>>20) }
+func inMiB(b int64) string { return fmt.Sprintf("%d MiB", b>>20) }
 
 // runVictim is the victim process; see victimEnv. Commands: "reset" (peak RSS
 // and slowest call start again from now), "stat" (a victimStat as JSON),
@@ -304,7 +304,7 @@ func (v *victimHost) sample() {
 			}
 		}
 		if r > victimRSSCeiling {
-			fmt.Fprintf(os.Stderr, "victim: RSS %s passed the test's ceiling of %s; exiting\n", mib(r), mib(victimRSSCeiling))
+			fmt.Fprintf(os.Stderr, "victim: RSS %s passed the test's ceiling of %s; exiting\n", inMiB(r), inMiB(victimRSSCeiling))
 			os.Exit(3)
 		}
 		if n%20 == 0 {
