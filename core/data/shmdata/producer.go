@@ -3,10 +3,9 @@ package shmdata
 import (
 	"errors"
 	"fmt"
-	"math"
+	"io"
 	"math/bits"
 	"net"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,15 +16,16 @@ import (
 	"github.com/peerkv/peerkv/core/data"
 )
 
-// maxBatchBytes bounds one copy() call, so a transfer sees Close, removal
-// and its deadline between batches.
+// maxBatchBytes bounds one pwrite, so a transfer sees Close, removal and
+// its deadline between batches, and a shrunk file every maxBatchBytes.
 const maxBatchBytes = 8 << 20
 
-// peer is a consumer whose granted rows we have mapped.
+// peer is a consumer whose region file we were granted.
 type peer struct {
 	id      string
-	mapped  []byte // the whole mapping, from the page below the rows
-	rows    []byte // the granted rows: the only memory writes touch
+	fd      int    // write-only, for the granted rows alone; -1 once closed
+	base    uint64 // file offset of row 0
+	end     uint64 // file offset just past the last granted row
 	numRows uint64
 	users   int         // running transfers; guarded by Transport.mu
 	dropped bool        // removed, replaced or closed; guarded by Transport.mu
@@ -33,8 +33,8 @@ type peer struct {
 }
 
 // AddPeer asks the peer's consumer for its region through the offer in
-// info.SameHost and maps the rows granted. info's addresses and row count
-// are claims and are ignored.
+// info.SameHost. info.NumRows, the row count the peer's session declared,
+// caps the grant; info's addresses are ignored.
 func (t *Transport) AddPeer(peerID string, info data.PeerInfo) error {
 	if info.SameHost == "" {
 		return fmt.Errorf("shmdata: peer %s made no same-host offer", peerID)
@@ -46,14 +46,14 @@ func (t *Transport) AddPeer(peerID string, info data.PeerInfo) error {
 	if t.isClosed() {
 		return data.ErrClosed
 	}
-	p, err := t.claim(peerID, o)
+	p, err := t.claim(peerID, o, info.NumRows)
 	if err != nil {
 		return fmt.Errorf("shmdata: peer %s: %w", peerID, err)
 	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		p.unmap()
+		p.closeFile()
 		return data.ErrClosed
 	}
 	old := t.peers[peerID]
@@ -61,13 +61,14 @@ func (t *Transport) AddPeer(peerID string, info data.PeerInfo) error {
 	idle := old != nil && t.dropLocked(old)
 	t.mu.Unlock()
 	if idle {
-		old.unmap()
+		old.closeFile()
 	}
 	return nil
 }
 
-// claim runs the grant exchange with the offer's socket and maps the rows.
-func (t *Transport) claim(peerID string, o offer) (*peer, error) {
+// claim runs the grant exchange with the offer's socket and checks what it
+// granted against what the session declared (declaredRows).
+func (t *Transport) claim(peerID string, o offer, declaredRows uint64) (*peer, error) {
 	timeout := t.opts.HandshakeTimeout
 	conn, err := (&net.Dialer{Timeout: timeout}).Dial("unix", o.socket)
 	if err != nil {
@@ -95,7 +96,12 @@ func (t *Transport) claim(peerID string, o offer) (*peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer unix.Close(fd) // the mapping keeps the file
+	keep := false
+	defer func() {
+		if !keep {
+			_ = unix.Close(fd)
+		}
+	}()
 	switch {
 	case r.peerID != peerID:
 		return nil, fmt.Errorf("the offer's socket belongs to peer %q (process %d), not to %s", r.peerID, cred.Pid, peerID)
@@ -103,58 +109,64 @@ func (t *Transport) claim(peerID string, o offer) (*peer, error) {
 		return nil, fmt.Errorf("row length %d differs from ours %d", r.rowLen, t.opts.Region.RowLen)
 	case r.numRows == 0:
 		return nil, errors.New("the peer granted no rows")
+	case r.numRows > declaredRows:
+		return nil, fmt.Errorf("the peer granted %d rows, more than the %d its session declared (num_blocks)",
+			r.numRows, declaredRows)
 	}
-	mapped, rows, err := mapRows(fd, r)
+	base, end, err := checkGrantedFile(fd, r)
 	if err != nil {
 		return nil, err
 	}
-	return &peer{id: peerID, mapped: mapped, rows: rows, numRows: r.numRows}, nil
+	keep = true
+	return &peer{id: peerID, fd: fd, base: base, end: end, numRows: r.numRows}, nil
 }
 
-// mapRows maps exactly the granted rows of fd's file, writable and shared.
-func mapRows(fd int, r reply) (mapped, rows []byte, err error) {
+// checkGrantedFile checks that fd is a writable in-memory file of exactly
+// the size the consumer said, holding the granted rows, and returns where
+// they start and end in it.
+func checkGrantedFile(fd int, r reply) (base, end uint64, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, nil, fmt.Errorf("fstat of the granted file: %w", err)
+		return 0, 0, fmt.Errorf("fstat of the granted file: %w", err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, nil, fmt.Errorf("the granted fd is not a regular file (mode %#o)", st.Mode)
+		return 0, 0, fmt.Errorf("the granted fd is not a regular file (mode %#o)", st.Mode)
 	}
 	if err := memoryBacked(fd); err != nil {
-		return nil, nil, fmt.Errorf("the granted file: %w", err)
+		return 0, 0, fmt.Errorf("the granted file: %w", err)
+	}
+	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return 0, 0, fmt.Errorf("the granted fd's flags: %w", err)
+	}
+	if mode := flags & unix.O_ACCMODE; mode != unix.O_WRONLY && mode != unix.O_RDWR {
+		return 0, 0, errors.New("the granted fd is not open for writing")
+	}
+	size := uint64(max(st.Size, 0))
+	if size != r.fileSize {
+		return 0, 0, fmt.Errorf("the granted file holds %d bytes, not the %d the peer said", size, r.fileSize)
 	}
 	hi, length := bits.Mul64(r.numRows, r.rowLen)
-	end := r.offset + length
-	if hi != 0 || end < r.offset || end > uint64(max(st.Size, 0)) {
-		return nil, nil, fmt.Errorf("the granted file holds %d bytes, fewer than %d rows of %d at offset %d",
-			st.Size, r.numRows, r.rowLen, r.offset)
+	end = r.offset + length
+	if hi != 0 || end < r.offset || end > size {
+		return 0, 0, fmt.Errorf("the granted file holds %d bytes, fewer than %d rows of %d at offset %d",
+			size, r.numRows, r.rowLen, r.offset)
 	}
-	page := uint64(unix.Getpagesize())
-	start := r.offset &^ (page - 1)
-	skip := r.offset - start
-	if skip+length > math.MaxInt {
-		return nil, nil, errors.New("the granted rows do not fit the address space")
-	}
-	mapped, err = unix.Mmap(fd, int64(start), int(skip+length), unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, nil, fmt.Errorf("mapping the granted rows: %w", err)
-	}
-	return mapped, mapped[skip : skip+length], nil
+	return r.offset, end, nil
 }
 
-// unmap releases the mapping; once, with no copy running and p out of the
-// table (callers ensure), and without t.mu: unmapping a large region takes
-// a while, and Write, called under the tier's lock, must not wait for it.
-func (p *peer) unmap() {
-	if p.mapped != nil {
-		_ = unix.Munmap(p.mapped)
-		p.mapped, p.rows = nil, nil
+// closeFile releases the granted fd; once, with no copy running and p out
+// of the table (callers ensure).
+func (p *peer) closeFile() {
+	if p.fd >= 0 {
+		_ = unix.Close(p.fd)
+		p.fd = -1
 	}
 }
 
 // dropLocked retires p: running copies stop at their next batch and the
-// last one out unmaps. It reports whether none is running, in which case
-// the caller unmaps p once it has released t.mu. t.mu is held.
+// last one out closes its fd. It reports whether none is running, in which
+// case the caller closes it once it has released t.mu. t.mu is held.
 func (t *Transport) dropLocked(p *peer) (idle bool) {
 	p.dropped = true
 	p.gone.Store(true)
@@ -167,7 +179,7 @@ func (t *Transport) release(p *peer) {
 	last := p.users == 0 && p.dropped
 	t.mu.Unlock()
 	if last {
-		p.unmap()
+		p.closeFile()
 	}
 }
 
@@ -178,7 +190,7 @@ func (t *Transport) isClosed() bool {
 }
 
 // RemovePeer forgets a peer; its running copies stop and fail, and its
-// mapping goes once the last of them ends.
+// fd is closed once the last of them ends.
 func (t *Transport) RemovePeer(peerID string) {
 	t.mu.Lock()
 	p := t.peers[peerID]
@@ -186,7 +198,7 @@ func (t *Transport) RemovePeer(peerID string) {
 	delete(t.peers, peerID)
 	t.mu.Unlock()
 	if idle {
-		p.unmap()
+		p.closeFile()
 	}
 }
 
@@ -245,29 +257,68 @@ func (t *Transport) copyRows(p *peer, src, dst []uint64) error {
 	return errors.Join(errs...)
 }
 
-// copyPart copies rows in batches, merging rows consecutive on both sides.
-// A fault on the mapping (the consumer shrank its file: SIGBUS) becomes
-// this transfer's error rather than a crash of the host process.
-func (t *Transport) copyPart(p *peer, src, dst []uint64, deadline time.Time) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("shmdata: copy into peer %s faulted (%v): the peer's region file shrank or is unusable", p.id, r)
-		}
-	}()
+// copyPart writes rows in batches, merging rows consecutive on both sides,
+// with pwrite(2) on the granted fd: no byte of the peer's file is mapped
+// here, so whatever it does to its file, and whatever signal handlers the
+// host installed, the copy fails cleanly or succeeds (see the package doc).
+func (t *Transport) copyPart(p *peer, src, dst []uint64, deadline time.Time) error {
 	rowLen := t.opts.Region.RowLen
 	mem := t.opts.Region.Mem
 	maxRun := max(1, maxBatchBytes/rowLen)
+	// An fstat costs about as much as a small pwrite: the size is checked
+	// before the first write, after every maxBatchBytes and after the last.
+	var sinceCheck uint64 = maxBatchBytes
 	for i := 0; i < len(src); {
 		if err := t.stillWanted(p, deadline); err != nil {
 			return err
+		}
+		if sinceCheck >= maxBatchBytes {
+			if err := p.checkSize(); err != nil {
+				return err
+			}
+			sinceCheck = 0
 		}
 		n := uint64(1)
 		for i+int(n) < len(src) && n < maxRun && src[i+int(n)] == src[i]+n && dst[i+int(n)] == dst[i]+n {
 			n++
 		}
-		copy(p.rows[dst[i]*rowLen:(dst[i]+n)*rowLen], mem[src[i]*rowLen:(src[i]+n)*rowLen])
+		rows := mem[src[i]*rowLen : (src[i]+n)*rowLen]
+		if err := pwriteAll(p.fd, rows, p.base+dst[i]*rowLen); err != nil {
+			return fmt.Errorf("shmdata: writing rows %d..%d into peer %s: %w", dst[i], dst[i]+n-1, p.id, err)
+		}
 		i += int(n)
+		sinceCheck += n * rowLen
+	}
+	return p.checkSize() // it may have shrunk under the last writes
+}
+
+// checkSize fails the transfer once the peer's file no longer holds every
+// granted row: the peer shrank it, and rows written there are lost.
+func (p *peer) checkSize() error {
+	var st unix.Stat_t
+	if err := unix.Fstat(p.fd, &st); err != nil {
+		return fmt.Errorf("shmdata: fstat of peer %s's region file: %w", p.id, err)
+	}
+	if uint64(max(st.Size, 0)) < p.end {
+		return fmt.Errorf("shmdata: peer %s's region file shrank to %d bytes, below the %d its grant holds",
+			p.id, st.Size, p.end)
+	}
+	return nil
+}
+
+// pwriteAll writes b at off, resuming after short writes and EINTR.
+func pwriteAll(fd int, b []byte, off uint64) error {
+	for len(b) > 0 {
+		n, err := unix.Pwrite(fd, b, int64(off))
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return err
+		case n == 0:
+			return io.ErrShortWrite
+		}
+		b, off = b[n:], off+uint64(n)
 	}
 	return nil
 }

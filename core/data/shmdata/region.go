@@ -72,17 +72,22 @@ func findRegionFile(mem []byte) (regionFile, error) {
 
 // memoryBacked refuses files that are not in memory: a page fault on a disk,
 // FUSE or network file can block a copy in the kernel for as long as that
-// filesystem likes, past every deadline.
+// filesystem likes, past every deadline. hugetlbfs is in memory but takes
+// no write(2), and rows are written with pwrite (see the package doc).
 func memoryBacked(fd int) error {
 	var fs unix.Statfs_t
 	if err := unix.Fstatfs(fd, &fs); err != nil {
 		return fmt.Errorf("fstatfs: %w", err)
 	}
-	if fs.Type != unix.TMPFS_MAGIC && fs.Type != unix.HUGETLBFS_MAGIC {
-		return fmt.Errorf("it is not in memory (filesystem type %#x): the same-host path serves tmpfs "+
-			"(such as /dev/shm, vLLM's), memfd and hugetlbfs regions", fs.Type)
+	switch fs.Type {
+	case unix.TMPFS_MAGIC:
+		return nil
+	case unix.HUGETLBFS_MAGIC:
+		return errors.New("it is on hugetlbfs, which takes no write(2): the same-host path serves tmpfs " +
+			"(such as /dev/shm, vLLM's) and memfd regions")
 	}
-	return nil
+	return fmt.Errorf("it is not in memory (filesystem type %#x): the same-host path serves tmpfs "+
+		"(such as /dev/shm, vLLM's) and memfd regions", fs.Type)
 }
 
 // readMaps returns the contiguous mappings that cover [base, end).

@@ -1,23 +1,36 @@
-// Package shmdata is the same-host data path: the producer maps the
-// consumer's region file once and copies rows into it with memcpy, split
-// across a few goroutines. One copy, no sockets on the data path, no NIXL.
+// Package shmdata is the same-host data path: the producer writes rows
+// into the consumer's region file with pwrite(2), split across a few
+// goroutines. One copy, no sockets on the data path, no NIXL.
 //
 // Access is granted by the kernel, never by the wire. The consumer (whose
 // region receives rows) keeps an fd for the file behind its region (vLLM's
 // is on /dev/shm; anonymous memory cannot be served) and listens on a Unix
 // socket in the abstract namespace under an unguessable name. Offer mints a
-// random token bound to one peer id; the offer string (socket + token) goes
-// to that peer in our connect. The peer's producer dials the socket, both
-// ends read SO_PEERCRED and refuse another user or their own process, the
-// producer presents the token with its own id, and only if that is the
-// token issued to exactly that id does the consumer reply with its own id,
-// row length and row count and pass the fd over SCM_RIGHTS. The producer
-// checks the replier is the peer it meant, maps exactly the granted rows
-// and writes nowhere else: the mapping's length bounds every write, and a
-// consumer that truncates its file fails the transfer (SIGBUS is
-// recovered) instead of killing the producer.
+// random single-use token bound to one peer id; the offer string (socket +
+// token) goes to that peer in our connect. The peer's producer dials the
+// socket, both ends read SO_PEERCRED and refuse another user or their own
+// process, the producer presents the token with its own id, and only if
+// that is the unused token issued to exactly that id does the consumer
+// reply with its own id, row length, row count and file size and pass a
+// write-only fd for the file over SCM_RIGHTS. The producer checks the
+// replier is the peer it meant, that it grants no more rows than its
+// session declared and that the file is as large as it says, and writes
+// only inside the granted rows.
 //
-// Addresses and row counts a peer advertises in connect are ignored here.
+// Why pwrite and not a mapping of the granted file: the consumer (or any
+// holder of a writable fd) may shrink the file at any time, and a store
+// into a mapped page past the new end raises SIGBUS in the producer. Go can
+// turn that into a panic only while its own handler is installed; a host
+// that installs another one after us (Python's faulthandler, which vLLM's
+// EngineCore enables) dies of it instead. pwrite copies in the kernel: a
+// shrunk destination costs no signal (a write past the new end grows the
+// file again, never beyond the granted rows, and the transfer fails when
+// the copy sees the short file), and a fault reading our own source rows
+// comes back as EFAULT. Measured against the mapped copy it replaced,
+// see docs/security.md §5.
+//
+// Addresses and row counts a peer advertises in connect are claims: only
+// the grant sizes the writes, and it may not exceed the session's claim.
 package shmdata
 
 import (
@@ -78,6 +91,8 @@ type Transport struct {
 
 	// batchHook, when set (tests), runs before each batch a copy starts.
 	batchHook func()
+	// replyHook, when set (tests), alters each grant before it is sent.
+	replyHook func(*reply)
 }
 
 var (
@@ -111,6 +126,7 @@ func New(opts Options) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shmdata: %w", err)
 	}
+	sealSize(file.fd)
 	name, err := randomHex(socketRandLen)
 	if err != nil {
 		_ = unix.Close(file.fd)
@@ -179,7 +195,7 @@ func (t *Transport) Withdraw(peerID, offerString string) {
 func (t *Transport) Completions() <-chan data.Completion { return t.outbox.C() }
 
 // Close stops granting, fails running transfers at their next batch, waits
-// for them, unmaps every peer's region and closes Completions.
+// for them, closes every peer's granted fd and closes Completions.
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
 		t.mu.Lock()
@@ -196,7 +212,7 @@ func (t *Transport) Close() error {
 		}
 		t.mu.Unlock()
 		for _, p := range idle {
-			p.unmap()
+			p.closeFile()
 		}
 		_ = t.ln.Close()
 		t.serving.Wait()
@@ -206,6 +222,13 @@ func (t *Transport) Close() error {
 		t.outbox.Finish()
 	})
 	return nil
+}
+
+// sealSize fixes the size of a memfd region that allows sealing, so no
+// holder of a grant (nor the host by mistake) can shrink or grow it; other
+// files (vLLM's on /dev/shm) take no seals and are left as they are.
+func sealSize(fd int) {
+	_, _ = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
 }
 
 func (t *Transport) logf(format string, args ...any) {
