@@ -351,10 +351,10 @@ func runForeignHandlerProducer(spec string) int {
 		fmt.Println("shrink")
 		in.Scan()
 	}
-	// Rows in reverse merge into no batch: one row a batch.
+	// Source rows in reverse merge into no batch: one row a batch.
 	src, dst := make([]uint64, rows), make([]uint64, rows)
 	for i := range src {
-		src[i], dst[i] = uint64(i), uint64(rows-1-i)
+		src[i], dst[i] = uint64(rows-1-i), uint64(i)
 	}
 	job, err := tr.Write(consID, src, dst)
 	if err != nil {

@@ -5,8 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -80,28 +80,40 @@ func TestAGrantTokenIsSingleUse(t *testing.T) {
 	require.NoError(t, replayer.AddPeer(consID, offered(cons.ask("offer %s", prodID))), "a fresh offer grants again")
 }
 
-// The fd a claimant gets serves writing rows and nothing else: it cannot
-// read the consumer's rows or map its file, and a sealable region cannot
-// be shrunk or grown through it.
-func TestTheGrantedFdCannotReadMapOrResizeTheRegion(t *testing.T) {
+// A claimant gets a read-write fd (the producer maps the granted rows, and
+// a mapping needs read access), but a sealable region cannot be shrunk or
+// grown through it; and our producer maps the pages of the granted rows
+// alone, not the file around them.
+func TestAGrantCannotResizeASealedRegionAndMapsOnlyTheGrantedRows(t *testing.T) {
 	const rows, rowLen = 8, 4096
-	var mu sync.Mutex
-	var logs []string
-	cons, _, _ := consumerRegionFd(t, rows, rowLen, unix.MFD_ALLOW_SEALING, func(format string, args ...any) {
-		mu.Lock()
-		defer mu.Unlock()
-		logs = append(logs, fmt.Sprintf(format, args...))
+	t.Run("a sealed region keeps its size", func(t *testing.T) {
+		cons, _, _ := consumerRegionFd(t, rows, rowLen, unix.MFD_ALLOW_SEALING, nil)
+		self, err := os.Executable()
+		require.NoError(t, err)
+		cmd := exec.Command(self, "-test.run=^$")
+		cmd.Env = childEnviron(rawClaimEnv + "=" + prodID + " " + cons.Offer(prodID))
+		out, err := runBounded(t, cmd)
+		require.NoError(t, err, "the claimant said: %s", out)
+		require.True(t, strings.HasPrefix(out, fmt.Sprintf("fds 1 reply %d ", statusGranted)), "granted: %s", out)
+		eperm := unix.EPERM.Error()
+		assert.Contains(t, out, " shrink="+eperm+" ", "a sealed region cannot be shrunk under its host")
+		assert.Contains(t, out, " grow="+eperm+"\n", "nor grown")
 	})
-	self, err := os.Executable()
-	require.NoError(t, err)
-	cmd := exec.Command(self, "-test.run=^$")
-	cmd.Env = childEnviron(rawClaimEnv + "=" + prodID + " " + cons.Offer(prodID))
-	out, err := runBounded(t, cmd)
-	require.NoError(t, err, "the claimant said: %s", out)
-	require.True(t, strings.HasPrefix(out, fmt.Sprintf("fds 1 reply %d ", statusGranted)), "granted: %s", out)
-	ebadf, eacces, eperm := unix.EBADF.Error(), unix.EACCES.Error(), unix.EPERM.Error()
-	assert.Contains(t, out, " read="+ebadf+" ", "write-only: no reading the consumer's rows")
-	assert.Contains(t, out, " map="+eacces+" ", "no mapping of its file")
-	assert.Contains(t, out, " shrink="+eperm+" ", "a sealed region cannot be shrunk under its host")
-	assert.Contains(t, out, " grow="+eperm+"\n", "nor grown")
+	t.Run("the producer maps the granted rows' pages alone", func(t *testing.T) {
+		page := unix.Getpagesize()
+		skip := 3*page + 96 // the region starts mid-page, three pages into its file
+		cons := startChild(t, consID, rows, rowLen, skip)
+		tr, _ := producer(t, prodID, rows, rowLen)
+		require.NoError(t, tr.AddPeer(consID, offered(cons.ask("offer %s", prodID))))
+		tr.mu.Lock()
+		mapped := tr.peers[consID].mapped
+		tr.mu.Unlock()
+		base := uint64(uintptr(unsafe.Pointer(&mapped[0])))
+		maps, err := readMaps(base, base+uint64(len(mapped)))
+		require.NoError(t, err)
+		require.Len(t, maps, 1)
+		m := maps[0]
+		assert.Equal(t, uint64(3*page), m.offset, "from the page holding the first granted row")
+		assert.Equal(t, uint64((96+rows*rowLen+page-1)/page*page), m.end-m.start, "to the page holding the last")
+	})
 }

@@ -4,27 +4,34 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/bits"
 	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/peerkv/peerkv/core/data"
 )
 
-// maxBatchBytes bounds one pwrite, so a transfer sees Close, removal and
-// its deadline between batches, and a shrunk file every maxBatchBytes.
+// maxBatchBytes bounds one read, so a transfer sees Close, removal and its
+// deadline between batches, and a shrunk file every maxBatchBytes.
 const maxBatchBytes = 8 << 20
 
-// peer is a consumer whose region file we were granted.
+// maxPieces bounds the destination ranges one preadv fills (IOV_MAX is
+// 1024): rows consecutive in our file but scattered in the peer's.
+const maxPieces = 256
+
+// peer is a consumer whose granted rows we have mapped.
 type peer struct {
 	id      string
-	fd      int    // write-only, for the granted rows alone; -1 once closed
-	base    uint64 // file offset of row 0
+	fd      int    // the granted fd, kept for fstat; -1 once closed
+	mapped  []byte // the pages holding the granted rows; nil once unmapped
+	rows    []byte // the granted rows in mapped: written by the kernel alone (pread)
 	end     uint64 // file offset just past the last granted row
 	numRows uint64
 	users   int         // running transfers; guarded by Transport.mu
@@ -113,51 +120,78 @@ func (t *Transport) claim(peerID string, o offer, declaredRows uint64) (*peer, e
 		return nil, fmt.Errorf("the peer granted %d rows, more than the %d its session declared (num_blocks)",
 			r.numRows, declaredRows)
 	}
-	base, end, err := checkGrantedFile(fd, r)
+	end, err := checkGrantedFile(fd, r)
+	if err != nil {
+		return nil, err
+	}
+	mapped, rows, err := mapRows(fd, r.offset, end)
 	if err != nil {
 		return nil, err
 	}
 	keep = true
-	return &peer{id: peerID, fd: fd, base: base, end: end, numRows: r.numRows}, nil
+	return &peer{id: peerID, fd: fd, mapped: mapped, rows: rows, end: end, numRows: r.numRows}, nil
 }
 
-// checkGrantedFile checks that fd is a writable in-memory file of exactly
+// checkGrantedFile checks that fd is a read-write in-memory file of exactly
 // the size the consumer said, holding the granted rows, and returns where
-// they start and end in it.
-func checkGrantedFile(fd int, r reply) (base, end uint64, err error) {
+// they end in it.
+func checkGrantedFile(fd int, r reply) (end uint64, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return 0, 0, fmt.Errorf("fstat of the granted file: %w", err)
+		return 0, fmt.Errorf("fstat of the granted file: %w", err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return 0, 0, fmt.Errorf("the granted fd is not a regular file (mode %#o)", st.Mode)
+		return 0, fmt.Errorf("the granted fd is not a regular file (mode %#o)", st.Mode)
 	}
 	if err := memoryBacked(fd); err != nil {
-		return 0, 0, fmt.Errorf("the granted file: %w", err)
+		return 0, fmt.Errorf("the granted file: %w", err)
 	}
 	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
 	if err != nil {
-		return 0, 0, fmt.Errorf("the granted fd's flags: %w", err)
+		return 0, fmt.Errorf("the granted fd's flags: %w", err)
 	}
-	if mode := flags & unix.O_ACCMODE; mode != unix.O_WRONLY && mode != unix.O_RDWR {
-		return 0, 0, errors.New("the granted fd is not open for writing")
+	if flags&unix.O_ACCMODE != unix.O_RDWR {
+		return 0, errors.New("the granted fd is not open for reading and writing (mapping it needs both)")
 	}
 	size := uint64(max(st.Size, 0))
 	if size != r.fileSize {
-		return 0, 0, fmt.Errorf("the granted file holds %d bytes, not the %d the peer said", size, r.fileSize)
+		return 0, fmt.Errorf("the granted file holds %d bytes, not the %d the peer said", size, r.fileSize)
 	}
 	hi, length := bits.Mul64(r.numRows, r.rowLen)
 	end = r.offset + length
 	if hi != 0 || end < r.offset || end > size {
-		return 0, 0, fmt.Errorf("the granted file holds %d bytes, fewer than %d rows of %d at offset %d",
+		return 0, fmt.Errorf("the granted file holds %d bytes, fewer than %d rows of %d at offset %d",
 			size, r.numRows, r.rowLen, r.offset)
 	}
-	return r.offset, end, nil
+	return end, nil
 }
 
-// closeFile releases the granted fd; once, with no copy running and p out
-// of the table (callers ensure).
+// mapRows maps the pages of fd's file that hold [offset, end), writable and
+// shared, and nothing more of it. Go code never touches the mapping: rows
+// reach it through pread(2), so a fault on it (the file shrank) is the
+// kernel's, answered with EFAULT or a short read, never a signal.
+func mapRows(fd int, offset, end uint64) (mapped, rows []byte, err error) {
+	page := uint64(unix.Getpagesize())
+	start := offset &^ (page - 1)
+	if end-start > math.MaxInt {
+		return nil, nil, errors.New("the granted rows do not fit the address space")
+	}
+	mapped, err = unix.Mmap(fd, int64(start), int(end-start), unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, nil, fmt.Errorf("mapping the granted rows: %w", err)
+	}
+	return mapped, mapped[offset-start:], nil
+}
+
+// closeFile unmaps the granted rows and closes the granted fd; once, with
+// no copy running and p out of the table (callers ensure), and without
+// t.mu: unmapping a large region takes a while, and Write, called under the
+// tier's lock, must not wait for it.
 func (p *peer) closeFile() {
+	if p.mapped != nil {
+		_ = unix.Munmap(p.mapped)
+		p.mapped, p.rows = nil, nil
+	}
 	if p.fd >= 0 {
 		_ = unix.Close(p.fd)
 		p.fd = -1
@@ -165,8 +199,9 @@ func (p *peer) closeFile() {
 }
 
 // dropLocked retires p: running copies stop at their next batch and the
-// last one out closes its fd. It reports whether none is running, in which
-// case the caller closes it once it has released t.mu. t.mu is held.
+// last one out unmaps it and closes its fd. It reports whether none is
+// running, in which case the caller does so once it has released t.mu.
+// t.mu is held.
 func (t *Transport) dropLocked(p *peer) (idle bool) {
 	p.dropped = true
 	p.gone.Store(true)
@@ -190,7 +225,7 @@ func (t *Transport) isClosed() bool {
 }
 
 // RemovePeer forgets a peer; its running copies stop and fail, and its
-// fd is closed once the last of them ends.
+// mapping and fd go once the last of them ends.
 func (t *Transport) RemovePeer(peerID string) {
 	t.mu.Lock()
 	p := t.peers[peerID]
@@ -239,9 +274,14 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 	return id, nil
 }
 
-// copyRows splits the rows over the workers and waits for all of them.
+// copyRows splits the rows over the workers and waits for all of them. The
+// peer's file size is checked once before and once after (an fstat costs
+// about as much as a small read), and by each worker every maxBatchBytes.
 func (t *Transport) copyRows(p *peer, src, dst []uint64) error {
 	deadline := time.Now().Add(t.opts.TransferTimeout)
+	if err := p.checkSize(); err != nil {
+		return err
+	}
 	workers := max(1, min(t.opts.Workers, len(src)))
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
@@ -254,20 +294,23 @@ func (t *Transport) copyRows(p *peer, src, dst []uint64) error {
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return p.checkSize() // it may have shrunk under the last reads
 }
 
-// copyPart writes rows in batches, merging rows consecutive on both sides,
-// with pwrite(2) on the granted fd: no byte of the peer's file is mapped
-// here, so whatever it does to its file, and whatever signal handlers the
-// host installed, the copy fails cleanly or succeeds (see the package doc).
+// copyPart copies rows in batches with pread(2) from our region's file
+// straight into the mapping of the peer's: one preadv for rows consecutive
+// in our file, whatever their places in the peer's. Only the kernel touches
+// the peer's pages, so whatever the peer does to its file, and whatever
+// signal handlers the host installed, the copy fails cleanly or succeeds
+// (see the package doc).
 func (t *Transport) copyPart(p *peer, src, dst []uint64, deadline time.Time) error {
 	rowLen := t.opts.Region.RowLen
-	mem := t.opts.Region.Mem
 	maxRun := max(1, maxBatchBytes/rowLen)
-	// An fstat costs about as much as a small pwrite: the size is checked
-	// before the first write, after every maxBatchBytes and after the last.
-	var sinceCheck uint64 = maxBatchBytes
+	iov := make([]unix.Iovec, 0, min(maxPieces, len(src)))
+	var sinceCheck uint64
 	for i := 0; i < len(src); {
 		if err := t.stillWanted(p, deadline); err != nil {
 			return err
@@ -278,22 +321,43 @@ func (t *Transport) copyPart(p *peer, src, dst []uint64, deadline time.Time) err
 			}
 			sinceCheck = 0
 		}
+		iov = append(iov[:0], p.rowsIovec(dst[i], rowLen))
 		n := uint64(1)
-		for i+int(n) < len(src) && n < maxRun && src[i+int(n)] == src[i]+n && dst[i+int(n)] == dst[i]+n {
-			n++
+		for ; i+int(n) < len(src) && n < maxRun && src[i+int(n)] == src[i]+n; n++ {
+			d := dst[i+int(n)]
+			if last := &iov[len(iov)-1]; d == dst[i+int(n)-1]+1 {
+				last.SetLen(int(last.Len) + int(rowLen))
+				continue
+			}
+			if len(iov) == maxPieces {
+				break
+			}
+			iov = append(iov, p.rowsIovec(d, rowLen))
 		}
-		rows := mem[src[i]*rowLen : (src[i]+n)*rowLen]
-		if err := pwriteAll(p.fd, rows, p.base+dst[i]*rowLen); err != nil {
-			return fmt.Errorf("shmdata: writing rows %d..%d into peer %s: %w", dst[i], dst[i]+n-1, p.id, err)
+		if err := preadFull(t.file.fd, iov, t.file.offset+src[i]*rowLen); err != nil {
+			return t.copyFailed(p, src[i], n, err)
 		}
 		i += int(n)
 		sinceCheck += n * rowLen
 	}
-	return p.checkSize() // it may have shrunk under the last writes
+	return nil
+}
+
+// copyFailed names why reading rows first..first+n-1 failed: EFAULT or a
+// short read mean a file shrank, the peer's (a fault on its pages) or our
+// own (end of file); the sizes say which.
+func (t *Transport) copyFailed(p *peer, first, n uint64, err error) error {
+	if shrank := p.checkSize(); shrank != nil {
+		return shrank
+	}
+	if shrank := t.checkOwnSize(); shrank != nil {
+		return shrank
+	}
+	return fmt.Errorf("shmdata: copying our rows %d..%d into peer %s: %w", first, first+n-1, p.id, err)
 }
 
 // checkSize fails the transfer once the peer's file no longer holds every
-// granted row: the peer shrank it, and rows written there are lost.
+// granted row: the peer shrank it, and rows copied there are lost.
 func (p *peer) checkSize() error {
 	var st unix.Stat_t
 	if err := unix.Fstat(p.fd, &st); err != nil {
@@ -306,21 +370,63 @@ func (p *peer) checkSize() error {
 	return nil
 }
 
-// pwriteAll writes b at off, resuming after short writes and EINTR.
-func pwriteAll(fd int, b []byte, off uint64) error {
-	for len(b) > 0 {
-		n, err := unix.Pwrite(fd, b, int64(off))
+// checkOwnSize fails the transfer once our own region's file no longer
+// holds our rows (the host, or a holder of a grant, shrank it).
+func (t *Transport) checkOwnSize() error {
+	var st unix.Stat_t
+	if err := unix.Fstat(t.file.fd, &st); err != nil {
+		return fmt.Errorf("shmdata: fstat of our region file: %w", err)
+	}
+	if end := t.file.offset + uint64(len(t.opts.Region.Mem)); uint64(max(st.Size, 0)) < end {
+		return fmt.Errorf("shmdata: our region file shrank to %d bytes, below the %d our rows need", st.Size, end)
+	}
+	return nil
+}
+
+// rowsIovec is the peer's row d in our mapping, as a destination of preadv.
+func (p *peer) rowsIovec(d, rowLen uint64) unix.Iovec {
+	v := unix.Iovec{Base: &p.rows[d*rowLen]}
+	v.SetLen(int(rowLen))
+	return v
+}
+
+// preadFull fills iov, in order, from fd at off, resuming after short reads
+// and EINTR; reading past the end of the file fails. iov is used up.
+func preadFull(fd int, iov []unix.Iovec, off uint64) error {
+	for len(iov) > 0 {
+		n, err := preadv(fd, iov, off)
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
 		case err != nil:
 			return err
 		case n == 0:
-			return io.ErrShortWrite
+			return io.ErrUnexpectedEOF
 		}
-		b, off = b[n:], off+uint64(n)
+		off += uint64(n)
+		for n > 0 {
+			if l := int(iov[0].Len); n < l {
+				iov[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(iov[0].Base), n))
+				iov[0].SetLen(l - n)
+				break
+			}
+			n -= int(iov[0].Len)
+			iov = iov[1:]
+		}
 	}
 	return nil
+}
+
+// preadv is preadv(2) on iov as it is: x/sys/unix's copies [][]byte into
+// a fresh []Iovec on every call.
+func preadv(fd int, iov []unix.Iovec, off uint64) (int, error) {
+	const half = bits.UintSize / 2 // the offset's high word, 0 on 64-bit
+	n, _, errno := unix.Syscall6(unix.SYS_PREADV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)),
+		uintptr(off), uintptr(off>>half>>half), 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
 }
 
 func (t *Transport) stillWanted(p *peer, deadline time.Time) error {

@@ -72,8 +72,9 @@ func findRegionFile(mem []byte) (regionFile, error) {
 
 // memoryBacked refuses files that are not in memory: a page fault on a disk,
 // FUSE or network file can block a copy in the kernel for as long as that
-// filesystem likes, past every deadline. hugetlbfs is in memory but takes
-// no write(2), and rows are written with pwrite (see the package doc).
+// filesystem likes, past every deadline. hugetlbfs is in memory but maps
+// only at huge-page offsets, and a producer maps the granted rows from the
+// base page that holds the first.
 func memoryBacked(fd int) error {
 	var fs unix.Statfs_t
 	if err := unix.Fstatfs(fd, &fs); err != nil {
@@ -83,7 +84,7 @@ func memoryBacked(fd int) error {
 	case unix.TMPFS_MAGIC:
 		return nil
 	case unix.HUGETLBFS_MAGIC:
-		return errors.New("it is on hugetlbfs, which takes no write(2): the same-host path serves tmpfs " +
+		return errors.New("it is on hugetlbfs, which maps only at huge-page offsets: the same-host path serves tmpfs " +
 			"(such as /dev/shm, vLLM's) and memfd regions")
 	}
 	return fmt.Errorf("it is not in memory (filesystem type %#x): the same-host path serves tmpfs "+

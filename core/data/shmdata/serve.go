@@ -99,7 +99,7 @@ func (t *Transport) serveOne(c *net.UnixConn) {
 		_, _ = c.Write(encodeRefusal(err.Error()))
 		return
 	}
-	fd, size, err := t.writeOnlyFd()
+	fd, size, err := t.grantFd()
 	if err != nil {
 		t.logf("shmdata: no grant for peer %q (process %d): %v", req.peerID, cred.Pid, err)
 		_, _ = c.Write(encodeRefusal("region file unavailable"))
@@ -116,13 +116,14 @@ func (t *Transport) serveOne(c *net.UnixConn) {
 	}
 }
 
-// writeOnlyFd opens our region's file anew, write-only, for one grant, and
-// returns its size: the producer needs nothing more, as it writes with
-// pwrite(2), so it can neither read our rows nor map the file.
-func (t *Transport) writeOnlyFd() (fd int, size uint64, err error) {
-	fd, err = unix.Open(fmt.Sprintf("/proc/self/fd/%d", t.file.fd), unix.O_WRONLY|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
+// grantFd opens our region's file anew, read-write, for one grant, and
+// returns its size. Read-write because the producer maps the granted rows
+// and a mapping needs read access; a fresh open file description so that
+// what the claimant does to its flags is not ours.
+func (t *Transport) grantFd() (fd int, size uint64, err error) {
+	fd, err = unix.Open(fmt.Sprintf("/proc/self/fd/%d", t.file.fd), unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
 	if err != nil {
-		return -1, 0, fmt.Errorf("reopening the region's file write-only: %w", err)
+		return -1, 0, fmt.Errorf("reopening the region's file: %w", err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {

@@ -1,6 +1,7 @@
-// Package shmdata is the same-host data path: the producer writes rows
-// into the consumer's region file with pwrite(2), split across a few
-// goroutines. One copy, no sockets on the data path, no NIXL.
+// Package shmdata is the same-host data path: the producer maps the granted
+// rows of the consumer's region file and reads its own rows into that
+// mapping with pread(2), split across a few goroutines. One copy, no
+// sockets on the data path, no NIXL.
 //
 // Access is granted by the kernel, never by the wire. The consumer (whose
 // region receives rows) keeps an fd for the file behind its region (vLLM's
@@ -12,22 +13,24 @@
 // process, the producer presents the token with its own id, and only if
 // that is the unused token issued to exactly that id does the consumer
 // reply with its own id, row length, row count and file size and pass a
-// write-only fd for the file over SCM_RIGHTS. The producer checks the
-// replier is the peer it meant, that it grants no more rows than its
-// session declared and that the file is as large as it says, and writes
-// only inside the granted rows.
+// read-write fd for the file (opened for that grant; a mapping needs read
+// access) over SCM_RIGHTS. The producer checks the replier is the peer it
+// meant, that it grants no more rows than its session declared and that
+// the file is as large as it says, maps only the pages holding the granted
+// rows and writes nowhere else.
 //
-// Why pwrite and not a mapping of the granted file: the consumer (or any
-// holder of a writable fd) may shrink the file at any time, and a store
-// into a mapped page past the new end raises SIGBUS in the producer. Go can
-// turn that into a panic only while its own handler is installed; a host
-// that installs another one after us (Python's faulthandler, which vLLM's
-// EngineCore enables) dies of it instead. pwrite copies in the kernel: a
-// shrunk destination costs no signal (a write past the new end grows the
-// file again, never beyond the granted rows, and the transfer fails when
-// the copy sees the short file), and a fault reading our own source rows
-// comes back as EFAULT. Measured against the mapped copy it replaced,
-// see docs/security.md §5.
+// Why pread into the mapping and not a copy by Go code: the consumer (or
+// any holder of a writable fd) may shrink its file at any time, and a
+// store into a mapped page past the new end raises SIGBUS in whoever
+// stores. Go can turn that into a panic only while its own handler is
+// installed; a host that installs another one after us (Python's
+// faulthandler, which vLLM's EngineCore enables) dies of it instead. With
+// pread the store is the kernel's: a fault on the peer's pages comes back
+// as EFAULT or a short read, and reading past the end of our own shrunk
+// file as a short read, never a signal, and the transfer fails naming the
+// file that shrank. pwrite(2) into the peer's file would be as safe but
+// serialises the workers on tmpfs's inode lock; reads take none, so the
+// workers add up (measured in docs/security.md §5).
 //
 // Addresses and row counts a peer advertises in connect are claims: only
 // the grant sizes the writes, and it may not exceed the session's claim.

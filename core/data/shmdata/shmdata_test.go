@@ -85,13 +85,17 @@ func TestRowsLandByteForByteAndNothingElse(t *testing.T) {
 	assert.Equal(t, "shm", tr.Name())
 	require.NoError(t, tr.AddPeer(consID, offered(cons.ask("offer %s", prodID))))
 
-	// A consecutive run, scattered rows and a reversed run.
+	// A consecutive run, scattered rows into a reversed run, and a run of
+	// ours into pairs of rows apart in the peer's (one read, many pieces).
 	var from, to []uint64
 	for i := range uint64(100) {
 		from, to = append(from, i), append(to, i+10)
 	}
 	for i := range uint64(100) {
 		from, to = append(from, 150+i*7%100), append(to, rows-1-i)
+	}
+	for i := range uint64(60) {
+		from, to = append(from, i), append(to, 110+i/2*3+i%2)
 	}
 	id, err := tr.Write(consID, from, to)
 	require.NoError(t, err)

@@ -15,10 +15,10 @@ import (
 //
 //	request: version(1) token(16) idLen(1) id(idLen)
 //	granted: statusGranted(1) idLen(1) id(idLen) rowLen(8) numRows(8) offset(8) fileSize(8),
-//	         a write-only fd for the region's file in SCM_RIGHTS
+//	         a read-write fd for the region's file, opened for this grant, in SCM_RIGHTS
 //	refused: statusRefused(1) reasonLen(1) reason(reasonLen)
 //
-// Version 2 added fileSize and made the fd write-only and tokens single-use.
+// Version 2 added fileSize and made tokens single-use.
 const (
 	wireVersion   byte = 2
 	statusGranted byte = 0
