@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/tests/foreignsig"
 	"github.com/peerkv/peerkv/tests/noptrace"
 )
 
@@ -36,6 +37,11 @@ const producerEnv = "PEERKV_SHMDATA_TEST_PRODUCER"
 // "<local id> <offer>" (runRawClaim).
 const rawClaimEnv = "PEERKV_SHMDATA_TEST_RAW_CLAIM"
 
+// A producer under a host's own SIGBUS handler: this test binary
+// re-executed with foreignEnv = "<source|destination> <offer>"
+// (runForeignHandlerProducer).
+const foreignEnv = "PEERKV_SHMDATA_TEST_FOREIGN_SIGBUS"
+
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(childEnv); spec != "" {
 		os.Exit(runChild(spec))
@@ -46,7 +52,27 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(rawClaimEnv); spec != "" {
 		os.Exit(runRawClaim(spec))
 	}
+	if spec := os.Getenv(foreignEnv); spec != "" {
+		os.Exit(runForeignHandlerProducer(spec))
+	}
 	os.Exit(m.Run())
+}
+
+// memfdRegionFlags maps a fresh memfd made with flags MAP_SHARED, whole, as
+// a region, and returns the fd, which stays open.
+func memfdRegionFlags(rows, rowLen, flags int) (data.Region, int, error) {
+	fd, err := unix.MemfdCreate("peerkv-shmdata-test", unix.MFD_CLOEXEC|flags)
+	if err != nil {
+		return data.Region{}, -1, err
+	}
+	if err := unix.Ftruncate(fd, int64(rows*rowLen)); err != nil {
+		return data.Region{}, -1, err
+	}
+	mem, err := unix.Mmap(fd, 0, rows*rowLen, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return data.Region{}, -1, err
+	}
+	return data.Region{Mem: mem, RowLen: uint64(rowLen)}, fd, nil
 }
 
 // memfdRegion maps a fresh memfd MAP_SHARED, as a host's region would be;
@@ -70,7 +96,9 @@ func memfdRegion(rows, rowLen, skip int) (data.Region, []byte, int, error) {
 
 // runChild serves its region and answers one line per command on stdin:
 // "offer PEER", "withdraw PEER OFFER", "sum" (sha256 of the whole file),
-// "truncate" (shrink the file to nothing), "logs" (refusals logged).
+// "truncate" (shrink the file to nothing), "resize BYTES" (set the file's
+// size), "claim ROWS FILESIZE" (every later grant says so, whatever the
+// region and file hold), "logs" (refusals logged).
 func runChild(spec string) int {
 	var id string
 	var rows, rowLen, skip int
@@ -115,6 +143,24 @@ func runChild(spec string) int {
 			} else {
 				fmt.Println("ok")
 			}
+		case "resize":
+			size, err := strconv.ParseInt(arg, 10, 64)
+			if err == nil {
+				err = unix.Ftruncate(fd, size)
+			}
+			if err != nil {
+				fmt.Println("resize:", err)
+			} else {
+				fmt.Println("ok")
+			}
+		case "claim":
+			var rows, size uint64
+			if _, err := fmt.Sscanf(arg, "%d %d", &rows, &size); err != nil {
+				fmt.Println("claim:", err)
+				continue
+			}
+			tr.replyHook = func(r *reply) { r.numRows, r.fileSize = rows, size }
+			fmt.Println("ok")
 		case "logs":
 			mu.Lock()
 			fmt.Println(strings.Join(logs, " | ") + ".")
@@ -159,7 +205,7 @@ func runProducerChild(spec string) int {
 		return 2
 	}
 	defer tr.Close()
-	if err := tr.AddPeer(consumerID, offered(offerString)); err != nil {
+	if err := tr.AddPeer(consumerID, offeredRows(offerString, uint64(rows))); err != nil {
 		fmt.Println("AddPeer:", err)
 		return 2
 	}
@@ -213,11 +259,13 @@ func runRawClaim(spec string) int {
 	}
 	_, _ = c.Write(req) // the consumer may have refused and closed already
 	fds, first := 0, "-"
+	var probes []string
 	for {
 		buf, oob := make([]byte, 512), make([]byte, unix.CmsgSpace(4*4))
 		n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 		got, _ := parseRights(oob[:oobn])
 		for _, fd := range got {
+			probes = append(probes, probeGrantedFd(fd))
 			_ = unix.Close(fd)
 		}
 		fds += len(got)
@@ -228,7 +276,106 @@ func runRawClaim(spec string) int {
 			break
 		}
 	}
-	fmt.Printf("fds %d reply %s\n", fds, first)
+	fmt.Printf("fds %d reply %s%s\n", fds, first, strings.Join(probes, ""))
+	return 0
+}
+
+// probeGrantedFd tries what a claimant could do with a granted fd beyond
+// writing rows, and says what the kernel answered to each: " read=ERR
+// map=ERR shrink=ERR grow=ERR" ("ok" where it worked). It changes nothing:
+// a shrink or grow that works is undone at once.
+func probeGrantedFd(fd int) string {
+	answer := func(err error) string {
+		if err != nil {
+			return err.Error()
+		}
+		return "ok"
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return " fstat=" + err.Error()
+	}
+	_, readErr := unix.Pread(fd, make([]byte, 1), 0)
+	mem, mapErr := unix.Mmap(fd, 0, 4096, unix.PROT_READ, unix.MAP_SHARED)
+	if mapErr == nil {
+		_ = unix.Munmap(mem)
+	}
+	shrinkErr := unix.Ftruncate(fd, 0)
+	growErr := unix.Ftruncate(fd, st.Size+4096)
+	if shrinkErr == nil || growErr == nil {
+		_ = unix.Ftruncate(fd, st.Size)
+	}
+	return fmt.Sprintf(" read=%s map=%s shrink=%s grow=%s", answer(readErr), answer(mapErr), answer(shrinkErr), answer(growErr))
+}
+
+// runForeignHandlerProducer hands SIGBUS to a plain C handler that exits
+// (foreignsig), as a host that enables faulthandler after loading us does,
+// then writes its rows one batch at a time into the consumer of the offer.
+// After the first batch the file on one side shrinks: "source" truncates
+// our own region file, "destination" prints "shrink" and waits for a line
+// on stdin while the consumer shrinks its. It prints "failed: ERR" or "ok"
+// and exits 0, unless the handler killed it (foreignsig.ExitCode).
+func runForeignHandlerProducer(spec string) int {
+	const rows, rowLen = 16, 64 << 10
+	shrunk, offerString, _ := strings.Cut(spec, " ")
+	if err := foreignsig.InstallFatalSIGBUS(); err != nil {
+		fmt.Println(err)
+		return 2
+	}
+	region, _, fd, err := memfdRegion(rows, rowLen, 0)
+	if err != nil {
+		fmt.Println("producer region:", err)
+		return 2
+	}
+	fillPattern(region)
+	tr, err := New(Options{Region: region, LocalID: prodID, Workers: 1})
+	if err != nil {
+		fmt.Println("producer New:", err)
+		return 2
+	}
+	defer tr.Close()
+	if err := tr.AddPeer(consID, offeredRows(offerString, rows)); err != nil {
+		fmt.Println("AddPeer:", err)
+		return 2
+	}
+	in := bufio.NewScanner(os.Stdin)
+	batches := 0
+	tr.batchHook = func() {
+		if batches++; batches != 2 {
+			return
+		}
+		if shrunk == "source" {
+			_ = unix.Ftruncate(fd, 0)
+			return
+		}
+		fmt.Println("shrink")
+		in.Scan()
+	}
+	// Source rows in reverse merge into no batch: one row a batch.
+	src, dst := make([]uint64, rows), make([]uint64, rows)
+	for i := range src {
+		src[i], dst[i] = uint64(rows-1-i), uint64(i)
+	}
+	job, err := tr.Write(consID, src, dst)
+	if err != nil {
+		fmt.Println("Write:", err)
+		return 2
+	}
+	select {
+	case c := <-tr.Completions():
+		switch {
+		case c.ID != job:
+			fmt.Printf("completion of job %d, want %d\n", c.ID, job)
+			return 2
+		case c.Err != nil:
+			fmt.Println("failed:", c.Err)
+		default:
+			fmt.Println("ok")
+		}
+	case <-time.After(10 * time.Second):
+		fmt.Println("no completion within 10s")
+		return 2
+	}
 	return 0
 }
 

@@ -76,11 +76,18 @@ func randomHex(n int) (string, error) {
 	return hex.EncodeToString(b), nil
 }
 
-// grant is the token one peer may present.
+// grant is the token one peer may present, once.
 type grant struct {
 	token   token
 	expires time.Time
+	used    bool // presented once: kept until it expires only to name a replay
 }
+
+// Why a token is refused, as told to its presenter (who may log it).
+var (
+	errNoSuchGrant = errors.New("no such grant")
+	errGrantUsed   = errors.New("grant token already used")
+)
 
 // grants holds at most one live token per peer id, and at most maxGrants.
 type grants struct {
@@ -137,17 +144,26 @@ func (g *grants) revoke(peerID string, tok token) {
 	}
 }
 
-// check reports whether tok is peerID's live token.
-func (g *grants) check(peerID string, tok token) bool {
+// use spends tok, peerID's live token: a token grants the region's fd
+// once, so one captured (from a log, a core dump, a relayed connect) is
+// worth nothing after the claim it was issued for. A second presentation
+// gets errGrantUsed; a wrong, expired, withdrawn or replaced token, or one
+// issued to another id, errNoSuchGrant.
+func (g *grants) use(peerID string, tok token) error {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	gr, ok := g.byPeer[peerID]
-	expired := ok && g.now().After(gr.expires)
-	if expired {
+	if ok && g.now().After(gr.expires) {
 		delete(g.byPeer, peerID)
+		ok = false
 	}
-	g.mu.Unlock()
-	if !ok || expired {
-		return false
+	if !ok || subtle.ConstantTimeCompare(gr.token[:], tok[:]) != 1 {
+		return errNoSuchGrant
 	}
-	return subtle.ConstantTimeCompare(gr.token[:], tok[:]) == 1
+	if gr.used {
+		return errGrantUsed
+	}
+	gr.used = true
+	g.byPeer[peerID] = gr
+	return nil
 }

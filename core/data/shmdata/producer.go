@@ -3,29 +3,36 @@ package shmdata
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/bits"
 	"net"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/peerkv/peerkv/core/data"
 )
 
-// maxBatchBytes bounds one copy() call, so a transfer sees Close, removal
-// and its deadline between batches.
+// maxBatchBytes bounds one read, so a transfer sees Close, removal and its
+// deadline between batches, and a shrunk file every maxBatchBytes.
 const maxBatchBytes = 8 << 20
+
+// maxPieces bounds the destination ranges one preadv fills (IOV_MAX is
+// 1024): rows consecutive in our file but scattered in the peer's.
+const maxPieces = 256
 
 // peer is a consumer whose granted rows we have mapped.
 type peer struct {
 	id      string
-	mapped  []byte // the whole mapping, from the page below the rows
-	rows    []byte // the granted rows: the only memory writes touch
+	fd      int    // the granted fd, kept for fstat; -1 once closed
+	mapped  []byte // the pages holding the granted rows; nil once unmapped
+	rows    []byte // the granted rows in mapped: written by the kernel alone (pread)
+	end     uint64 // file offset just past the last granted row
 	numRows uint64
 	users   int         // running transfers; guarded by Transport.mu
 	dropped bool        // removed, replaced or closed; guarded by Transport.mu
@@ -33,8 +40,8 @@ type peer struct {
 }
 
 // AddPeer asks the peer's consumer for its region through the offer in
-// info.SameHost and maps the rows granted. info's addresses and row count
-// are claims and are ignored.
+// info.SameHost. info.NumRows, the row count the peer's session declared,
+// caps the grant; info's addresses are ignored.
 func (t *Transport) AddPeer(peerID string, info data.PeerInfo) error {
 	if info.SameHost == "" {
 		return fmt.Errorf("shmdata: peer %s made no same-host offer", peerID)
@@ -46,14 +53,14 @@ func (t *Transport) AddPeer(peerID string, info data.PeerInfo) error {
 	if t.isClosed() {
 		return data.ErrClosed
 	}
-	p, err := t.claim(peerID, o)
+	p, err := t.claim(peerID, o, info.NumRows)
 	if err != nil {
 		return fmt.Errorf("shmdata: peer %s: %w", peerID, err)
 	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		p.unmap()
+		p.closeFile()
 		return data.ErrClosed
 	}
 	old := t.peers[peerID]
@@ -61,13 +68,14 @@ func (t *Transport) AddPeer(peerID string, info data.PeerInfo) error {
 	idle := old != nil && t.dropLocked(old)
 	t.mu.Unlock()
 	if idle {
-		old.unmap()
+		old.closeFile()
 	}
 	return nil
 }
 
-// claim runs the grant exchange with the offer's socket and maps the rows.
-func (t *Transport) claim(peerID string, o offer) (*peer, error) {
+// claim runs the grant exchange with the offer's socket and checks what it
+// granted against what the session declared (declaredRows).
+func (t *Transport) claim(peerID string, o offer, declaredRows uint64) (*peer, error) {
 	timeout := t.opts.HandshakeTimeout
 	conn, err := (&net.Dialer{Timeout: timeout}).Dial("unix", o.socket)
 	if err != nil {
@@ -95,7 +103,12 @@ func (t *Transport) claim(peerID string, o offer) (*peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer unix.Close(fd) // the mapping keeps the file
+	keep := false
+	defer func() {
+		if !keep {
+			_ = unix.Close(fd)
+		}
+	}()
 	switch {
 	case r.peerID != peerID:
 		return nil, fmt.Errorf("the offer's socket belongs to peer %q (process %d), not to %s", r.peerID, cred.Pid, peerID)
@@ -103,58 +116,92 @@ func (t *Transport) claim(peerID string, o offer) (*peer, error) {
 		return nil, fmt.Errorf("row length %d differs from ours %d", r.rowLen, t.opts.Region.RowLen)
 	case r.numRows == 0:
 		return nil, errors.New("the peer granted no rows")
+	case r.numRows > declaredRows:
+		return nil, fmt.Errorf("the peer granted %d rows, more than the %d its session declared (num_blocks)",
+			r.numRows, declaredRows)
 	}
-	mapped, rows, err := mapRows(fd, r)
+	end, err := checkGrantedFile(fd, r)
 	if err != nil {
 		return nil, err
 	}
-	return &peer{id: peerID, mapped: mapped, rows: rows, numRows: r.numRows}, nil
+	mapped, rows, err := mapRows(fd, r.offset, end)
+	if err != nil {
+		return nil, err
+	}
+	keep = true
+	return &peer{id: peerID, fd: fd, mapped: mapped, rows: rows, end: end, numRows: r.numRows}, nil
 }
 
-// mapRows maps exactly the granted rows of fd's file, writable and shared.
-func mapRows(fd int, r reply) (mapped, rows []byte, err error) {
+// checkGrantedFile checks that fd is a read-write in-memory file of exactly
+// the size the consumer said, holding the granted rows, and returns where
+// they end in it.
+func checkGrantedFile(fd int, r reply) (end uint64, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, nil, fmt.Errorf("fstat of the granted file: %w", err)
+		return 0, fmt.Errorf("fstat of the granted file: %w", err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, nil, fmt.Errorf("the granted fd is not a regular file (mode %#o)", st.Mode)
+		return 0, fmt.Errorf("the granted fd is not a regular file (mode %#o)", st.Mode)
 	}
 	if err := memoryBacked(fd); err != nil {
-		return nil, nil, fmt.Errorf("the granted file: %w", err)
+		return 0, fmt.Errorf("the granted file: %w", err)
+	}
+	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return 0, fmt.Errorf("the granted fd's flags: %w", err)
+	}
+	if flags&unix.O_ACCMODE != unix.O_RDWR {
+		return 0, errors.New("the granted fd is not open for reading and writing (mapping it needs both)")
+	}
+	size := uint64(max(st.Size, 0))
+	if size != r.fileSize {
+		return 0, fmt.Errorf("the granted file holds %d bytes, not the %d the peer said", size, r.fileSize)
 	}
 	hi, length := bits.Mul64(r.numRows, r.rowLen)
-	end := r.offset + length
-	if hi != 0 || end < r.offset || end > uint64(max(st.Size, 0)) {
-		return nil, nil, fmt.Errorf("the granted file holds %d bytes, fewer than %d rows of %d at offset %d",
-			st.Size, r.numRows, r.rowLen, r.offset)
+	end = r.offset + length
+	if hi != 0 || end < r.offset || end > size {
+		return 0, fmt.Errorf("the granted file holds %d bytes, fewer than %d rows of %d at offset %d",
+			size, r.numRows, r.rowLen, r.offset)
 	}
+	return end, nil
+}
+
+// mapRows maps the pages of fd's file that hold [offset, end), writable and
+// shared, and nothing more of it. Go code never touches the mapping: rows
+// reach it through pread(2), so a fault on it (the file shrank) is the
+// kernel's, answered with EFAULT or a short read, never a signal.
+func mapRows(fd int, offset, end uint64) (mapped, rows []byte, err error) {
 	page := uint64(unix.Getpagesize())
-	start := r.offset &^ (page - 1)
-	skip := r.offset - start
-	if skip+length > math.MaxInt {
+	start := offset &^ (page - 1)
+	if end-start > math.MaxInt {
 		return nil, nil, errors.New("the granted rows do not fit the address space")
 	}
-	mapped, err = unix.Mmap(fd, int64(start), int(skip+length), unix.PROT_WRITE, unix.MAP_SHARED)
+	mapped, err = unix.Mmap(fd, int64(start), int(end-start), unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, nil, fmt.Errorf("mapping the granted rows: %w", err)
 	}
-	return mapped, mapped[skip : skip+length], nil
+	return mapped, mapped[offset-start:], nil
 }
 
-// unmap releases the mapping; once, with no copy running and p out of the
-// table (callers ensure), and without t.mu: unmapping a large region takes
-// a while, and Write, called under the tier's lock, must not wait for it.
-func (p *peer) unmap() {
+// closeFile unmaps the granted rows and closes the granted fd; once, with
+// no copy running and p out of the table (callers ensure), and without
+// t.mu: unmapping a large region takes a while, and Write, called under the
+// tier's lock, must not wait for it.
+func (p *peer) closeFile() {
 	if p.mapped != nil {
 		_ = unix.Munmap(p.mapped)
 		p.mapped, p.rows = nil, nil
 	}
+	if p.fd >= 0 {
+		_ = unix.Close(p.fd)
+		p.fd = -1
+	}
 }
 
 // dropLocked retires p: running copies stop at their next batch and the
-// last one out unmaps. It reports whether none is running, in which case
-// the caller unmaps p once it has released t.mu. t.mu is held.
+// last one out unmaps it and closes its fd. It reports whether none is
+// running, in which case the caller does so once it has released t.mu.
+// t.mu is held.
 func (t *Transport) dropLocked(p *peer) (idle bool) {
 	p.dropped = true
 	p.gone.Store(true)
@@ -167,7 +214,7 @@ func (t *Transport) release(p *peer) {
 	last := p.users == 0 && p.dropped
 	t.mu.Unlock()
 	if last {
-		p.unmap()
+		p.closeFile()
 	}
 }
 
@@ -178,7 +225,7 @@ func (t *Transport) isClosed() bool {
 }
 
 // RemovePeer forgets a peer; its running copies stop and fail, and its
-// mapping goes once the last of them ends.
+// mapping and fd go once the last of them ends.
 func (t *Transport) RemovePeer(peerID string) {
 	t.mu.Lock()
 	p := t.peers[peerID]
@@ -186,7 +233,7 @@ func (t *Transport) RemovePeer(peerID string) {
 	delete(t.peers, peerID)
 	t.mu.Unlock()
 	if idle {
-		p.unmap()
+		p.closeFile()
 	}
 }
 
@@ -227,9 +274,14 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 	return id, nil
 }
 
-// copyRows splits the rows over the workers and waits for all of them.
+// copyRows splits the rows over the workers and waits for all of them. The
+// peer's file size is checked once before and once after (an fstat costs
+// about as much as a small read), and by each worker every maxBatchBytes.
 func (t *Transport) copyRows(p *peer, src, dst []uint64) error {
 	deadline := time.Now().Add(t.opts.TransferTimeout)
+	if err := p.checkSize(); err != nil {
+		return err
+	}
 	workers := max(1, min(t.opts.Workers, len(src)))
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
@@ -242,34 +294,139 @@ func (t *Transport) copyRows(p *peer, src, dst []uint64) error {
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return p.checkSize() // it may have shrunk under the last reads
 }
 
-// copyPart copies rows in batches, merging rows consecutive on both sides.
-// A fault on the mapping (the consumer shrank its file: SIGBUS) becomes
-// this transfer's error rather than a crash of the host process.
-func (t *Transport) copyPart(p *peer, src, dst []uint64, deadline time.Time) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("shmdata: copy into peer %s faulted (%v): the peer's region file shrank or is unusable", p.id, r)
-		}
-	}()
+// copyPart copies rows in batches with pread(2) from our region's file
+// straight into the mapping of the peer's: one preadv for rows consecutive
+// in our file, whatever their places in the peer's. Only the kernel touches
+// the peer's pages, so whatever the peer does to its file, and whatever
+// signal handlers the host installed, the copy fails cleanly or succeeds
+// (see the package doc).
+func (t *Transport) copyPart(p *peer, src, dst []uint64, deadline time.Time) error {
 	rowLen := t.opts.Region.RowLen
-	mem := t.opts.Region.Mem
 	maxRun := max(1, maxBatchBytes/rowLen)
+	iov := make([]unix.Iovec, 0, min(maxPieces, len(src)))
+	var sinceCheck uint64
 	for i := 0; i < len(src); {
 		if err := t.stillWanted(p, deadline); err != nil {
 			return err
 		}
-		n := uint64(1)
-		for i+int(n) < len(src) && n < maxRun && src[i+int(n)] == src[i]+n && dst[i+int(n)] == dst[i]+n {
-			n++
+		if sinceCheck >= maxBatchBytes {
+			if err := p.checkSize(); err != nil {
+				return err
+			}
+			sinceCheck = 0
 		}
-		copy(p.rows[dst[i]*rowLen:(dst[i]+n)*rowLen], mem[src[i]*rowLen:(src[i]+n)*rowLen])
+		iov = append(iov[:0], p.rowsIovec(dst[i], rowLen))
+		n := uint64(1)
+		for ; i+int(n) < len(src) && n < maxRun && src[i+int(n)] == src[i]+n; n++ {
+			d := dst[i+int(n)]
+			if last := &iov[len(iov)-1]; d == dst[i+int(n)-1]+1 {
+				last.SetLen(int(last.Len) + int(rowLen))
+				continue
+			}
+			if len(iov) == maxPieces {
+				break
+			}
+			iov = append(iov, p.rowsIovec(d, rowLen))
+		}
+		if err := preadFull(t.file.fd, iov, t.file.offset+src[i]*rowLen); err != nil {
+			return t.copyFailed(p, src[i], n, err)
+		}
 		i += int(n)
+		sinceCheck += n * rowLen
 	}
 	return nil
+}
+
+// copyFailed names why reading rows first..first+n-1 failed: EFAULT or a
+// short read mean a file shrank, the peer's (a fault on its pages) or our
+// own (end of file); the sizes say which.
+func (t *Transport) copyFailed(p *peer, first, n uint64, err error) error {
+	if shrank := p.checkSize(); shrank != nil {
+		return shrank
+	}
+	if shrank := t.checkOwnSize(); shrank != nil {
+		return shrank
+	}
+	return fmt.Errorf("shmdata: copying our rows %d..%d into peer %s: %w", first, first+n-1, p.id, err)
+}
+
+// checkSize fails the transfer once the peer's file no longer holds every
+// granted row: the peer shrank it, and rows copied there are lost.
+func (p *peer) checkSize() error {
+	var st unix.Stat_t
+	if err := unix.Fstat(p.fd, &st); err != nil {
+		return fmt.Errorf("shmdata: fstat of peer %s's region file: %w", p.id, err)
+	}
+	if uint64(max(st.Size, 0)) < p.end {
+		return fmt.Errorf("shmdata: peer %s's region file shrank to %d bytes, below the %d its grant holds",
+			p.id, st.Size, p.end)
+	}
+	return nil
+}
+
+// checkOwnSize fails the transfer once our own region's file no longer
+// holds our rows (the host, or a holder of a grant, shrank it).
+func (t *Transport) checkOwnSize() error {
+	var st unix.Stat_t
+	if err := unix.Fstat(t.file.fd, &st); err != nil {
+		return fmt.Errorf("shmdata: fstat of our region file: %w", err)
+	}
+	if end := t.file.offset + uint64(len(t.opts.Region.Mem)); uint64(max(st.Size, 0)) < end {
+		return fmt.Errorf("shmdata: our region file shrank to %d bytes, below the %d our rows need", st.Size, end)
+	}
+	return nil
+}
+
+// rowsIovec is the peer's row d in our mapping, as a destination of preadv.
+func (p *peer) rowsIovec(d, rowLen uint64) unix.Iovec {
+	v := unix.Iovec{Base: &p.rows[d*rowLen]}
+	v.SetLen(int(rowLen))
+	return v
+}
+
+// preadFull fills iov, in order, from fd at off, resuming after short reads
+// and EINTR; reading past the end of the file fails. iov is used up.
+func preadFull(fd int, iov []unix.Iovec, off uint64) error {
+	for len(iov) > 0 {
+		n, err := preadv(fd, iov, off)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return err
+		case n == 0:
+			return io.ErrUnexpectedEOF
+		}
+		off += uint64(n)
+		for n > 0 {
+			if l := int(iov[0].Len); n < l {
+				iov[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(iov[0].Base), n))
+				iov[0].SetLen(l - n)
+				break
+			}
+			n -= int(iov[0].Len)
+			iov = iov[1:]
+		}
+	}
+	return nil
+}
+
+// preadv is preadv(2) on iov as it is: x/sys/unix's copies [][]byte into
+// a fresh []Iovec on every call.
+func preadv(fd int, iov []unix.Iovec, off uint64) (int, error) {
+	const half = bits.UintSize / 2 // the offset's high word, 0 on 64-bit
+	n, _, errno := unix.Syscall6(unix.SYS_PREADV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)),
+		uintptr(off), uintptr(off>>half>>half), 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
 }
 
 func (t *Transport) stillWanted(p *peer, deadline time.Time) error {

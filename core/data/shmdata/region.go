@@ -72,17 +72,23 @@ func findRegionFile(mem []byte) (regionFile, error) {
 
 // memoryBacked refuses files that are not in memory: a page fault on a disk,
 // FUSE or network file can block a copy in the kernel for as long as that
-// filesystem likes, past every deadline.
+// filesystem likes, past every deadline. hugetlbfs is in memory but maps
+// only at huge-page offsets, and a producer maps the granted rows from the
+// base page that holds the first.
 func memoryBacked(fd int) error {
 	var fs unix.Statfs_t
 	if err := unix.Fstatfs(fd, &fs); err != nil {
 		return fmt.Errorf("fstatfs: %w", err)
 	}
-	if fs.Type != unix.TMPFS_MAGIC && fs.Type != unix.HUGETLBFS_MAGIC {
-		return fmt.Errorf("it is not in memory (filesystem type %#x): the same-host path serves tmpfs "+
-			"(such as /dev/shm, vLLM's), memfd and hugetlbfs regions", fs.Type)
+	switch fs.Type {
+	case unix.TMPFS_MAGIC:
+		return nil
+	case unix.HUGETLBFS_MAGIC:
+		return errors.New("it is on hugetlbfs, which maps only at huge-page offsets: the same-host path serves tmpfs " +
+			"(such as /dev/shm, vLLM's) and memfd regions")
 	}
-	return nil
+	return fmt.Errorf("it is not in memory (filesystem type %#x): the same-host path serves tmpfs "+
+		"(such as /dev/shm, vLLM's) and memfd regions", fs.Type)
 }
 
 // readMaps returns the contiguous mappings that cover [base, end).

@@ -2,6 +2,7 @@ package shmdata
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"time"
 
@@ -89,14 +90,45 @@ func (t *Transport) serveOne(c *net.UnixConn) {
 		_, _ = c.Write(encodeRefusal("bad request"))
 		return
 	}
-	if !t.grants.check(req.peerID, req.token) {
-		t.logf("shmdata: refused a grant request from process %d claiming peer %q: no such live grant "+
-			"(wrong, expired or withdrawn token, or issued to another peer)", cred.Pid, req.peerID)
-		_, _ = c.Write(encodeRefusal("no such grant"))
+	if err := t.grants.use(req.peerID, req.token); err != nil {
+		why := "no such live grant (wrong, expired or withdrawn token, or issued to another peer)"
+		if errors.Is(err, errGrantUsed) {
+			why = "its token was already used (a token grants once: a replay, or a second claim of one offer)"
+		}
+		t.logf("shmdata: refused a grant request from process %d claiming peer %q: %s", cred.Pid, req.peerID, why)
+		_, _ = c.Write(encodeRefusal(err.Error()))
 		return
 	}
-	r := reply{peerID: t.opts.LocalID, rowLen: t.opts.Region.RowLen, numRows: t.opts.Region.NumRows(), offset: t.file.offset}
-	if _, _, err := c.WriteMsgUnix(r.encode(), unix.UnixRights(t.file.fd), nil); err != nil {
+	fd, size, err := t.grantFd()
+	if err != nil {
+		t.logf("shmdata: no grant for peer %q (process %d): %v", req.peerID, cred.Pid, err)
+		_, _ = c.Write(encodeRefusal("region file unavailable"))
+		return
+	}
+	defer unix.Close(fd)
+	r := reply{peerID: t.opts.LocalID, rowLen: t.opts.Region.RowLen, numRows: t.opts.Region.NumRows(),
+		offset: t.file.offset, fileSize: size}
+	if t.replyHook != nil {
+		t.replyHook(&r)
+	}
+	if _, _, err := c.WriteMsgUnix(r.encode(), unix.UnixRights(fd), nil); err != nil {
 		t.logf("shmdata: sending the grant to peer %q (process %d): %v", req.peerID, cred.Pid, err)
 	}
+}
+
+// grantFd opens our region's file anew, read-write, for one grant, and
+// returns its size. Read-write because the producer maps the granted rows
+// and a mapping needs read access; a fresh open file description so that
+// what the claimant does to its flags is not ours.
+func (t *Transport) grantFd() (fd int, size uint64, err error) {
+	fd, err = unix.Open(fmt.Sprintf("/proc/self/fd/%d", t.file.fd), unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return -1, 0, fmt.Errorf("reopening the region's file: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		_ = unix.Close(fd)
+		return -1, 0, fmt.Errorf("fstat of the region's file: %w", err)
+	}
+	return fd, uint64(max(st.Size, 0)), nil
 }

@@ -1,23 +1,39 @@
-// Package shmdata is the same-host data path: the producer maps the
-// consumer's region file once and copies rows into it with memcpy, split
-// across a few goroutines. One copy, no sockets on the data path, no NIXL.
+// Package shmdata is the same-host data path: the producer maps the granted
+// rows of the consumer's region file and reads its own rows into that
+// mapping with pread(2), split across a few goroutines. One copy, no
+// sockets on the data path, no NIXL.
 //
 // Access is granted by the kernel, never by the wire. The consumer (whose
 // region receives rows) keeps an fd for the file behind its region (vLLM's
 // is on /dev/shm; anonymous memory cannot be served) and listens on a Unix
 // socket in the abstract namespace under an unguessable name. Offer mints a
-// random token bound to one peer id; the offer string (socket + token) goes
-// to that peer in our connect. The peer's producer dials the socket, both
-// ends read SO_PEERCRED and refuse another user or their own process, the
-// producer presents the token with its own id, and only if that is the
-// token issued to exactly that id does the consumer reply with its own id,
-// row length and row count and pass the fd over SCM_RIGHTS. The producer
-// checks the replier is the peer it meant, maps exactly the granted rows
-// and writes nowhere else: the mapping's length bounds every write, and a
-// consumer that truncates its file fails the transfer (SIGBUS is
-// recovered) instead of killing the producer.
+// random single-use token bound to one peer id; the offer string (socket +
+// token) goes to that peer in our connect. The peer's producer dials the
+// socket, both ends read SO_PEERCRED and refuse another user or their own
+// process, the producer presents the token with its own id, and only if
+// that is the unused token issued to exactly that id does the consumer
+// reply with its own id, row length, row count and file size and pass a
+// read-write fd for the file (opened for that grant; a mapping needs read
+// access) over SCM_RIGHTS. The producer checks the replier is the peer it
+// meant, that it grants no more rows than its session declared and that
+// the file is as large as it says, maps only the pages holding the granted
+// rows and writes nowhere else.
 //
-// Addresses and row counts a peer advertises in connect are ignored here.
+// Why pread into the mapping and not a copy by Go code: the consumer (or
+// any holder of a writable fd) may shrink its file at any time, and a
+// store into a mapped page past the new end raises SIGBUS in whoever
+// stores. Go can turn that into a panic only while its own handler is
+// installed; a host that installs another one after us (Python's
+// faulthandler, which vLLM's EngineCore enables) dies of it instead. With
+// pread the store is the kernel's: a fault on the peer's pages comes back
+// as EFAULT or a short read, and reading past the end of our own shrunk
+// file as a short read, never a signal, and the transfer fails naming the
+// file that shrank. pwrite(2) into the peer's file would be as safe but
+// serialises the workers on tmpfs's inode lock; reads take none, so the
+// workers add up (measured in docs/security.md §5).
+//
+// Addresses and row counts a peer advertises in connect are claims: only
+// the grant sizes the writes, and it may not exceed the session's claim.
 package shmdata
 
 import (
@@ -78,6 +94,8 @@ type Transport struct {
 
 	// batchHook, when set (tests), runs before each batch a copy starts.
 	batchHook func()
+	// replyHook, when set (tests), alters each grant before it is sent.
+	replyHook func(*reply)
 }
 
 var (
@@ -111,6 +129,7 @@ func New(opts Options) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shmdata: %w", err)
 	}
+	sealSize(file.fd)
 	name, err := randomHex(socketRandLen)
 	if err != nil {
 		_ = unix.Close(file.fd)
@@ -179,7 +198,7 @@ func (t *Transport) Withdraw(peerID, offerString string) {
 func (t *Transport) Completions() <-chan data.Completion { return t.outbox.C() }
 
 // Close stops granting, fails running transfers at their next batch, waits
-// for them, unmaps every peer's region and closes Completions.
+// for them, closes every peer's granted fd and closes Completions.
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
 		t.mu.Lock()
@@ -196,7 +215,7 @@ func (t *Transport) Close() error {
 		}
 		t.mu.Unlock()
 		for _, p := range idle {
-			p.unmap()
+			p.closeFile()
 		}
 		_ = t.ln.Close()
 		t.serving.Wait()
@@ -206,6 +225,13 @@ func (t *Transport) Close() error {
 		t.outbox.Finish()
 	})
 	return nil
+}
+
+// sealSize fixes the size of a memfd region that allows sealing, so no
+// holder of a grant (nor the host by mistake) can shrink or grow it; other
+// files (vLLM's on /dev/shm) take no seals and are left as they are.
+func sealSize(fd int) {
+	_, _ = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
 }
 
 func (t *Transport) logf(format string, args ...any) {

@@ -14,14 +14,17 @@ import (
 // The grant exchange on the local socket, all sizes bounded:
 //
 //	request: version(1) token(16) idLen(1) id(idLen)
-//	granted: statusGranted(1) idLen(1) id(idLen) rowLen(8) numRows(8) offset(8), the region's fd in SCM_RIGHTS
+//	granted: statusGranted(1) idLen(1) id(idLen) rowLen(8) numRows(8) offset(8) fileSize(8),
+//	         a read-write fd for the region's file, opened for this grant, in SCM_RIGHTS
 //	refused: statusRefused(1) reasonLen(1) reason(reasonLen)
+//
+// Version 2 added fileSize and made tokens single-use.
 const (
-	wireVersion   byte = 1
+	wireVersion   byte = 2
 	statusGranted byte = 0
 	statusRefused byte = 1
 	maxIDLen           = 255
-	maxReplyLen        = 2 + maxIDLen + 24
+	maxReplyLen        = 2 + maxIDLen + 32
 )
 
 type request struct {
@@ -66,6 +69,9 @@ type reply struct {
 	rowLen  uint64
 	numRows uint64
 	offset  uint64 // of the region in the file
+	// fileSize is the file's size as the consumer saw it when granting;
+	// the producer's fstat of the fd it got must agree.
+	fileSize uint64
 }
 
 func (r reply) encode() []byte {
@@ -73,7 +79,8 @@ func (r reply) encode() []byte {
 	b = append(b, r.peerID...)
 	b = binary.BigEndian.AppendUint64(b, r.rowLen)
 	b = binary.BigEndian.AppendUint64(b, r.numRows)
-	return binary.BigEndian.AppendUint64(b, r.offset)
+	b = binary.BigEndian.AppendUint64(b, r.offset)
+	return binary.BigEndian.AppendUint64(b, r.fileSize)
 }
 
 func encodeRefusal(reason string) []byte {
@@ -105,15 +112,16 @@ func decodeReply(b []byte) (reply, error) {
 		}
 		return reply{}, errRefusedByPeer{reason: string(b[2 : 2+n])}
 	case statusGranted:
-		if len(b) < 2+n+24 {
+		if len(b) < 2+n+32 {
 			return reply{}, errShort
 		}
 		rest := b[2+n:]
 		return reply{
-			peerID:  string(b[2 : 2+n]),
-			rowLen:  binary.BigEndian.Uint64(rest),
-			numRows: binary.BigEndian.Uint64(rest[8:]),
-			offset:  binary.BigEndian.Uint64(rest[16:]),
+			peerID:   string(b[2 : 2+n]),
+			rowLen:   binary.BigEndian.Uint64(rest),
+			numRows:  binary.BigEndian.Uint64(rest[8:]),
+			offset:   binary.BigEndian.Uint64(rest[16:]),
+			fileSize: binary.BigEndian.Uint64(rest[24:]),
 		}, nil
 	}
 	return reply{}, fmt.Errorf("unknown reply status %d", b[0])
