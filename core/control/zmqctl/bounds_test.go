@@ -245,3 +245,22 @@ func TestInboundConnectionsPerHostAreBounded(t *testing.T) {
 	assert.Equal(t, uint64(dialers-perHost), st.InboundShut)
 	assert.Equal(t, int64(perHost), st.InboundConns)
 }
+
+// The byte bounds limit what piles up for a peer, not the largest frame we
+// may send: a frame larger than SendQueueBytes still goes out when nothing
+// waits in front of it (a lookup's answer may be as large as the frame
+// bound allows).
+func TestAFrameLargerThanTheQueueBoundGoesOutToAnEmptyQueue(t *testing.T) {
+	a := newTestTransport(t, Options{SendQueueBytes: 1 << 20, TotalSendQueueBytes: 1 << 20})
+	b := newTestTransport(t, Options{})
+	frame := make([]byte, 3<<20)
+	frame[len(frame)-1] = 7
+	require.NoError(t, a.Send(b.LocalID(), frame))
+	for {
+		ev := nextEvent(t, b, 10*time.Second)
+		if ev.Kind == control.EventFrame {
+			require.Equal(t, frame, ev.Frame)
+			return
+		}
+	}
+}

@@ -229,15 +229,17 @@ func (t *Transport) takeCommandsLocked() []command {
 // of libzmq, or all peers over Options.TotalSendQueueBytes. A peer that
 // stays over because it stopped reading is reported down by the pump once
 // frames have waited for it for Options.SendTimeout (expireDeadlines).
+// One frame is always admitted to an empty queue, whatever its size: the
+// byte bounds limit what piles up, not the largest frame we may send.
 func (t *Transport) admitLocked(peerID string, frame []byte) error {
 	q, cost, o := t.queued[peerID], frameCost(frame), t.opts
 	var over string
 	switch {
 	case q.frames >= o.SendHWM:
 		over = fmt.Sprintf("%d frames waiting", q.frames)
-	case q.bytes+cost > o.SendQueueBytes:
+	case q.frames > 0 && q.bytes+cost > o.SendQueueBytes:
 		over = fmt.Sprintf("%d bytes waiting and %d more, bound %d", q.bytes, cost, o.SendQueueBytes)
-	case t.queuedBytes+cost > o.TotalSendQueueBytes:
+	case t.queuedBytes > 0 && t.queuedBytes+cost > o.TotalSendQueueBytes:
 		over = fmt.Sprintf("%d bytes waiting for all peers and %d more, bound %d", t.queuedBytes, cost, o.TotalSendQueueBytes)
 	default:
 		return nil
