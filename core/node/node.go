@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -52,6 +53,7 @@ func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
 		// Room for every session admission allows, and a redial each.
 		MaxInboundConns:        max(zmqctl.DefaultMaxInboundConns, 2*cfg.MaxPeers),
 		MaxInboundConnsPerHost: max(zmqctl.DefaultMaxInboundConnsPerHost, 2*cfg.MaxPeersPerHost),
+		AdmitAddr:              admitAddr(cfg),
 		Curve:                  curve,
 		Logger:                 logs.logger(),
 	})
@@ -277,4 +279,16 @@ func splitRecord(line string) (cause, attrs string) {
 		end = len(line)
 	}
 	return line[:end], line[end:]
+}
+
+// admitAddr is allowed_peers as the control transport applies it to the
+// connections it accepts (nil when the option is unset: every address),
+// so that a host outside the list holds nothing in libzmq; the tier checks
+// each connect against the same list.
+func admitAddr(cfg config.Config) func(netip.Addr) bool {
+	peers, err := config.ParsePeerList(cfg.AllowedPeers)
+	if err != nil || peers.AllowsAll() {
+		return nil // a bad list is refused by the tier's own check
+	}
+	return func(a netip.Addr) bool { return peers.AllowsAddr(a.String()) }
 }

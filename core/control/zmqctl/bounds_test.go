@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -263,4 +264,24 @@ func TestAFrameLargerThanTheQueueBoundGoesOutToAnEmptyQueue(t *testing.T) {
 			return
 		}
 	}
+}
+
+// With AdmitAddr (a node's allowed_peers) a connection from an address
+// outside it is shut down as it is accepted, so whatever it sends is never
+// queued for long; one from inside stays and is read.
+func TestConnectionsFromAddressesNotAdmittedAreShutAtAccept(t *testing.T) {
+	b := newTestTransport(t, Options{AdmitAddr: func(a netip.Addr) bool { return a == netip.MustParseAddr("127.0.0.1") }})
+	// "source;destination": libzmq binds the dialing end to 127.0.0.2.
+	outside := newRawDealer(t, "127.0.0.1:20100", "127.0.0.2:0;"+b.LocalID(), func(s *zmq.Socket) error {
+		return s.SetReconnectIvl(time.Minute)
+	})
+	assert.True(t, outside.awaitEvent(zmq.EVENT_DISCONNECTED, 5*time.Second), "the outside connection is shut")
+	inside := newRawDealer(t, "127.0.0.1:20101", b.LocalID(), func(s *zmq.Socket) error {
+		return s.SetReconnectIvl(time.Minute)
+	})
+	require.True(t, inside.awaitEvent(zmq.EVENT_CONNECTED, 5*time.Second))
+	assert.False(t, inside.awaitEvent(zmq.EVENT_DISCONNECTED, 500*time.Millisecond), "an admitted connection stays")
+	st := b.Stats()
+	assert.Equal(t, uint64(1), st.InboundShut)
+	assert.Equal(t, int64(1), st.InboundConns)
 }

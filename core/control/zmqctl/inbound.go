@@ -140,8 +140,8 @@ func (p *pump) readRouterMonitor() {
 	}
 }
 
-// accepted records a new connection and ends it at once when it is one
-// too many.
+// accepted records a new connection and ends it at once when it comes
+// from an address the node does not admit, or is one too many.
 func (p *pump) accepted(fd int, now time.Time) {
 	in, o := p.in, p.t.opts
 	remote, ok := peerOf(fd)
@@ -154,6 +154,8 @@ func (p *pump) accepted(fd int, now time.Time) {
 	in.perHost[remote.Addr()]++
 	p.t.counters.inboundConns.Store(int64(len(in.conns)))
 	switch {
+	case o.AdmitAddr != nil && !o.AdmitAddr(remote.Addr()):
+		p.shut(c, fmt.Sprintf("%s is not an address this node admits (allowed_peers)", remote.Addr()))
 	case len(in.conns) > o.MaxInboundConns:
 		p.shut(c, fmt.Sprintf("%d control connections open, bound %d (max_inbound_conns)", len(in.conns), o.MaxInboundConns))
 	case in.perHost[remote.Addr()] > o.MaxInboundConnsPerHost:

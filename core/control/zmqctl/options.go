@@ -3,6 +3,7 @@ package zmqctl
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 )
 
@@ -87,6 +88,11 @@ type Options struct {
 	// by then (a second connection under an identity in use is never read
 	// in plaintext) is shut down, with what it queued.
 	UnheardTimeout time.Duration
+	// AdmitAddr, when set, says whether a connection from this source
+	// address (the kernel's) may stay: one it refuses is shut down as it is
+	// accepted, so it queues nothing in libzmq (the node passes its
+	// allowed_peers).
+	AdmitAddr func(netip.Addr) bool
 	// DisconnectLinger bounds how long a DEALER the owner disconnected
 	// stays open flushing frames already queued (the goodbye to a peer we
 	// reject goes out on a connection that may not be up yet), and may be
