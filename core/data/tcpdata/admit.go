@@ -5,16 +5,26 @@ import (
 	"net"
 	"slices"
 	"sync/atomic"
+	"time"
 )
+
+// helloGrace is how long a connection that has sent bytes is safe from
+// eviction: long enough for a writer's hello, TLS included, on a LAN.
+const helloGrace = 200 * time.Millisecond
 
 // Inbound connections are admitted in two stages, so that strangers who
 // never finish a hello cannot take the places of writers who did:
 //
 //   - in the hello: at most MaxHelloConns (MaxHelloConnsPerHost from one
 //     source IP), each for at most HelloTimeout. A new connection beyond
-//     either bound closes the oldest one still in its hello (from that IP,
-//     or at all) instead of being refused, so a writer that dials always
-//     gets its hello answered.
+//     either bound closes one still in its hello (from that IP, or at all),
+//     chosen by progress (see evictionCandidate): one that never sent a
+//     byte goes first, so a slowloris gives way before a writer mid-hello.
+//     Only when all are younger than helloGrace and sent bytes is the
+//     newcomer refused instead. A writer's connection has sent nothing
+//     until it has our server hello, so a slowloris redialling from its IP
+//     can still close it in that one round trip: the producer then dials
+//     again (sender.connect).
 //   - proven (the hello passed): at most MaxConns (MaxConnsPerHost from one
 //     source IP); a hello beyond them is refused with statusBusy.
 
@@ -36,6 +46,22 @@ type inboundConn struct {
 	peerID string        // set once its hello named the writer
 	token  string        // the data token its hello proved ("" without grants)
 	done   chan struct{} // closed when its goroutine can write no more
+
+	accepted time.Time
+	bytesIn  atomic.Int64 // read from the raw connection (below TLS)
+}
+
+// countingConn counts the bytes read from a raw connection, so admission
+// can tell a writer mid-hello from a connection that never sent a byte.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // admission counts inbound connections by stage; t.mu guards it.
@@ -44,16 +70,18 @@ type admission struct {
 	helloPerHost  map[string]int
 	proven        int
 	provenPerHost map[string]int
+	grace         time.Duration // helloGrace; tests change it
 }
 
 func newAdmission() admission {
-	return admission{helloPerHost: map[string]int{}, provenPerHost: map[string]int{}}
+	return admission{helloPerHost: map[string]int{}, provenPerHost: map[string]int{}, grace: helloGrace}
 }
 
 // inboundCounters count what happened to inbound connections and parts.
 type inboundCounters struct {
-	helloEvicted, helloFailed, overConnLimit atomic.Uint64
-	partsNotOwed, partsRefused, partsNoRoom  atomic.Uint64
+	helloEvicted, helloRefused              atomic.Uint64
+	helloFailed, overConnLimit              atomic.Uint64
+	partsNotOwed, partsRefused, partsNoRoom atomic.Uint64
 }
 
 // InboundStats describe the receiving side of a Transport.
@@ -63,6 +91,7 @@ type InboundStats struct {
 	HeldBytes  int64 // held for parts being received now (MaxHeldBytes at most)
 
 	HelloEvicted  uint64 // connections closed in their hello to admit a newer one
+	HelloRefused  uint64 // newcomers closed at once: every hello was young and under way
 	HelloFailed   uint64 // hellos refused or not finished within HelloTimeout
 	OverConnLimit uint64 // proven writers refused: MaxConns or MaxConnsPerHost reached
 	PartsNotOwed  uint64 // parts naming more rows than the writer's loads expect
@@ -77,6 +106,7 @@ func (t *Transport) InboundStats() InboundStats {
 	t.mu.Unlock()
 	st.HeldBytes = t.held.inUse()
 	st.HelloEvicted = t.stats.helloEvicted.Load()
+	st.HelloRefused = t.stats.helloRefused.Load()
 	st.HelloFailed = t.stats.helloFailed.Load()
 	st.OverConnLimit = t.stats.overConnLimit.Load()
 	st.PartsNotOwed = t.stats.partsNotOwed.Load()
@@ -85,19 +115,67 @@ func (t *Transport) InboundStats() InboundStats {
 	return st
 }
 
-// admitHello registers a new connection in its hello, closing the oldest
-// in the hello from its IP, or at all, to make room; t.mu held.
-func (t *Transport) admitHello(in *inboundConn) {
+// admitHello registers a new connection in its hello, closing one in the
+// hello from its IP, or at all, to make room, and says whether it did; when
+// none may be closed the newcomer is not registered; t.mu held.
+func (t *Transport) admitHello(in *inboundConn) bool {
 	a := &t.admit
 	if a.helloPerHost[in.host] >= t.opts.MaxHelloConnsPerHost {
-		i := slices.IndexFunc(a.hello, func(o *inboundConn) bool { return o.host == in.host })
-		t.evictHello(i, fmt.Sprintf("%d connections from %s in their hello", a.helloPerHost[in.host], in.host))
+		why := fmt.Sprintf("%d connections from %s in their hello", a.helloPerHost[in.host], in.host)
+		if !t.makeRoom(in, func(o *inboundConn) bool { return o.host == in.host }, why) {
+			return false
+		}
 	}
 	if len(a.hello) >= t.opts.MaxHelloConns {
-		t.evictHello(0, fmt.Sprintf("%d connections in their hello", len(a.hello)))
+		why := fmt.Sprintf("%d connections in their hello", len(a.hello))
+		if !t.makeRoom(in, func(*inboundConn) bool { return true }, why) {
+			return false
+		}
 	}
 	a.hello = append(a.hello, in)
 	a.helloPerHost[in.host]++
+	return true
+}
+
+// makeRoom closes the hello connection evictionCandidate picks among those
+// matching, or counts and logs in's refusal when it picks none; t.mu held.
+func (t *Transport) makeRoom(in *inboundConn, match func(*inboundConn) bool, why string) bool {
+	i := evictionCandidate(t.admit.hello, match, in.accepted, t.admit.grace)
+	if i < 0 {
+		t.stats.helloRefused.Add(1)
+		t.logs.logf("connection refused: every hello under way",
+			"%s refused: %s, each younger than %v and under way (at most %d, %d from one IP)", in.conn.RemoteAddr(), why,
+			t.admit.grace, t.opts.MaxHelloConns, t.opts.MaxHelloConnsPerHost)
+		return false
+	}
+	t.evictHello(i, why)
+	return true
+}
+
+// evictionCandidate picks whom a newcomer displaces among the hello
+// connections matching (hello is oldest first), or -1 for none: the oldest
+// that never sent a byte (a writer answers our server hello at once);
+// else, among those older than grace, the one that sent the fewest bytes,
+// the oldest on a tie. A young connection that sent bytes is never
+// displaced. Bytes waiting unread in the socket count as sent.
+func evictionCandidate(hello []*inboundConn, match func(*inboundConn) bool, now time.Time, grace time.Duration) int {
+	pick, least := -1, int64(0)
+	for i, o := range hello {
+		if !match(o) {
+			continue
+		}
+		n := o.bytesIn.Load()
+		if n == 0 {
+			n = pendingBytes(o.conn) // sent, but not read yet
+		}
+		if n == 0 {
+			return i
+		}
+		if now.Sub(o.accepted) >= grace && (pick < 0 || n < least) {
+			pick, least = i, n
+		}
+	}
+	return pick
 }
 
 // evictHello closes the i-th connection in the hello; t.mu held.

@@ -67,12 +67,22 @@
 //
 // Connections still in their hello have a budget of their own
 // (MaxHelloConns, MaxHelloConnsPerHost from one source IP) and HelloTimeout
-// to finish; a new connection beyond either bound closes the oldest one
-// still in its hello, so strangers that never finish cannot keep a writer
-// out. Only a writer whose hello passed (proving its session's token, and
-// the secret, when required) counts against MaxConns and MaxConnsPerHost; a
-// hello beyond those is refused as busy. Each cause is counted
-// (InboundStats) and logged at most once per 10 s.
+// to finish. A new connection beyond either bound closes one still in its
+// hello (from that IP, else at all), chosen by progress: the oldest that
+// has sent no byte (bytes read below TLS, or waiting in the socket); else,
+// among those older than a grace of 200 ms, the one that sent the fewest
+// bytes. A connection younger than the grace that has sent bytes is never
+// closed for a newcomer: when all are, the newcomer is closed at once
+// (HelloRefused). So strangers that never send, even from a writer's own
+// IP and redialling as soon as they are closed, give way before a writer
+// whose hello is under way. A writer's connection sends nothing until it
+// has the server hello, so in that one round trip it can still be closed
+// for a newcomer; the producer dials again when the receiver closes a
+// connection without answering its hello (at most 8 dials, within one
+// IOTimeout). Only a writer whose hello passed (proving its session's
+// token, and the secret, when required) counts against MaxConns and
+// MaxConnsPerHost; a hello beyond those is refused as busy. Each cause is
+// counted (InboundStats) and logged at most once per 10 s.
 //
 // # Encrypted mode (version 2)
 //

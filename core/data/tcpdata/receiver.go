@@ -38,8 +38,12 @@ func (t *Transport) acceptLoop() {
 			_ = c.Close()
 			return
 		}
-		in := &inboundConn{conn: c, host: remoteHost(c), done: make(chan struct{})}
-		t.admitHello(in) // may close the oldest connection still in its hello
+		in := &inboundConn{conn: c, host: remoteHost(c), done: make(chan struct{}), accepted: time.Now()}
+		if !t.admitHello(in) { // may close another connection still in its hello
+			t.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
 		t.inbound[c] = in
 		t.goSafe("receiver "+c.RemoteAddr().String(), func() { t.serveInbound(in) })
 		t.mu.Unlock()
@@ -130,10 +134,11 @@ func (t *Transport) serveInbound(in *inboundConn) {
 func (t *Transport) acceptHello(in *inboundConn) (net.Conn, string, error) {
 	c := in.conn
 	_ = c.SetDeadline(time.Now().Add(t.opts.HelloTimeout))
-	h := helloConn{Conn: c}
+	counted := countingConn{Conn: c, n: &in.bytesIn}
+	h := helloConn{Conn: counted}
 	if t.tls != nil {
 		var err error
-		if h, err = t.startServerTLS(c); err != nil {
+		if h, err = t.startServerTLS(counted); err != nil {
 			return nil, "", err
 		}
 	}
@@ -142,6 +147,9 @@ func (t *Transport) acceptHello(in *inboundConn) (net.Conn, string, error) {
 		return nil, "", err
 	}
 	_ = c.SetDeadline(time.Time{})
+	if !h.encrypted() {
+		return c, peerID, nil // parts need no counting
+	}
 	return h.Conn, peerID, nil
 }
 

@@ -5,10 +5,12 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -200,10 +202,34 @@ func (s *sender) dropConn() {
 	}
 }
 
-// connect dials the peer and runs the hello; see doc.go.
+// maxHelloDials bounds how often connect dials for one connection.
+const maxHelloDials = 8
+
+// connect dials the peer and runs the hello; see doc.go. A connection the
+// receiver closes before answering the hello (it made room for a newer one
+// while ours had sent nothing yet: doc.go, Admission) is dialled again, at
+// most maxHelloDials times and within one IOTimeout in all.
 func (s *sender) connect() error {
-	l, opts := s.link, &s.link.t.opts
-	dialer := net.Dialer{Timeout: opts.IOTimeout}
+	deadline := time.Now().Add(s.link.t.opts.IOTimeout)
+	for dials := 1; ; dials++ {
+		err := s.connectOnce(deadline)
+		if err == nil || !closedBeforeAnswer(err) || dials == maxHelloDials || time.Now().After(deadline) {
+			return err
+		}
+	}
+}
+
+// closedBeforeAnswer says whether a hello failed because the receiver
+// closed the connection without answering, so no byte of a part was sent
+// and dialling again is safe.
+func closedBeforeAnswer(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+func (s *sender) connectOnce(deadline time.Time) error {
+	l := s.link
+	dialer := net.Dialer{Deadline: deadline}
 	c, err := dialer.DialContext(l.ctx, "tcp", l.addr)
 	if err != nil {
 		return fmt.Errorf("tcpdata: dial %s at %s: %w", l.peerID, l.addr, err)
@@ -212,7 +238,7 @@ func (s *sender) connect() error {
 		return fmt.Errorf("tcpdata: link to %s shut down", l.peerID)
 	}
 	l.t.tuneConn(c)
-	conn, err := s.hello(c)
+	conn, err := s.hello(c, deadline)
 	if err != nil {
 		l.untrack(c)
 		return err
@@ -221,11 +247,11 @@ func (s *sender) connect() error {
 	return nil
 }
 
-// hello runs the hello (TLS first in encrypted mode) under one IOTimeout
-// deadline and returns the connection parts flow on.
-func (s *sender) hello(c net.Conn) (net.Conn, error) {
+// hello runs the hello (TLS first in encrypted mode) under deadline and
+// returns the connection parts flow on.
+func (s *sender) hello(c net.Conn, deadline time.Time) (net.Conn, error) {
 	l, opts := s.link, &s.link.t.opts
-	_ = c.SetDeadline(time.Now().Add(opts.IOTimeout))
+	_ = c.SetDeadline(deadline)
 	var server [serverHelloLen]byte
 	if _, err := io.ReadFull(c, server[:]); err != nil {
 		return nil, fmt.Errorf("tcpdata: hello from %s at %s: %w", l.peerID, l.addr, err)
