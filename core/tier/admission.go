@@ -146,13 +146,23 @@ func (t *Tier) makeRoom(addr string, dialing bool) bool {
 		return false
 	}
 	var victim *session.Session
+	quietSince := t.now().Add(-evictableQuiet)
 	for _, s := range t.sessions {
 		if s.Dead() || s.Dialed() || networkOf(s.Source()) != crowded {
+			continue
+		}
+		// A session heard from just now is never the one to go (a
+		// stranger's newcomer must not cut a pull under way); among the
+		// rest, one with nothing in flight goes first (lessUseful).
+		if s.LastActivity().After(quietSince) {
 			continue
 		}
 		if victim == nil || lessUseful(s, victim) {
 			victim = s
 		}
+	}
+	if victim == nil {
+		return false
 	}
 	t.stats.sessionsEvicted++
 	victim.CloseOrderly(fmt.Sprintf("evicted: every session slot is taken (max_peers), %d by peers from %s, "+
@@ -160,6 +170,10 @@ func (t *Tier) makeRoom(addr string, dialing bool) bool {
 	t.settle()
 	return true
 }
+
+// evictableQuiet: how long a session must have been quiet before makeRoom
+// may end it for a newcomer.
+const evictableQuiet = 250 * time.Millisecond
 
 // lessUseful orders eviction candidates: one with nothing in flight before
 // one with work, then the longest quiet first.

@@ -183,7 +183,7 @@ func TestACrowdedNetworkCannotKeepEverySlot(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return prod.Stats().Sessions == 8 }, 3*time.Second, 5*time.Millisecond,
 		"%+v", prod.Stats())
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // past evictableQuiet
 	// The crowd's first session has been quiet longest; the others keep
 	// theirs busy with a lookup.
 	for i, p := range crowd[1:] {
@@ -223,7 +223,9 @@ func TestACrowdedNetworkCannotKeepEverySlot(t *testing.T) {
 	assert.Contains(t, string(prod.TakeLogs(1<<20)), "evicted: every session slot is taken (max_peers), 8 by peers from 127.0.1.0/24")
 
 	// A source our own request names takes a crowded network's slot too,
-	// rather than the request computing locally.
+	// rather than the request computing locally, once the crowd has been
+	// quiet for evictableQuiet.
+	time.Sleep(300 * time.Millisecond)
 	src := c.hostPeer(32, "127.0.5.1")
 	_, err = prod.StartRequest("own", sourceParams("remote_kv_source", "kv-own", src))
 	require.NoError(t, err)
