@@ -99,7 +99,8 @@ func TestFromJSONRejects(t *testing.T) {
 		"allowed_peers string":  {`{"allowed_peers": "10.0.0.0/8"}`, `allowed_peers must be a list of strings, got "10.0.0.0/8"`},
 		"allowed_peers bad CIDR": {`{"allowed_peers": ["10.0.0.0/8", "10.0.0.0/33"]}`,
 			`allowed_peers[1] "10.0.0.0/33" is not a CIDR`},
-		"allowed_peers empty": {`{"allowed_peers": []}`, "allowed_peers is empty, which would refuse every peer"},
+		"allowed_peers empty":      {`{"allowed_peers": []}`, "allowed_peers is empty, which would refuse every peer"},
+		"allowed_peers names only": {`{"allowed_peers": ["prefill-0.svc", "*.decode.svc"]}`, "allowed_peers lists no address"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

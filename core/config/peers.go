@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -24,13 +25,20 @@ import (
 //     stall the host's thread. So a CIDR never admits a name.
 //   - A peer that dials us is checked by the address its connection comes
 //     from (the kernel's, not the id it claims), against the address
-//     entries only: a list of names alone admits no inbound session.
+//     entries only, which is why a list of names alone is refused (a peer
+//     we dial answers over a connection of its own into this node).
 type PeerList struct {
 	set      bool
 	prefixes []netip.Prefix
 	names    map[string]bool
 	suffixes []string // "*.svc" kept as ".svc"
 }
+
+// errNoAddress refuses a list of names alone: it would let us dial a
+// named peer but shut the connection that peer answers on.
+var errNoAddress = errors.New(`allowed_peers lists no address: a peer's connection into this node ` +
+	`(its answers to our dials, its own requests) is admitted by its source address, ` +
+	`so list the peers' networks too (e.g. ["10.0.0.0/8", "fd00::/8"])`)
 
 // ParsePeerList checks and parses allowed_peers; nil allows every peer.
 func ParsePeerList(entries []string) (PeerList, error) {
@@ -46,6 +54,9 @@ func ParsePeerList(entries []string) (PeerList, error) {
 		if err := l.add(e); err != nil {
 			return PeerList{}, fmt.Errorf("allowed_peers[%d] %q %v", i, e, err)
 		}
+	}
+	if len(l.prefixes) == 0 {
+		return PeerList{}, errNoAddress
 	}
 	return l, nil
 }
@@ -114,10 +125,6 @@ func canonicalName(s string) string { return strings.ToLower(strings.TrimSuffix(
 
 // AllowsAll reports whether the option is unset.
 func (l PeerList) AllowsAll() bool { return !l.set }
-
-// HasAddresses reports whether any entry is an address or CIDR, so that
-// a peer dialing us can be admitted at all.
-func (l PeerList) HasAddresses() bool { return !l.set || len(l.prefixes) > 0 }
 
 // AllowsHost reports whether a peer named by host (the host part of its id,
 // as an orchestrator names it) may be dialed.

@@ -254,7 +254,20 @@ def allowed_peers_problem(entries: Any) -> str | None:
         why = _peer_entry_problem(entry)
         if why:
             return f"allowed_peers[{i}] {json.dumps(entry)} {why}"
+    if all("/" not in e and _is_name(e) for e in entries):
+        return (
+            "allowed_peers lists no address: a peer's connection into this node (its answers to our dials, its "
+            'own requests) is admitted by its source address, so list the peers\' networks too (e.g. ["10.0.0.0/8", "fd00::/8"])'
+        )
     return None
+
+
+def _is_name(entry: str) -> bool:
+    try:
+        ipaddress.ip_address(entry)
+    except ValueError:
+        return True
+    return False
 
 
 def is_loopback(host: str) -> bool:

@@ -62,6 +62,7 @@ def test_every_type_error_names_its_key_and_all_are_reported_at_once():
         ({"allowed_peers": ["prefill-0.svc:5710"]}, 'allowed_peers[0] "prefill-0.svc:5710" is not a CIDR, an IP address'),
         ({"allowed_peers": ["fe80::1%eth0"]}, 'allowed_peers[0] "fe80::1%eth0" has a zone'),
         ({"allowed_peers": []}, "allowed_peers is empty, which would refuse every peer"),
+        ({"allowed_peers": ["prefill-0.svc", "*.decode.svc"]}, "allowed_peers lists no address"),
     ],
 )
 def test_values_out_of_contract(tier, problem):
@@ -130,7 +131,7 @@ def test_python_and_the_library_word_every_refusal_alike(library):
             checked += 1
     for tier in ({"prot": 1}, {"host": "0.0.0.0"}, {"host": "::", "port": 27399},
                  {"allowed_peers": ["10.0.0.0/33"]}, {"allowed_peers": ["10.1.2.3/8"]}, {"allowed_peers": []},
-                 {"allowed_peers": ["fe80::1%eth0"]}, {"allowed_peers": ["a..b"]}):
+                 {"allowed_peers": ["prefill-0.svc"]}, {"allowed_peers": ["fe80::1%eth0"]}, {"allowed_peers": ["a..b"]}):
         (expected,) = _problems(tier)
         with pytest.raises(peerkv.InvalidArgumentError) as caught:
             peerkv.Peer(region, 1, 4096, tier)
