@@ -11,10 +11,12 @@ import (
 	"time"
 )
 
-// An offer reads "v1 @peerkv-<32 hex> <32 hex>": the version, our
-// abstract socket's name and a token for one peer.
+// An offer reads "v2 @peerkv-<32 hex> <32 hex>": the version, our
+// abstract socket's name and a token for one peer. v2 is the grant exchange
+// of a capped, sized, single-use grant copied by the kernel; a v1 peer (an
+// older release) speaks another exchange, so the pair uses another path.
 const (
-	offerVersion    = "v1"
+	offerVersion    = "v2"
 	socketPrefix    = "@peerkv-"
 	tokenLen        = 16
 	socketRandLen   = 16
@@ -34,11 +36,20 @@ func (o offer) String() string {
 	return offerVersion + " " + o.socket + " " + hex.EncodeToString(o.token[:])
 }
 
-var errMalformedOffer = errors.New(`malformed same-host offer: want "v1 @peerkv-<32 hex> <32 hex>"`)
+var errMalformedOffer = errors.New(`malformed same-host offer: want "v2 @peerkv-<32 hex> <32 hex>"`)
+
+// errOfferVersion: the peer runs a peerkv release whose same-host exchange
+// differs from ours; the pair moves rows over another path.
+var errOfferVersion = errors.New("the peer's same-host offer is of another version (its peerkv release differs " +
+	"from this node's): the same-host path is off for this pair")
 
 // parseOffer accepts exactly what offer.String writes and nothing else.
 func parseOffer(s string) (offer, error) {
 	parts := strings.Split(s, " ")
+	if len(parts) == 3 && parts[0] != offerVersion && len(parts[0]) > 1 && parts[0][0] == 'v' &&
+		strings.Trim(parts[0][1:], "0123456789") == "" {
+		return offer{}, errOfferVersion
+	}
 	if len(parts) != 3 || parts[0] != offerVersion {
 		return offer{}, errMalformedOffer
 	}

@@ -276,24 +276,26 @@ func TestMalformedOffersAreRefused(t *testing.T) {
 	good := tr.Offer("127.0.0.1:1")
 	_, err := parseOffer(good)
 	require.NoError(t, err)
-	sock, tok, _ := strings.Cut(strings.TrimPrefix(good, "v1 "), " ")
+	sock, tok, _ := strings.Cut(strings.TrimPrefix(good, "v2 "), " ")
 	for _, s := range []string{
 		"",
-		"v2 " + sock + " " + tok,
-		"v1 " + sock,
-		"v1  " + sock + " " + tok,
-		"v1 " + sock + " " + tok + " ",
-		"v1 " + sock + " " + strings.ToUpper(tok),
-		"v1 " + sock + " " + tok[:30],
-		"v1 " + sock + " " + tok + "00",
-		"v1 @other-" + strings.TrimPrefix(sock, "@peerkv-") + " " + tok,
-		"v1 /tmp/peerkv.sock " + tok,
-		"v1 " + sock + "\x00 " + tok,
-		"v1 " + sock + " " + tok + "\n",
+		"v1 " + sock + " " + tok, // an older release's offer
+		"v2 " + sock,
+		"v2  " + sock + " " + tok,
+		"v2 " + sock + " " + tok + " ",
+		"v2 " + sock + " " + strings.ToUpper(tok),
+		"v2 " + sock + " " + tok[:30],
+		"v2 " + sock + " " + tok + "00",
+		"v2 @other-" + strings.TrimPrefix(sock, "@peerkv-") + " " + tok,
+		"v2 /tmp/peerkv.sock " + tok,
+		"v2 " + sock + "\x00 " + tok,
+		"v2 " + sock + " " + tok + "\n",
 	} {
 		err := tr.AddPeer(consID, offered(s))
 		assert.Error(t, err, "%q", s)
 	}
+	_, err = parseOffer("v1 " + sock + " " + tok)
+	assert.ErrorIs(t, err, errOfferVersion, "an older release's offer is named as such")
 }
 
 func TestOwnProcessIsNeverWritten(t *testing.T) {
