@@ -12,6 +12,16 @@ import (
 // eviction: long enough for a writer's hello, TLS included, on a LAN.
 const helloGrace = 200 * time.Millisecond
 
+// provenGrace is how long a proven connection is safe from eviction after
+// it was admitted or last received rows its writer was owed: a producer
+// between parts of one load sends its next part well within it.
+const provenGrace = time.Second
+
+// connsPerStream is how many proven connections one writer (peer id) may
+// hold per stream of ours: a producer opens Streams, and a re-added link
+// briefly overlaps the connections it replaces.
+const connsPerStream = 4
+
 // Inbound connections are admitted in two stages, so that strangers who
 // never finish a hello cannot take the places of writers who did:
 //
@@ -26,7 +36,12 @@ const helloGrace = 200 * time.Millisecond
 //     can still close it in that one round trip: the producer then dials
 //     again (sender.connect).
 //   - proven (the hello passed): at most MaxConns (MaxConnsPerHost from one
-//     source IP); a hello beyond them is refused with statusBusy.
+//     source IP, connsPerStream × Streams from one writer). A hello beyond
+//     any of them closes the proven connection (of that writer, that IP, or
+//     at all) that has gone longest without receiving rows it was owed, if
+//     that is longer than provenGrace and it is not receiving a part now;
+//     else it is refused with statusBusy. So a stranger holding a token but
+//     owed nothing cannot keep places a writer with rows owed needs.
 
 // connStage is where an inbound connection stands.
 type connStage uint8
@@ -49,6 +64,17 @@ type inboundConn struct {
 
 	accepted time.Time
 	bytesIn  atomic.Int64 // read from the raw connection (below TLS)
+
+	lastUseful atomic.Int64 // unix ns: promoted, or last received rows it was owed
+	inPart     atomic.Bool  // receiving a part whose rows it is owed
+}
+
+// markUseful records that in is doing work its writer was owed.
+func (in *inboundConn) markUseful(now time.Time) { in.lastUseful.Store(now.UnixNano()) }
+
+// idleFor is how long in has gone without receiving rows it was owed.
+func (in *inboundConn) idleFor(now time.Time) time.Duration {
+	return now.Sub(time.Unix(0, in.lastUseful.Load()))
 }
 
 // countingConn counts the bytes read from a raw connection, so admission
@@ -70,17 +96,21 @@ type admission struct {
 	helloPerHost  map[string]int
 	proven        int
 	provenPerHost map[string]int
+	provenPerPeer map[string]int
 	grace         time.Duration // helloGrace; tests change it
+	provenGrace   time.Duration // provenGrace; tests change it
 }
 
 func newAdmission() admission {
-	return admission{helloPerHost: map[string]int{}, provenPerHost: map[string]int{}, grace: helloGrace}
+	return admission{helloPerHost: map[string]int{}, provenPerHost: map[string]int{}, provenPerPeer: map[string]int{},
+		grace: helloGrace, provenGrace: provenGrace}
 }
 
 // inboundCounters count what happened to inbound connections and parts.
 type inboundCounters struct {
 	helloEvicted, helloRefused              atomic.Uint64
 	helloFailed, overConnLimit              atomic.Uint64
+	provenEvicted, owedNothingClosed        atomic.Uint64
 	partsNotOwed, partsRefused, partsNoRoom atomic.Uint64
 }
 
@@ -93,7 +123,9 @@ type InboundStats struct {
 	HelloEvicted  uint64 // connections closed in their hello to admit a newer one
 	HelloRefused  uint64 // newcomers closed at once: every hello was young and under way
 	HelloFailed   uint64 // hellos refused or not finished within HelloTimeout
-	OverConnLimit uint64 // proven writers refused: MaxConns or MaxConnsPerHost reached
+	OverConnLimit uint64 // proven writers refused: MaxConns, MaxConnsPerHost or the per-writer bound reached, none idle
+	ProvenEvicted uint64 // proven connections closed, idle (owed no rows) past provenGrace, to admit a newer one
+	OwedNothing   uint64 // proven connections closed after sending parts while owed nothing for an IOTimeout
 	PartsNotOwed  uint64 // parts naming more rows than the writer's loads expect
 	PartsRefused  uint64 // parts refused by the guard or the region's range
 	PartsNoRoom   uint64 // parts refused because MaxHeldBytes stayed full
@@ -109,6 +141,8 @@ func (t *Transport) InboundStats() InboundStats {
 	st.HelloRefused = t.stats.helloRefused.Load()
 	st.HelloFailed = t.stats.helloFailed.Load()
 	st.OverConnLimit = t.stats.overConnLimit.Load()
+	st.ProvenEvicted = t.stats.provenEvicted.Load()
+	st.OwedNothing = t.stats.owedNothingClosed.Load()
 	st.PartsNotOwed = t.stats.partsNotOwed.Load()
 	st.PartsRefused = t.stats.partsRefused.Load()
 	st.PartsNoRoom = t.stats.partsNoRoom.Load()
@@ -201,7 +235,8 @@ func (t *Transport) leaveHello(in *inboundConn) {
 	}
 }
 
-// promote moves in from its hello to the proven writers, or says why it
+// promote moves in from its hello to the proven writers, closing an idle
+// proven connection to make room where a bound is reached, or says why it
 // may not write ("" when promoted); t.mu held.
 func (t *Transport) promote(in *inboundConn) string {
 	if in.stage != stageHello {
@@ -210,29 +245,78 @@ func (t *Transport) promote(in *inboundConn) string {
 	t.leaveHello(in)
 	in.stage = stageGone // unless promoted below
 	a := &t.admit
-	switch {
-	case a.proven >= t.opts.MaxConns:
-		return fmt.Sprintf("%d data connections already", a.proven)
-	case a.provenPerHost[in.host] >= t.opts.MaxConnsPerHost:
-		return fmt.Sprintf("%d data connections from %s already", a.provenPerHost[in.host], in.host)
+	perPeer := connsPerStream * t.opts.Streams
+	for _, bound := range []struct {
+		full  bool
+		match func(*inboundConn) bool
+		why   string
+	}{
+		{a.provenPerPeer[in.peerID] >= perPeer, func(o *inboundConn) bool { return o.peerID == in.peerID },
+			fmt.Sprintf("%d data connections of %s already", a.provenPerPeer[in.peerID], in.peerID)},
+		{a.provenPerHost[in.host] >= t.opts.MaxConnsPerHost, func(o *inboundConn) bool { return o.host == in.host },
+			fmt.Sprintf("%d data connections from %s already", a.provenPerHost[in.host], in.host)},
+		{a.proven >= t.opts.MaxConns, func(*inboundConn) bool { return true },
+			fmt.Sprintf("%d data connections already", a.proven)},
+	} {
+		if bound.full && !t.evictIdleProven(bound.match, bound.why) {
+			return bound.why
+		}
 	}
 	in.stage = stageProven
+	in.markUseful(time.Now())
 	a.proven++
 	a.provenPerHost[in.host]++
+	a.provenPerPeer[in.peerID]++
 	return ""
+}
+
+// evictIdleProven closes the matching proven connection that has gone
+// longest without receiving rows it was owed, if longer than provenGrace
+// and not receiving a part, and says whether it did; t.mu held.
+func (t *Transport) evictIdleProven(match func(*inboundConn) bool, why string) bool {
+	now := time.Now()
+	var pick *inboundConn
+	for _, o := range t.inbound {
+		if o.stage != stageProven || !match(o) || o.inPart.Load() || o.idleFor(now) < t.admit.provenGrace {
+			continue
+		}
+		if pick == nil || o.idleFor(now) > pick.idleFor(now) {
+			pick = o
+		}
+	}
+	if pick == nil {
+		return false
+	}
+	t.leaveProven(pick)
+	pick.stage = stageEvicted
+	_ = pick.conn.Close()
+	t.stats.provenEvicted.Add(1)
+	t.logs.logf("idle data connection closed for a newer one",
+		"closed %s of %s, owed no rows for %v: %s (at most %d, %d from one IP, %d from one writer)",
+		pick.conn.RemoteAddr(), pick.peerID, pick.idleFor(now).Round(time.Millisecond), why,
+		t.opts.MaxConns, t.opts.MaxConnsPerHost, connsPerStream*t.opts.Streams)
+	return true
+}
+
+// leaveProven removes in from the proven writers' counts; t.mu held.
+func (t *Transport) leaveProven(in *inboundConn) {
+	a := &t.admit
+	a.proven--
+	if a.provenPerHost[in.host]--; a.provenPerHost[in.host] <= 0 {
+		delete(a.provenPerHost, in.host)
+	}
+	if a.provenPerPeer[in.peerID]--; a.provenPerPeer[in.peerID] <= 0 {
+		delete(a.provenPerPeer, in.peerID)
+	}
 }
 
 // leave forgets in at the end of its goroutine; t.mu held.
 func (t *Transport) leave(in *inboundConn) {
-	a := &t.admit
 	switch in.stage {
 	case stageHello:
 		t.leaveHello(in)
 	case stageProven:
-		a.proven--
-		if a.provenPerHost[in.host]--; a.provenPerHost[in.host] <= 0 {
-			delete(a.provenPerHost, in.host)
-		}
+		t.leaveProven(in)
 	}
 	in.stage = stageGone
 }

@@ -80,9 +80,18 @@
 // for a newcomer; the producer dials again when the receiver closes a
 // connection without answering its hello (at most 8 dials, within one
 // IOTimeout). Only a writer whose hello passed (proving its session's
-// token, and the secret, when required) counts against MaxConns and
-// MaxConnsPerHost; a hello beyond those is refused as busy. Each cause is
-// counted (InboundStats) and logged at most once per 10 s.
+// token, and the secret, when required) counts against MaxConns,
+// MaxConnsPerHost and 4 × Streams connections per writer (peer id). A hello
+// beyond any of them closes the connection (of that writer, that IP, else
+// at all) that has gone longest without receiving rows its writer was owed,
+// if longer than 1 s and not receiving a part now; else it is refused as
+// busy. Only parts whose rows are accepted keep a connection: parts refused
+// as not owed do not renew its idle deadline (2 × IdleTimeout + IOTimeout
+// after the last useful part), and a writer owed no row that keeps sending
+// parts is cut one IOTimeout after the first was refused. So a stranger
+// that holds a token but is owed nothing cannot keep the places a writer
+// with rows owed needs. Each cause is counted (InboundStats) and logged at
+// most once per 10 s.
 //
 // # Encrypted mode (version 2)
 //
