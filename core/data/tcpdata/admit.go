@@ -28,9 +28,10 @@ const connsPerStream = 4
 //   - in the hello: at most MaxHelloConns (MaxHelloConnsPerHost from one
 //     source IP), each for at most HelloTimeout. A new connection beyond
 //     either bound closes one still in its hello (from that IP, or at all),
-//     chosen by progress (see evictionCandidate): one that never sent a
-//     byte goes first, so a slowloris gives way before a writer mid-hello.
-//     Only when all are younger than helloGrace and sent bytes is the
+//     chosen by progress (see evictionCandidate): one whose first bytes do
+//     not start a hello (helloShape) goes first, then one that never sent
+//     a byte, so a slowloris gives way before a writer mid-hello. Only when
+//     all are younger than helloGrace and sent the start of a hello is the
 //     newcomer refused instead. A writer's connection has sent nothing
 //     until it has our server hello, so a slowloris redialling from its IP
 //     can still close it in that one round trip: the producer then dials
@@ -64,6 +65,9 @@ type inboundConn struct {
 
 	accepted time.Time
 	bytesIn  atomic.Int64 // read from the raw connection (below TLS)
+	// shaped counts the first bytes read that fit the start of a hello
+	// (helloShape), up to its length; -1 once one did not.
+	shaped atomic.Int32
 
 	lastUseful atomic.Int64 // unix ns: promoted, or last received rows it was owed
 	inPart     atomic.Bool  // receiving a part whose rows it is owed
@@ -77,17 +81,67 @@ func (in *inboundConn) idleFor(now time.Time) time.Duration {
 	return now.Sub(time.Unix(0, in.lastUseful.Load()))
 }
 
-// countingConn counts the bytes read from a raw connection, so admission
-// can tell a writer mid-hello from a connection that never sent a byte.
+// countingConn counts the bytes read from a raw connection, and checks
+// the first against helloShape, so admission can tell a writer mid-hello
+// from a connection that never sent a byte or sent stray ones.
 type countingConn struct {
 	net.Conn
-	n *atomic.Int64
+	in    *inboundConn
+	shape helloShape
 }
 
 func (c countingConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
-	c.n.Add(int64(n))
+	defer c.in.bytesIn.Add(int64(n)) // after shaped: bytes counted are bytes checked
+	if k := c.in.shaped.Load(); k >= 0 && int(k) < c.shape.len() {
+		for _, x := range b[:n] {
+			if int(k) == c.shape.len() {
+				break
+			}
+			if !c.shape.fits(int(k), x) {
+				k = -1
+				break
+			}
+			k++
+		}
+		c.in.shaped.Store(k)
+	}
 	return n, err
+}
+
+// helloShape is how a writer's first bytes start: the plaintext client
+// hello's magic and version, or (encrypted) a TLS handshake record that
+// carries a ClientHello. Bytes that fit it are progress toward a hello;
+// a stray byte is not.
+type helloShape struct{ encrypted bool }
+
+// len is how many first bytes the shape checks.
+func (s helloShape) len() int {
+	if s.encrypted {
+		return 6 // record type, version u16, length u16, handshake type
+	}
+	return 5 // magic u32, version u8
+}
+
+// fits says whether b may be the i-th byte of a writer's hello.
+func (s helloShape) fits(i int, b byte) bool {
+	if !s.encrypted {
+		if i < 4 {
+			return b == byte(uint32(helloMagic)>>(8*i))
+		}
+		return b == protocolVersion
+	}
+	switch i {
+	case 0:
+		return b == 0x16 // handshake record
+	case 1:
+		return b == 0x03 // record version 3.x
+	case 2:
+		return b >= 0x01 && b <= 0x04
+	case 5:
+		return b == 0x01 // ClientHello
+	}
+	return true // the record's length
 }
 
 // admission counts inbound connections by stage; t.mu guards it.
@@ -174,7 +228,7 @@ func (t *Transport) admitHello(in *inboundConn) bool {
 // makeRoom closes the hello connection evictionCandidate picks among those
 // matching, or counts and logs in's refusal when it picks none; t.mu held.
 func (t *Transport) makeRoom(in *inboundConn, match func(*inboundConn) bool, why string) bool {
-	i := evictionCandidate(t.admit.hello, match, in.accepted, t.admit.grace)
+	i := evictionCandidate(t.admit.hello, match, in.accepted, t.admit.grace, helloShape{encrypted: t.tls != nil})
 	if i < 0 {
 		t.stats.helloRefused.Add(1)
 		t.logs.logf("connection refused: every hello under way",
@@ -187,27 +241,39 @@ func (t *Transport) makeRoom(in *inboundConn, match func(*inboundConn) bool, why
 }
 
 // evictionCandidate picks whom a newcomer displaces among the hello
-// connections matching (hello is oldest first), or -1 for none: the oldest
-// that never sent a byte (a writer answers our server hello at once);
-// else, among those older than grace, the one that sent the fewest bytes,
-// the oldest on a tie. A young connection that sent bytes is never
-// displaced. Bytes waiting unread in the socket count as sent.
-func evictionCandidate(hello []*inboundConn, match func(*inboundConn) bool, now time.Time, grace time.Duration) int {
-	pick, least := -1, int64(0)
+// connections matching (hello is oldest first), or -1 for none, by
+// progress toward a hello first, age second: the oldest whose bytes do not
+// start a hello (stray, or fewer than shape checks); else the oldest that
+// never sent a byte (a writer answers our server hello at once); else,
+// among those older than grace, the one that sent the fewest bytes, the
+// oldest on a tie. A young connection that sent the start of a hello is
+// never displaced. Bytes waiting unread in the socket count as sent, and
+// as the start of a hello when there are enough of them.
+func evictionCandidate(hello []*inboundConn, match func(*inboundConn) bool, now time.Time, grace time.Duration,
+	shape helloShape) int {
+	silent, pick, least := -1, -1, int64(0)
 	for i, o := range hello {
 		if !match(o) {
 			continue
 		}
-		n := o.bytesIn.Load()
+		n, started := o.bytesIn.Load(), int(o.shaped.Load()) == shape.len()
 		if n == 0 {
 			n = pendingBytes(o.conn) // sent, but not read yet
+			started = n >= int64(shape.len())
 		}
-		if n == 0 {
+		switch {
+		case n == 0:
+			if silent < 0 {
+				silent = i
+			}
+		case !started:
 			return i
-		}
-		if now.Sub(o.accepted) >= grace && (pick < 0 || n < least) {
+		case now.Sub(o.accepted) >= grace && (pick < 0 || n < least):
 			pick, least = i, n
 		}
+	}
+	if silent >= 0 {
+		return silent
 	}
 	return pick
 }

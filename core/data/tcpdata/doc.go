@@ -68,14 +68,17 @@
 // Connections still in their hello have a budget of their own
 // (MaxHelloConns, MaxHelloConnsPerHost from one source IP) and HelloTimeout
 // to finish. A new connection beyond either bound closes one still in its
-// hello (from that IP, else at all), chosen by progress: the oldest that
-// has sent no byte (bytes read below TLS, or waiting in the socket); else,
-// among those older than a grace of 200 ms, the one that sent the fewest
-// bytes. A connection younger than the grace that has sent bytes is never
-// closed for a newcomer: when all are, the newcomer is closed at once
-// (HelloRefused). So strangers that never send, even from a writer's own
-// IP and redialling as soon as they are closed, give way before a writer
-// whose hello is under way. A writer's connection sends nothing until it
+// hello (from that IP, else at all), chosen by progress toward a hello
+// first, age second: the oldest whose first bytes do not start a hello (a
+// stray byte, or fewer than the plaintext client hello's magic and version,
+// or, encrypted, a TLS record header and the ClientHello type); else the
+// oldest that has sent no byte (bytes read below TLS, or waiting in the
+// socket); else, among those older than a grace of 200 ms, the one that
+// sent the fewest bytes. A connection younger than the grace that has sent
+// the start of a hello is never closed for a newcomer: when all are, the
+// newcomer is closed at once (HelloRefused). So strangers that never send,
+// or send stray bytes, even from a writer's own IP and redialling faster
+// than the grace, give way before a writer whose hello is under way. A writer's connection sends nothing until it
 // has the server hello, so in that one round trip it can still be closed
 // for a newcomer; the producer dials again when the receiver closes a
 // connection without answering its hello (at most 8 dials, within one

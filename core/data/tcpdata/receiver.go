@@ -140,7 +140,7 @@ func (t *Transport) serveInbound(in *inboundConn) {
 func (t *Transport) acceptHello(in *inboundConn) (net.Conn, string, error) {
 	c := in.conn
 	_ = c.SetDeadline(time.Now().Add(t.opts.HelloTimeout))
-	counted := countingConn{Conn: c, n: &in.bytesIn}
+	counted := countingConn{Conn: c, in: in, shape: helloShape{encrypted: t.tls != nil}}
 	h := helloConn{Conn: counted}
 	if t.tls != nil {
 		var err error
