@@ -12,21 +12,37 @@ import (
 // eviction: long enough for a writer's hello, TLS included, on a LAN.
 const helloGrace = 200 * time.Millisecond
 
+// provenGrace is how long a proven connection is safe from eviction after
+// it was admitted or last received rows its writer was owed: a producer
+// between parts of one load sends its next part well within it.
+const provenGrace = time.Second
+
+// connsPerStream is how many proven connections one writer (peer id) may
+// hold per stream of ours: a producer opens Streams, and a re-added link
+// briefly overlaps the connections it replaces.
+const connsPerStream = 4
+
 // Inbound connections are admitted in two stages, so that strangers who
 // never finish a hello cannot take the places of writers who did:
 //
 //   - in the hello: at most MaxHelloConns (MaxHelloConnsPerHost from one
 //     source IP), each for at most HelloTimeout. A new connection beyond
 //     either bound closes one still in its hello (from that IP, or at all),
-//     chosen by progress (see evictionCandidate): one that never sent a
-//     byte goes first, so a slowloris gives way before a writer mid-hello.
-//     Only when all are younger than helloGrace and sent bytes is the
+//     chosen by progress (see evictionCandidate): one whose first bytes do
+//     not start a hello (helloShape) goes first, then one that never sent
+//     a byte, so a slowloris gives way before a writer mid-hello. Only when
+//     all are younger than helloGrace and sent the start of a hello is the
 //     newcomer refused instead. A writer's connection has sent nothing
 //     until it has our server hello, so a slowloris redialling from its IP
 //     can still close it in that one round trip: the producer then dials
 //     again (sender.connect).
 //   - proven (the hello passed): at most MaxConns (MaxConnsPerHost from one
-//     source IP); a hello beyond them is refused with statusBusy.
+//     source IP, connsPerStream × Streams from one writer). A hello beyond
+//     any of them closes the proven connection (of that writer, that IP, or
+//     at all) that has gone longest without receiving rows it was owed, if
+//     that is longer than provenGrace and it is not receiving a part now;
+//     else it is refused with statusBusy. So a stranger holding a token but
+//     owed nothing cannot keep places a writer with rows owed needs.
 
 // connStage is where an inbound connection stands.
 type connStage uint8
@@ -49,19 +65,83 @@ type inboundConn struct {
 
 	accepted time.Time
 	bytesIn  atomic.Int64 // read from the raw connection (below TLS)
+	// shaped counts the first bytes read that fit the start of a hello
+	// (helloShape), up to its length; -1 once one did not.
+	shaped atomic.Int32
+
+	lastUseful atomic.Int64 // unix ns: promoted, or last received rows it was owed
+	inPart     atomic.Bool  // receiving a part whose rows it is owed
 }
 
-// countingConn counts the bytes read from a raw connection, so admission
-// can tell a writer mid-hello from a connection that never sent a byte.
+// markUseful records that in is doing work its writer was owed.
+func (in *inboundConn) markUseful(now time.Time) { in.lastUseful.Store(now.UnixNano()) }
+
+// idleFor is how long in has gone without receiving rows it was owed.
+func (in *inboundConn) idleFor(now time.Time) time.Duration {
+	return now.Sub(time.Unix(0, in.lastUseful.Load()))
+}
+
+// countingConn counts the bytes read from a raw connection, and checks
+// the first against helloShape, so admission can tell a writer mid-hello
+// from a connection that never sent a byte or sent stray ones.
 type countingConn struct {
 	net.Conn
-	n *atomic.Int64
+	in    *inboundConn
+	shape helloShape
 }
 
 func (c countingConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
-	c.n.Add(int64(n))
+	defer c.in.bytesIn.Add(int64(n)) // after shaped: bytes counted are bytes checked
+	if k := c.in.shaped.Load(); k >= 0 && int(k) < c.shape.len() {
+		for _, x := range b[:n] {
+			if int(k) == c.shape.len() {
+				break
+			}
+			if !c.shape.fits(int(k), x) {
+				k = -1
+				break
+			}
+			k++
+		}
+		c.in.shaped.Store(k)
+	}
 	return n, err
+}
+
+// helloShape is how a writer's first bytes start: the plaintext client
+// hello's magic and version, or (encrypted) a TLS handshake record that
+// carries a ClientHello. Bytes that fit it are progress toward a hello;
+// a stray byte is not.
+type helloShape struct{ encrypted bool }
+
+// len is how many first bytes the shape checks.
+func (s helloShape) len() int {
+	if s.encrypted {
+		return 6 // record type, version u16, length u16, handshake type
+	}
+	return 5 // magic u32, version u8
+}
+
+// fits says whether b may be the i-th byte of a writer's hello.
+func (s helloShape) fits(i int, b byte) bool {
+	if !s.encrypted {
+		if i < 4 {
+			return b == byte(uint32(helloMagic)>>(8*i))
+		}
+		return b == protocolVersion
+	}
+	switch i {
+	case 0:
+		return b == 0x16 // handshake record
+	case 1:
+		return b == 0x03 // record version 3.x
+	case 2:
+		return b >= 0x01 && b <= 0x04
+	case 5:
+		return b == 0x01 // ClientHello
+	}
+	return true // the record's length
 }
 
 // admission counts inbound connections by stage; t.mu guards it.
@@ -70,17 +150,21 @@ type admission struct {
 	helloPerHost  map[string]int
 	proven        int
 	provenPerHost map[string]int
+	provenPerPeer map[string]int
 	grace         time.Duration // helloGrace; tests change it
+	provenGrace   time.Duration // provenGrace; tests change it
 }
 
 func newAdmission() admission {
-	return admission{helloPerHost: map[string]int{}, provenPerHost: map[string]int{}, grace: helloGrace}
+	return admission{helloPerHost: map[string]int{}, provenPerHost: map[string]int{}, provenPerPeer: map[string]int{},
+		grace: helloGrace, provenGrace: provenGrace}
 }
 
 // inboundCounters count what happened to inbound connections and parts.
 type inboundCounters struct {
 	helloEvicted, helloRefused              atomic.Uint64
 	helloFailed, overConnLimit              atomic.Uint64
+	provenEvicted, owedNothingClosed        atomic.Uint64
 	partsNotOwed, partsRefused, partsNoRoom atomic.Uint64
 }
 
@@ -93,7 +177,9 @@ type InboundStats struct {
 	HelloEvicted  uint64 // connections closed in their hello to admit a newer one
 	HelloRefused  uint64 // newcomers closed at once: every hello was young and under way
 	HelloFailed   uint64 // hellos refused or not finished within HelloTimeout
-	OverConnLimit uint64 // proven writers refused: MaxConns or MaxConnsPerHost reached
+	OverConnLimit uint64 // proven writers refused: MaxConns, MaxConnsPerHost or the per-writer bound reached, none idle
+	ProvenEvicted uint64 // proven connections closed, idle (owed no rows) past provenGrace, to admit a newer one
+	OwedNothing   uint64 // proven connections closed after sending parts while owed nothing for an IOTimeout
 	PartsNotOwed  uint64 // parts naming more rows than the writer's loads expect
 	PartsRefused  uint64 // parts refused by the guard or the region's range
 	PartsNoRoom   uint64 // parts refused because MaxHeldBytes stayed full
@@ -109,6 +195,8 @@ func (t *Transport) InboundStats() InboundStats {
 	st.HelloRefused = t.stats.helloRefused.Load()
 	st.HelloFailed = t.stats.helloFailed.Load()
 	st.OverConnLimit = t.stats.overConnLimit.Load()
+	st.ProvenEvicted = t.stats.provenEvicted.Load()
+	st.OwedNothing = t.stats.owedNothingClosed.Load()
 	st.PartsNotOwed = t.stats.partsNotOwed.Load()
 	st.PartsRefused = t.stats.partsRefused.Load()
 	st.PartsNoRoom = t.stats.partsNoRoom.Load()
@@ -140,7 +228,7 @@ func (t *Transport) admitHello(in *inboundConn) bool {
 // makeRoom closes the hello connection evictionCandidate picks among those
 // matching, or counts and logs in's refusal when it picks none; t.mu held.
 func (t *Transport) makeRoom(in *inboundConn, match func(*inboundConn) bool, why string) bool {
-	i := evictionCandidate(t.admit.hello, match, in.accepted, t.admit.grace)
+	i := evictionCandidate(t.admit.hello, match, in.accepted, t.admit.grace, helloShape{encrypted: t.tls != nil})
 	if i < 0 {
 		t.stats.helloRefused.Add(1)
 		t.logs.logf("connection refused: every hello under way",
@@ -153,27 +241,39 @@ func (t *Transport) makeRoom(in *inboundConn, match func(*inboundConn) bool, why
 }
 
 // evictionCandidate picks whom a newcomer displaces among the hello
-// connections matching (hello is oldest first), or -1 for none: the oldest
-// that never sent a byte (a writer answers our server hello at once);
-// else, among those older than grace, the one that sent the fewest bytes,
-// the oldest on a tie. A young connection that sent bytes is never
-// displaced. Bytes waiting unread in the socket count as sent.
-func evictionCandidate(hello []*inboundConn, match func(*inboundConn) bool, now time.Time, grace time.Duration) int {
-	pick, least := -1, int64(0)
+// connections matching (hello is oldest first), or -1 for none, by
+// progress toward a hello first, age second: the oldest whose bytes do not
+// start a hello (stray, or fewer than shape checks); else the oldest that
+// never sent a byte (a writer answers our server hello at once); else,
+// among those older than grace, the one that sent the fewest bytes, the
+// oldest on a tie. A young connection that sent the start of a hello is
+// never displaced. Bytes waiting unread in the socket count as sent, and
+// as the start of a hello when there are enough of them.
+func evictionCandidate(hello []*inboundConn, match func(*inboundConn) bool, now time.Time, grace time.Duration,
+	shape helloShape) int {
+	silent, pick, least := -1, -1, int64(0)
 	for i, o := range hello {
 		if !match(o) {
 			continue
 		}
-		n := o.bytesIn.Load()
+		n, started := o.bytesIn.Load(), int(o.shaped.Load()) == shape.len()
 		if n == 0 {
 			n = pendingBytes(o.conn) // sent, but not read yet
+			started = n >= int64(shape.len())
 		}
-		if n == 0 {
+		switch {
+		case n == 0:
+			if silent < 0 {
+				silent = i
+			}
+		case !started:
 			return i
-		}
-		if now.Sub(o.accepted) >= grace && (pick < 0 || n < least) {
+		case now.Sub(o.accepted) >= grace && (pick < 0 || n < least):
 			pick, least = i, n
 		}
+	}
+	if silent >= 0 {
+		return silent
 	}
 	return pick
 }
@@ -201,7 +301,8 @@ func (t *Transport) leaveHello(in *inboundConn) {
 	}
 }
 
-// promote moves in from its hello to the proven writers, or says why it
+// promote moves in from its hello to the proven writers, closing an idle
+// proven connection to make room where a bound is reached, or says why it
 // may not write ("" when promoted); t.mu held.
 func (t *Transport) promote(in *inboundConn) string {
 	if in.stage != stageHello {
@@ -210,29 +311,78 @@ func (t *Transport) promote(in *inboundConn) string {
 	t.leaveHello(in)
 	in.stage = stageGone // unless promoted below
 	a := &t.admit
-	switch {
-	case a.proven >= t.opts.MaxConns:
-		return fmt.Sprintf("%d data connections already", a.proven)
-	case a.provenPerHost[in.host] >= t.opts.MaxConnsPerHost:
-		return fmt.Sprintf("%d data connections from %s already", a.provenPerHost[in.host], in.host)
+	perPeer := connsPerStream * t.opts.Streams
+	for _, bound := range []struct {
+		full  bool
+		match func(*inboundConn) bool
+		why   string
+	}{
+		{a.provenPerPeer[in.peerID] >= perPeer, func(o *inboundConn) bool { return o.peerID == in.peerID },
+			fmt.Sprintf("%d data connections of %s already", a.provenPerPeer[in.peerID], in.peerID)},
+		{a.provenPerHost[in.host] >= t.opts.MaxConnsPerHost, func(o *inboundConn) bool { return o.host == in.host },
+			fmt.Sprintf("%d data connections from %s already", a.provenPerHost[in.host], in.host)},
+		{a.proven >= t.opts.MaxConns, func(*inboundConn) bool { return true },
+			fmt.Sprintf("%d data connections already", a.proven)},
+	} {
+		if bound.full && !t.evictIdleProven(bound.match, bound.why) {
+			return bound.why
+		}
 	}
 	in.stage = stageProven
+	in.markUseful(time.Now())
 	a.proven++
 	a.provenPerHost[in.host]++
+	a.provenPerPeer[in.peerID]++
 	return ""
+}
+
+// evictIdleProven closes the matching proven connection that has gone
+// longest without receiving rows it was owed, if longer than provenGrace
+// and not receiving a part, and says whether it did; t.mu held.
+func (t *Transport) evictIdleProven(match func(*inboundConn) bool, why string) bool {
+	now := time.Now()
+	var pick *inboundConn
+	for _, o := range t.inbound {
+		if o.stage != stageProven || !match(o) || o.inPart.Load() || o.idleFor(now) < t.admit.provenGrace {
+			continue
+		}
+		if pick == nil || o.idleFor(now) > pick.idleFor(now) {
+			pick = o
+		}
+	}
+	if pick == nil {
+		return false
+	}
+	t.leaveProven(pick)
+	pick.stage = stageEvicted
+	_ = pick.conn.Close()
+	t.stats.provenEvicted.Add(1)
+	t.logs.logf("idle data connection closed for a newer one",
+		"closed %s of %s, owed no rows for %v: %s (at most %d, %d from one IP, %d from one writer)",
+		pick.conn.RemoteAddr(), pick.peerID, pick.idleFor(now).Round(time.Millisecond), why,
+		t.opts.MaxConns, t.opts.MaxConnsPerHost, connsPerStream*t.opts.Streams)
+	return true
+}
+
+// leaveProven removes in from the proven writers' counts; t.mu held.
+func (t *Transport) leaveProven(in *inboundConn) {
+	a := &t.admit
+	a.proven--
+	if a.provenPerHost[in.host]--; a.provenPerHost[in.host] <= 0 {
+		delete(a.provenPerHost, in.host)
+	}
+	if a.provenPerPeer[in.peerID]--; a.provenPerPeer[in.peerID] <= 0 {
+		delete(a.provenPerPeer, in.peerID)
+	}
 }
 
 // leave forgets in at the end of its goroutine; t.mu held.
 func (t *Transport) leave(in *inboundConn) {
-	a := &t.admit
 	switch in.stage {
 	case stageHello:
 		t.leaveHello(in)
 	case stageProven:
-		a.proven--
-		if a.provenPerHost[in.host]--; a.provenPerHost[in.host] <= 0 {
-			delete(a.provenPerHost, in.host)
-		}
+		t.leaveProven(in)
 	}
 	in.stage = stageGone
 }

@@ -68,21 +68,33 @@
 // Connections still in their hello have a budget of their own
 // (MaxHelloConns, MaxHelloConnsPerHost from one source IP) and HelloTimeout
 // to finish. A new connection beyond either bound closes one still in its
-// hello (from that IP, else at all), chosen by progress: the oldest that
-// has sent no byte (bytes read below TLS, or waiting in the socket); else,
-// among those older than a grace of 200 ms, the one that sent the fewest
-// bytes. A connection younger than the grace that has sent bytes is never
-// closed for a newcomer: when all are, the newcomer is closed at once
-// (HelloRefused). So strangers that never send, even from a writer's own
-// IP and redialling as soon as they are closed, give way before a writer
-// whose hello is under way. A writer's connection sends nothing until it
+// hello (from that IP, else at all), chosen by progress toward a hello
+// first, age second: the oldest whose first bytes do not start a hello (a
+// stray byte, or fewer than the plaintext client hello's magic and version,
+// or, encrypted, a TLS record header and the ClientHello type); else the
+// oldest that has sent no byte (bytes read below TLS, or waiting in the
+// socket); else, among those older than a grace of 200 ms, the one that
+// sent the fewest bytes. A connection younger than the grace that has sent
+// the start of a hello is never closed for a newcomer: when all are, the
+// newcomer is closed at once (HelloRefused). So strangers that never send,
+// or send stray bytes, even from a writer's own IP and redialling faster
+// than the grace, give way before a writer whose hello is under way. A writer's connection sends nothing until it
 // has the server hello, so in that one round trip it can still be closed
 // for a newcomer; the producer dials again when the receiver closes a
 // connection without answering its hello (at most 8 dials, within one
 // IOTimeout). Only a writer whose hello passed (proving its session's
-// token, and the secret, when required) counts against MaxConns and
-// MaxConnsPerHost; a hello beyond those is refused as busy. Each cause is
-// counted (InboundStats) and logged at most once per 10 s.
+// token, and the secret, when required) counts against MaxConns,
+// MaxConnsPerHost and 4 × Streams connections per writer (peer id). A hello
+// beyond any of them closes the connection (of that writer, that IP, else
+// at all) that has gone longest without receiving rows its writer was owed,
+// if longer than 1 s and not receiving a part now; else it is refused as
+// busy. Only parts whose rows are accepted keep a connection: parts refused
+// as not owed do not renew its idle deadline (2 × IdleTimeout + IOTimeout
+// after the last useful part), and a writer owed no row that keeps sending
+// parts is cut one IOTimeout after the first was refused. So a stranger
+// that holds a token but is owed nothing cannot keep the places a writer
+// with rows owed needs. Each cause is counted (InboundStats) and logged at
+// most once per 10 s.
 //
 // # Encrypted mode (version 2)
 //

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"time"
 
 	"github.com/peerkv/peerkv/core/data"
@@ -84,12 +85,17 @@ const indexChunkRows = 512
 // byteBudget and given back when the part ends.
 type receiver struct {
 	t       *Transport
+	in      *inboundConn
 	conn    net.Conn
 	peerID  string
 	header  [partHeaderLen]byte
 	chunk   [indexChunkRows * rowIndexLen]byte
 	refused bool // the guard refused the last row received
 	ackBuf  [ackLen]byte
+
+	// owedNothingSince is when a part was first refused with no row owed
+	// to the writer, since the last part it was owed (zero: none since).
+	owedNothingSince time.Time
 }
 
 // serveInbound runs the hello and then receives parts until the writer
@@ -117,7 +123,7 @@ func (t *Transport) serveInbound(in *inboundConn) {
 		}
 		return
 	}
-	r := &receiver{t: t, conn: conn, peerID: peerID}
+	r := &receiver{t: t, in: in, conn: conn, peerID: peerID}
 	for {
 		if err := r.receivePart(); err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
@@ -134,7 +140,7 @@ func (t *Transport) serveInbound(in *inboundConn) {
 func (t *Transport) acceptHello(in *inboundConn) (net.Conn, string, error) {
 	c := in.conn
 	_ = c.SetDeadline(time.Now().Add(t.opts.HelloTimeout))
-	counted := countingConn{Conn: c, n: &in.bytesIn}
+	counted := countingConn{Conn: c, in: in, shape: helloShape{encrypted: t.tls != nil}}
 	h := helloConn{Conn: counted}
 	if t.tls != nil {
 		var err error
@@ -260,10 +266,25 @@ func (t *Transport) helloAsReceiver(h helloConn, in *inboundConn) (string, error
 	return peerID, nil
 }
 
-// idleDeadline is how long a receiver waits for the next part: longer than
-// the producer's idle close, so only the producer retires a connection.
-func (t *Transport) idleDeadline() time.Time {
-	return time.Now().Add(2*t.opts.IdleTimeout + t.opts.IOTimeout)
+// idleDeadline is when a receiver stops waiting for the next part: longer
+// than the producer's idle close after the last part the writer was owed, so
+// only the producer retires a connection that does useful work; parts
+// refused as not owed do not renew it. A writer owed nothing that keeps
+// sending parts anyway is cut one IOTimeout after the first was refused.
+func (r *receiver) idleDeadline() time.Time {
+	t := r.t
+	d := time.Unix(0, r.in.lastUseful.Load()).Add(2*t.opts.IdleTimeout + t.opts.IOTimeout)
+	if !r.owedNothingSince.IsZero() {
+		d = minTime(d, r.owedNothingSince.Add(t.opts.IOTimeout))
+	}
+	return d
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // receivePart reads one part into the region (or discards it when a row is
@@ -272,8 +293,13 @@ func (t *Transport) idleDeadline() time.Time {
 // is found to be owed that many rows, and then only within MaxHeldBytes.
 func (r *receiver) receivePart() error {
 	t, c := r.t, r.conn
-	_ = c.SetReadDeadline(t.idleDeadline())
+	_ = c.SetReadDeadline(r.idleDeadline())
 	if _, err := io.ReadFull(c, r.header[:]); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) && !r.owedNothingSince.IsZero() {
+			if owedNothing := r.checkOwedNothing(0); owedNothing != nil {
+				return owedNothing // counted: the deadline was the one for being owed nothing
+			}
+		}
 		return err
 	}
 	raceSync()
@@ -289,8 +315,12 @@ func (r *receiver) receivePart() error {
 		t.stats.partsNotOwed.Add(1)
 		t.logs.logf("transfer not owed", "transfer %d from %s names %d rows, its loads from us expect %d",
 			h.transferID, r.peerID, h.totalRows, owed)
-		return r.discardPart(h, ack{transferID: h.transferID, status: statusNotOwed, row: owed})
+		if err := r.discardPart(h, ack{transferID: h.transferID, status: statusNotOwed, row: owed}); err != nil {
+			return err
+		}
+		return r.checkOwedNothing(owed)
 	}
+	r.owedNothingSince = time.Time{}
 	need := partBytes(h.partRows, t.region.RowLen, t.opts.Guard != nil)
 	if !t.held.acquire(need, t.opts.IOTimeout/2, t.closing) {
 		t.stats.partsNoRoom.Add(1)
@@ -303,6 +333,11 @@ func (r *receiver) receivePart() error {
 	rows, verdict, err := r.readDestinations(h)
 	if err != nil {
 		return err
+	}
+	if verdict.status == statusOK { // rows it was owed: the connection is in use
+		r.in.markUseful(time.Now())
+		r.in.inPart.Store(true)
+		defer func() { r.in.inPart.Store(false); r.in.markUseful(time.Now()) }()
 	}
 	if verdict.status != statusOK {
 		t.stats.partsRefused.Add(1)
@@ -334,6 +369,23 @@ func (r *receiver) receivePart() error {
 		}
 	}
 	return r.writeAck(verdict)
+}
+
+// checkOwedNothing drops a connection whose writer, owed no row, has kept
+// sending parts for an IOTimeout since the first was refused.
+func (r *receiver) checkOwedNothing(owed uint64) error {
+	if owed > 0 {
+		return nil
+	}
+	now := time.Now()
+	if r.owedNothingSince.IsZero() {
+		r.owedNothingSince = now
+	}
+	if now.Sub(r.owedNothingSince) < r.t.opts.IOTimeout {
+		return nil
+	}
+	r.t.stats.owedNothingClosed.Add(1)
+	return fmt.Errorf("%w: %s sent parts while owed no row for %v", ErrProtocol, r.peerID, r.t.opts.IOTimeout)
 }
 
 // rowsOwed is how many rows peerID's loads from us expect in all, when the

@@ -103,10 +103,11 @@ func TestASlowlorisFromTheWritersAddressCannotEvictItsHello(t *testing.T) {
 }
 
 // When the hello budget of an address is full, a newcomer closes the
-// connection that made the least progress: one that never sent a byte
-// first, even if it is not the oldest; while every connection has sent
-// bytes and is within the grace, the newcomer is refused instead; past the
-// grace, the one that sent the fewest bytes gives way.
+// connection that made the least progress: one whose bytes do not start a
+// hello first, then one that never sent a byte, even if it is not the
+// oldest; while every connection has sent the start of a hello and is
+// within the grace, the newcomer is refused instead; past the grace, the
+// one that sent the fewest bytes gives way.
 func TestHellosGiveWayByProgress(t *testing.T) {
 	tr := newTransport(t, "b", sentinelRegion(4), func(o *Options) {
 		o.MaxHelloConns, o.MaxHelloConnsPerHost, o.IOTimeout = 16, 3, DefaultIOTimeout
@@ -119,8 +120,11 @@ func TestHellosGiveWayByProgress(t *testing.T) {
 			_ = c.Close()
 		}
 	}()
-	// dial opens a connection, reads the server hello and sends n bytes of
-	// a client hello.
+	// A client hello's start, the magic and version, then its pad and id
+	// length.
+	start := []byte{'P', 'K', 'V', 'D', protocolVersion, 0, 1, 0}
+	// dial opens a connection, reads the server hello and sends the first n
+	// bytes of a client hello.
 	dial := func(n int) net.Conn {
 		c := dialFrom(t, "127.0.0.1", tr.DataAddr())
 		conns = append(conns, c)
@@ -128,7 +132,7 @@ func TestHellosGiveWayByProgress(t *testing.T) {
 		_, err := io.ReadFull(c, make([]byte, serverHelloLen))
 		require.NoError(t, err, "every newcomer that gets in gets the server hello")
 		if n > 0 {
-			_, err = c.Write(make([]byte, n))
+			_, err = c.Write(start[:n])
 			require.NoError(t, err)
 		}
 		return c
@@ -143,13 +147,15 @@ func TestHellosGiveWayByProgress(t *testing.T) {
 		require.Eventually(t, func() bool { return isClosed(c) }, waitLimit, time.Millisecond, what)
 	}
 
-	a, silent, c := dial(3), dial(0), dial(1)
+	a, silent, partial := dial(8), dial(0), dial(3)
 	d := dial(0)
+	waitClosed(partial, "the one whose bytes do not start a hello yet gave way before the one that sent nothing")
+	c := dial(5)
 	waitClosed(silent, "the one that sent nothing gave way, though it is not the oldest")
-	e := dial(2)
+	e := dial(6)
 	waitClosed(d, "then the newest, which sent nothing either")
 	for _, o := range []net.Conn{a, c, e} {
-		assert.False(t, isClosed(o), "a young connection that sent bytes stays")
+		assert.False(t, isClosed(o), "a young connection that sent the start of a hello stays")
 	}
 
 	// Every hello is young and under way: the newcomer is refused.
@@ -159,13 +165,53 @@ func TestHellosGiveWayByProgress(t *testing.T) {
 	_, err := f.Read(make([]byte, 1))
 	require.Error(t, err, "refused without a server hello")
 	st := tr.InboundStats()
-	assert.EqualValues(t, 2, st.HelloEvicted)
+	assert.EqualValues(t, 3, st.HelloEvicted)
 	assert.EqualValues(t, 1, st.HelloRefused)
 
 	// Past the grace, the one that sent the fewest bytes gives way.
 	setGrace(0)
 	dial(0)
-	waitClosed(c, "c sent 1 byte, a 3 and e 2")
+	waitClosed(c, "c sent 5 bytes, a 8 and e 6")
 	assert.False(t, isClosed(a))
 	assert.False(t, isClosed(e))
+}
+
+// Connections that each sent one stray byte, not the start of a hello, and
+// are always younger than the grace (an attacker redialling each faster
+// than that), fill the hello budget of the writer's address: they are not
+// progress toward a hello, so in every mode the writer's connection takes
+// the place of one of them.
+func TestStrayBytesDoNotCountAsHelloProgress(t *testing.T) {
+	for _, mode := range nodeModes {
+		t.Run(mode.name, func(t *testing.T) {
+			src, dst := randomRegion(t, 4), sentinelRegion(4)
+			b := newTransport(t, "b", dst, func(o *Options) { mode.set(o); o.HelloTimeout = waitLimit })
+			b.mu.Lock()
+			b.admit.grace = time.Hour // every connection is young, as if redialled before the grace
+			b.mu.Unlock()
+			var stray []net.Conn
+			defer func() {
+				for _, c := range stray {
+					_ = c.Close()
+				}
+			}()
+			for range b.opts.MaxHelloConnsPerHost {
+				c := dialFrom(t, "127.0.0.1", b.DataAddr())
+				stray = append(stray, c)
+				_ = c.SetReadDeadline(time.Now().Add(waitLimit))
+				_, err := io.ReadFull(c, make([]byte, 8))
+				require.NoError(t, err, "accepted: it got the server hello")
+				_, err = c.Write([]byte{0xff})
+				require.NoError(t, err)
+			}
+			require.Equal(t, b.opts.MaxHelloConnsPerHost, b.InboundStats().HelloConns)
+
+			a := grantedWriter(t, b, src, mode.set)
+			_, err := a.Write("b", []uint64{1}, []uint64{2})
+			require.NoError(t, err)
+			require.NoError(t, nextCompletion(t, a, waitLimit).Err, "the writer got in")
+			assertRowsAt(t, src, dst, []uint64{1}, []uint64{2})
+			assert.GreaterOrEqual(t, b.InboundStats().HelloEvicted, uint64(1), "a stray connection gave way")
+		})
+	}
 }
