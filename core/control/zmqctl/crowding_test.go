@@ -149,3 +149,21 @@ func TestInboundConnectionsLeaveNoDescriptorBehind(t *testing.T) {
 	assert.Eventually(t, func() bool { return openFds() <= before }, 5*time.Second, 10*time.Millisecond,
 		"descriptors before %d, after %d", before, openFds())
 }
+
+// A ROUTER kept busy (here a consumer that stopped taking events) never
+// drains, so unheard connections cannot wait for a drain to expire: one
+// that never speaks is shut within four UnheardTimeouts regardless.
+func TestSilentConnectionsAreShutEvenWhileTheRouterIsBusy(t *testing.T) {
+	const unheard = 250 * time.Millisecond
+	b := newTestTransport(t, Options{EventBuffer: 1, UnheardTimeout: unheard})
+	busy := newRawDealer(t, "busy", b.LocalID())
+	for range 4 { // nobody reads b's events: these stay in front of the consumer
+		_, err := busy.sock.SendBytes([]byte("unread"), 0)
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return b.Stats().FramesIn >= 2 }, 10*time.Second, 10*time.Millisecond)
+	silent := newRawDealer(t, "silent", b.LocalID(), func(s *zmq.Socket) error { return s.SetReconnectIvl(time.Minute) })
+	require.True(t, silent.awaitEvent(zmq.EVENT_CONNECTED, 5*time.Second))
+	assert.True(t, silent.awaitEvent(zmq.EVENT_DISCONNECTED, 4*unheard+5*time.Second), "the silent connection stays open")
+	t.Logf("stats %+v", b.Stats())
+}
