@@ -212,7 +212,10 @@ func (p *pump) accepted(fd int, now time.Time) {
 		// now, while fd was just checked to be this connection.
 		_ = unix.Shutdown(fd, unix.SHUT_RDWR)
 		p.t.counters.inboundShut.Add(1)
-		p.t.log.Warn("closing an inbound control connection", "from", remote.String(), "why", "dup: "+err.Error())
+		if n, ok := in.logs.allow("shut", now); ok {
+			p.t.log.Warn("closing an inbound control connection", "from", remote.String(),
+				"why", "no descriptor left to watch it with: "+err.Error(), "suppressed", n)
+		}
 		return
 	}
 	c := &inboundConn{fd: fd, dup: dup, remote: remote, network: networkOf(remote.Addr()), accepted: now}
