@@ -53,9 +53,11 @@ func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
 		// Room for every session admission allows, and a redial each.
 		MaxInboundConns:        max(zmqctl.DefaultMaxInboundConns, 2*cfg.MaxPeers),
 		MaxInboundConnsPerHost: max(zmqctl.DefaultMaxInboundConnsPerHost, 2*cfg.MaxPeersPerHost),
-		AdmitAddr:              admitAddr(cfg),
-		Curve:                  curve,
-		Logger:                 logs.logger(),
+		// A cluster may sit in one subnet: room for all of it there.
+		MaxInboundConnsPerNetwork: max(zmqctl.DefaultMaxInboundConnsPerNetwork, 2*cfg.MaxPeers),
+		AdmitAddr:                 admitAddr(cfg),
+		Curve:                     curve,
+		Logger:                    logs.logger(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: control path at %s: %v", ErrTransport, cfg.LocalID(), err)

@@ -129,9 +129,12 @@
 // refuses, and stops only when nothing waits) is reported down
 // (ErrSendQueueFull) and its queues are freed. Send fails with
 // ErrSendQueueFull, the frame dropped, once Options.SendHWM frames or
-// Options.SendQueueBytes bytes for the peer, or
-// Options.TotalSendQueueBytes for all peers, are waiting in front of
-// libzmq.
+// Options.SendQueueBytes bytes for the peer are waiting in front of
+// libzmq, or Options.TotalSendQueueBytes for all peers and the peer holds
+// more than its share of that (the total over the peers with frames
+// waiting): peers that stopped reading cannot starve one that reads, and
+// are reported down as above. Twice TotalSendQueueBytes is the hard
+// bound for all peers.
 //
 // # Limits
 //
@@ -151,13 +154,22 @@
 // monitor reports each accepted and each ended connection with its file
 // descriptor, and every frame carries the descriptor it came in on
 // (libzmq's "__fd" property, what ZMQ_SRCFD reads), so the pump counts
-// connections per remote address and in all and knows which ones libzmq
-// reads. It shuts down, with shutdown(2) on the descriptor once it has
-// checked that the descriptor is still that connection, one over
-// Options.MaxInboundConns or MaxInboundConnsPerHost, and one libzmq has
-// read no frame from within Options.UnheardTimeout although the ROUTER had
-// nothing else to give: a second connection under a routing id in use
-// (libzmq never reads it without handover) or a silent one. libzmq 4.3
+// connections per remote address, per network (IPv4 /24, IPv6 /64, as
+// the tier groups sessions) and in all, and knows which ones libzmq reads.
+// It keeps its own descriptor of each connection (dup'd as it is
+// accepted, once it has checked the descriptor is a connection to our
+// port; closed when libzmq reports the connection ended, and at Close),
+// so shutdown(2) on it always reaches that connection, never a descriptor
+// libzmq closed and the process reused. It shuts down one over
+// Options.MaxInboundConnsPerHost or MaxInboundConnsPerNetwork, and one
+// libzmq has read no frame from within Options.UnheardTimeout although
+// the ROUTER had nothing else to give (or within four times that, however
+// busy the ROUTER): a second connection under a routing id in use (libzmq
+// never reads it without handover) or a silent one. Past
+// Options.MaxInboundConns it shuts the oldest connection of the most
+// crowded network to make room, or the newcomer when its own network is
+// that one: connections that stay open (heartbeats keep any that spoke
+// once) cannot lock out newcomers from elsewhere. libzmq 4.3
 // never frees what it queued from a connection it did not identify
 // (router.cpp keeps the pipe among its anonymous ones, waiting for a read
 // that never comes), so that much, at most RecvHWM+1 frames, outlives it.

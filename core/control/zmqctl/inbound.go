@@ -25,27 +25,39 @@ const fdProperty = "__fd"
 
 // inboundConn is one TCP connection our ROUTER accepted.
 type inboundConn struct {
-	fd       int
+	fd int // libzmq's descriptor: what its events and messages name
+	// dup is our own descriptor of the same socket (F_DUPFD_CLOEXEC, taken
+	// as it was accepted), closed when libzmq reports it ended: shutdown(2)
+	// on it always reaches this connection, even when libzmq has closed fd
+	// and the process reused the number since.
+	dup      int
 	remote   netip.AddrPort
+	network  netip.Prefix
 	accepted time.Time
 	heard    bool // libzmq gave us a frame from it: the ROUTER reads it
 	shut     bool // we shut it down; its disconnect is on the way
 }
 
-// inbound counts the ROUTER's connections, per host and in all, from its
-// monitor, and ends those it must not keep (see pump.shut): over
-// Options.MaxInboundConns or MaxInboundConnsPerHost, or unheard, that is
-// never read by libzmq (a second connection under a routing id in use, or
-// one that sent nothing) past Options.UnheardTimeout. Each holds up to
-// Options.RecvHWM+1 frames in libzmq, so these bound what strangers park
-// there. Owned by the pump.
+// inbound counts the ROUTER's connections, per host, per network and in
+// all, from its monitor, and ends those it must not keep (see pump.shut):
+// over Options.MaxInboundConnsPerHost or MaxInboundConnsPerNetwork, or
+// unheard, that is never read by libzmq (a second connection under a
+// routing id in use, or one that sent nothing) past Options.UnheardTimeout.
+// Past Options.MaxInboundConns the oldest connection of the most crowded
+// network makes room for a newcomer from a less crowded one. Each holds up
+// to Options.RecvHWM+1 frames in libzmq, so these bound what strangers
+// park there. Owned by the pump.
 type inbound struct {
 	monitor   *zmq.Socket
 	monitorFd int
 	localPort uint16
 
-	conns   map[int]*inboundConn
+	conns map[int]*inboundConn
+	// live, perHost and perNet count the connections not shut (one shut
+	// is on its way out and makes room at once).
+	live    int
 	perHost map[netip.Addr]int
+	perNet  map[netip.Prefix]int
 	unheard map[int]*inboundConn // not heard and not shut
 	// drainedAt is when the ROUTER last had nothing for us to read: a
 	// connection accepted UnheardTimeout before that, and still unheard,
@@ -60,7 +72,48 @@ type inbound struct {
 
 func newInbound() *inbound {
 	return &inbound{monitorFd: -1, conns: map[int]*inboundConn{}, perHost: map[netip.Addr]int{},
-		unheard: map[int]*inboundConn{}, logs: rateLimiter{every: 10 * time.Second}}
+		perNet: map[netip.Prefix]int{}, unheard: map[int]*inboundConn{}, logs: rateLimiter{every: 10 * time.Second}}
+}
+
+// uncount takes c out of the live counts (it was shut, or it ended).
+func (in *inbound) uncount(c *inboundConn) {
+	in.live--
+	if in.perHost[c.remote.Addr()]--; in.perHost[c.remote.Addr()] <= 0 {
+		delete(in.perHost, c.remote.Addr())
+	}
+	if in.perNet[c.network]--; in.perNet[c.network] <= 0 {
+		delete(in.perNet, c.network)
+	}
+}
+
+// forget drops c, ended, and closes our descriptor of it.
+func (in *inbound) forget(c *inboundConn) {
+	delete(in.conns, c.fd)
+	delete(in.unheard, c.fd)
+	if !c.shut {
+		in.uncount(c)
+	}
+	_ = unix.Close(c.dup)
+}
+
+// forgetAll closes our descriptors once the monitor has stopped: no
+// disconnect will come for them.
+func (in *inbound) forgetAll() {
+	for _, c := range in.conns {
+		in.forget(c)
+	}
+}
+
+// networkOf groups source addresses as the tier does for sessions: IPv4
+// by /24, IPv6 by /64, so one host's many addresses count together.
+func networkOf(a netip.Addr) netip.Prefix {
+	a = a.Unmap().WithZone("")
+	bits := 64
+	if a.Is4() {
+		bits = 24
+	}
+	p, _ := a.Prefix(bits)
+	return p
 }
 
 // monitorRouter attaches the ROUTER's monitor and its reader. It runs
@@ -114,6 +167,7 @@ func (p *pump) stopRouterMonitor() {
 	}
 	p.unwatch(p.in.monitorFd)
 	p.in.monitorFd = -1
+	p.in.forgetAll()
 	if p.in.monitor != nil {
 		p.in.monitor.Close()
 		p.in.monitor = nil
@@ -141,26 +195,74 @@ func (p *pump) readRouterMonitor() {
 }
 
 // accepted records a new connection and ends it at once when it comes
-// from an address the node does not admit, or is one too many.
+// from an address the node does not admit, or one too many from its host
+// or network. Past MaxInboundConns it makes room (see makeRoom).
 func (p *pump) accepted(fd int, now time.Time) {
 	in, o := p.in, p.t.opts
-	remote, ok := peerOf(fd)
-	if !ok {
-		return // gone already; its disconnect follows
+	if old := in.conns[fd]; old != nil {
+		in.forget(old) // its disconnect was never reported; the number is another socket's now
 	}
-	c := &inboundConn{fd: fd, remote: remote, accepted: now}
+	remote, ok := peerOf(fd)
+	if !ok || localPortOf(fd) != in.localPort {
+		return // gone already (its disconnect follows), or the number is no longer our connection's
+	}
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		// No descriptor to keep watch with (out of descriptors): end it
+		// now, while fd was just checked to be this connection.
+		_ = unix.Shutdown(fd, unix.SHUT_RDWR)
+		p.t.counters.inboundShut.Add(1)
+		if n, ok := in.logs.allow("shut", now); ok {
+			p.t.log.Warn("closing an inbound control connection", "from", remote.String(),
+				"why", "no descriptor left to watch it with: "+err.Error(), "suppressed", n)
+		}
+		return
+	}
+	c := &inboundConn{fd: fd, dup: dup, remote: remote, network: networkOf(remote.Addr()), accepted: now}
 	in.conns[fd] = c
 	in.unheard[fd] = c
+	in.live++
 	in.perHost[remote.Addr()]++
+	in.perNet[c.network]++
 	p.t.counters.inboundConns.Store(int64(len(in.conns)))
 	switch {
 	case o.AdmitAddr != nil && !o.AdmitAddr(remote.Addr()):
 		p.shut(c, fmt.Sprintf("%s is not an address this node admits (allowed_peers)", remote.Addr()))
-	case len(in.conns) > o.MaxInboundConns:
-		p.shut(c, fmt.Sprintf("%d control connections open, bound %d (max_inbound_conns)", len(in.conns), o.MaxInboundConns))
 	case in.perHost[remote.Addr()] > o.MaxInboundConnsPerHost:
 		p.shut(c, fmt.Sprintf("%d control connections from %s, bound %d", in.perHost[remote.Addr()], remote.Addr(), o.MaxInboundConnsPerHost))
+	case in.perNet[c.network] > o.MaxInboundConnsPerNetwork:
+		p.shut(c, fmt.Sprintf("%d control connections from %s, bound %d", in.perNet[c.network], c.network, o.MaxInboundConnsPerNetwork))
+	case in.live > o.MaxInboundConns:
+		p.makeRoom(c)
 	}
+}
+
+// makeRoom keeps MaxInboundConns when newcomer is one too many: it shuts
+// the oldest connection of the most crowded network, so connections that
+// stay open cannot lock newcomers out, unless newcomer's own network holds
+// as many (then newcomer goes, and two networks never trade a slot back
+// and forth).
+func (p *pump) makeRoom(newcomer *inboundConn) {
+	in := p.in
+	crowded, most := newcomer.network, in.perNet[newcomer.network]
+	for n, k := range in.perNet {
+		if k > most {
+			crowded, most = n, k
+		}
+	}
+	why := fmt.Sprintf("%d control connections open, bound %d (max_inbound_conns), %d of them from %s",
+		in.live, p.t.opts.MaxInboundConns, most, crowded)
+	if crowded == newcomer.network {
+		p.shut(newcomer, why)
+		return
+	}
+	var oldest *inboundConn
+	for _, c := range in.conns {
+		if !c.shut && c.network == crowded && (oldest == nil || c.accepted.Before(oldest.accepted)) {
+			oldest = c
+		}
+	}
+	p.shut(oldest, why+"; making room for a newcomer from "+newcomer.network.String())
 }
 
 func (p *pump) inboundGone(fd int) {
@@ -177,11 +279,7 @@ func (p *pump) inboundGone(fd int) {
 	if c == nil {
 		return
 	}
-	delete(in.conns, fd)
-	delete(in.unheard, fd)
-	if in.perHost[c.remote.Addr()]--; in.perHost[c.remote.Addr()] <= 0 {
-		delete(in.perHost, c.remote.Addr())
-	}
+	in.forget(c)
 	p.t.counters.inboundConns.Store(int64(len(in.conns)))
 }
 
@@ -197,43 +295,48 @@ func (p *pump) heard(fd int) {
 // UnheardTimeout although the ROUTER had nothing else for us: a second
 // connection under an identity in use (libzmq never reads it without
 // handover), or one that never sent a frame. Either would hold what it
-// sent in libzmq for as long as it stays open.
+// sent in libzmq for as long as it stays open. A ROUTER kept busy never
+// drains, so past unheardHardFactor x UnheardTimeout one goes regardless.
 func (p *pump) expireUnheard(now time.Time) {
 	drained := p.in.drainedAt
 	if !p.routerMore && len(p.backlog) == 0 {
 		drained = now // nothing is waiting to be read right now
 	}
+	timeout := p.t.opts.UnheardTimeout
 	for _, c := range p.in.unheard {
-		if !c.accepted.Add(p.t.opts.UnheardTimeout).After(drained) {
+		if !c.accepted.Add(timeout).After(drained) || !c.accepted.Add(unheardHardFactor*timeout).After(now) {
 			p.shut(c, fmt.Sprintf("no frame read from it within %v (a second connection under an identity in use, or a silent one)",
-				p.t.opts.UnheardTimeout))
+				timeout))
 		}
 	}
 }
 
+// unheardHardFactor: an unheard connection is shut this many
+// UnheardTimeouts after it was accepted even if the ROUTER never drained.
+const unheardHardFactor = 4
+
 // unheardTimeout is how long until the next unheard connection is due.
 func (p *pump) unheardTimeout(now time.Time, timeout time.Duration) time.Duration {
 	for _, c := range p.in.unheard {
-		timeout = min(timeout, c.accepted.Add(p.t.opts.UnheardTimeout).Sub(now))
+		due := c.accepted.Add(p.t.opts.UnheardTimeout)
+		if !due.After(now) {
+			due = c.accepted.Add(unheardHardFactor * p.t.opts.UnheardTimeout)
+		}
+		timeout = min(timeout, due.Sub(now))
 	}
 	return timeout
 }
 
-// shut ends an inbound connection with shutdown(2) on its descriptor;
-// libzmq then sees the connection end and closes it. The descriptor is
-// libzmq's, so it is first checked to still be this connection (ours,
-// from the same remote address and port): a descriptor closed since and
-// reused is left alone.
+// shut ends an inbound connection with shutdown(2) on our descriptor of
+// it; libzmq then sees the connection end, closes it and reports it gone.
 func (p *pump) shut(c *inboundConn, why string) {
 	delete(p.in.unheard, c.fd)
 	if c.shut {
 		return
 	}
 	c.shut = true
-	if remote, ok := peerOf(c.fd); !ok || remote != c.remote || localPortOf(c.fd) != p.in.localPort {
-		return
-	}
-	if err := unix.Shutdown(c.fd, unix.SHUT_RDWR); err != nil {
+	p.in.uncount(c)
+	if err := unix.Shutdown(c.dup, unix.SHUT_RDWR); err != nil {
 		return
 	}
 	p.t.counters.inboundShut.Add(1)

@@ -35,10 +35,12 @@ const (
 	// DefaultRecvHWM: frames one inbound connection may queue in libzmq
 	// (its default is 1000); past it TCP pushes back on the sender.
 	DefaultRecvHWM = 1
-	// DefaultMaxInboundConns and DefaultMaxInboundConnsPerHost bound the
-	// ROUTER's TCP connections, as the TCP data path bounds its own.
-	DefaultMaxInboundConns        = 1024
-	DefaultMaxInboundConnsPerHost = 64
+	// DefaultMaxInboundConns, DefaultMaxInboundConnsPerHost and
+	// DefaultMaxInboundConnsPerNetwork bound the ROUTER's TCP connections,
+	// as the TCP data path bounds its own.
+	DefaultMaxInboundConns           = 1024
+	DefaultMaxInboundConnsPerHost    = 64
+	DefaultMaxInboundConnsPerNetwork = 256
 	// DefaultUnheardTimeout: an inbound connection libzmq has read no frame
 	// from by then is closed (every peer sends as soon as it connects).
 	DefaultUnheardTimeout   = 5 * time.Second
@@ -71,19 +73,25 @@ type Options struct {
 	// at most SendHWM).
 	SocketSendHWM int
 	// SendQueueBytes bounds the bytes waiting for one peer in front of
-	// libzmq, TotalSendQueueBytes those of all peers; a frame past either
-	// is refused with ErrSendQueueFull, and a peer libzmq already refuses
-	// (it stopped reading) is reported down and its queue freed.
+	// libzmq, TotalSendQueueBytes those of all peers; a frame past the
+	// first, or past the second for a peer over its share of it (twice it
+	// for any peer), is refused with ErrSendQueueFull, and a peer libzmq
+	// already refuses (it stopped reading) is reported down and its queue
+	// freed.
 	SendQueueBytes      int
 	TotalSendQueueBytes int
 	// RecvHWM bounds the frames one inbound connection may queue in libzmq
 	// (ZMQ_RCVHWM on the ROUTER); with the frame being decoded, one holds
 	// at most (RecvHWM+1) x MaxFrameBytes.
 	RecvHWM int
-	// MaxInboundConns and MaxInboundConnsPerHost bound the ROUTER's TCP
-	// connections in all and per remote address; one over is shut down.
-	MaxInboundConns        int
-	MaxInboundConnsPerHost int
+	// MaxInboundConnsPerHost and MaxInboundConnsPerNetwork bound the
+	// ROUTER's TCP connections per remote address and per network (IPv4
+	// /24, IPv6 /64): one over is shut down. Past MaxInboundConns the
+	// oldest connection of the most crowded network is shut down to make
+	// room, unless the newcomer's network is that one (then it goes).
+	MaxInboundConns           int
+	MaxInboundConnsPerHost    int
+	MaxInboundConnsPerNetwork int
 	// UnheardTimeout: an inbound connection libzmq has read no frame from
 	// by then (a second connection under an identity in use is never read
 	// in plaintext) is shut down, with what it queued.
@@ -155,6 +163,7 @@ func (o Options) withDefaults() (Options, error) {
 		{"RecvHWM", &o.RecvHWM, DefaultRecvHWM},
 		{"MaxInboundConns", &o.MaxInboundConns, DefaultMaxInboundConns},
 		{"MaxInboundConnsPerHost", &o.MaxInboundConnsPerHost, DefaultMaxInboundConnsPerHost},
+		{"MaxInboundConnsPerNetwork", &o.MaxInboundConnsPerNetwork, DefaultMaxInboundConnsPerNetwork},
 	}
 	for _, c := range counts {
 		switch {

@@ -30,7 +30,7 @@ type Transport struct {
 	commands []command               // guarded by mu
 	queued   map[string]queuedFrames // guarded by mu: per peer, what waits in front of libzmq
 	// queuedBytes is the sum of queued's bytes (guarded by mu), bounded by
-	// Options.TotalSendQueueBytes.
+	// Options.TotalSendQueueBytes for peers over their share (admitLocked).
 	queuedBytes int
 	failure     atomic.Pointer[error] // why the pump died, if it did
 
@@ -79,7 +79,8 @@ type Stats struct {
 	OpenPeers       int64  // DEALERs open now
 	// QueuedSendBytes is what waits in front of libzmq now, all peers
 	// (payload plus a fixed cost per frame); bounded per peer by
-	// Options.SendQueueBytes and in all by Options.TotalSendQueueBytes.
+	// Options.SendQueueBytes and in all by Options.TotalSendQueueBytes for
+	// a peer over its share, twice that for any (see admitLocked).
 	QueuedSendBytes int64
 	// PeersReaped counts peers ended because they stopped draining their
 	// queue (over a send bound, or stalled past SendTimeout); each is also
@@ -88,8 +89,9 @@ type Stats struct {
 	// InboundConns is the TCP connections our ROUTER holds now.
 	InboundConns int64
 	// InboundShut counts inbound connections we shut down: over
-	// MaxInboundConns or MaxInboundConnsPerHost, or unheard past
-	// UnheardTimeout (libzmq never gave us a frame from them).
+	// MaxInboundConnsPerHost or MaxInboundConnsPerNetwork, making room past
+	// MaxInboundConns, or unheard past UnheardTimeout (libzmq never gave us
+	// a frame from them).
 	InboundShut uint64
 }
 
@@ -226,11 +228,15 @@ func (t *Transport) takeCommandsLocked() []command {
 
 // admitLocked refuses a frame that would put peerID over a send bound:
 // Options.SendHWM frames or Options.SendQueueBytes bytes waiting in front
-// of libzmq, or all peers over Options.TotalSendQueueBytes. A peer that
-// stays over because it stopped reading is reported down by the pump once
-// frames have waited for it for Options.SendTimeout (expireDeadlines).
-// One frame is always admitted to an empty queue, whatever its size: the
-// byte bounds limit what piles up, not the largest frame we may send.
+// of libzmq for it, or, with Options.TotalSendQueueBytes waiting for all
+// peers, more than its fair share of that (the total over the peers with
+// frames waiting), so peers that stopped reading cannot starve one that
+// reads; totalSendCeiling x TotalSendQueueBytes is the hard bound. A peer
+// that stays over because it stopped reading is reported down by the
+// pump once frames have waited for it for Options.SendTimeout
+// (expireDeadlines). One frame is always admitted to an empty queue under
+// the hard bound, whatever its size: the byte bounds limit what piles up,
+// not the largest frame we may send.
 func (t *Transport) admitLocked(peerID string, frame []byte) error {
 	q, cost, o := t.queued[peerID], frameCost(frame), t.opts
 	var over string
@@ -239,13 +245,21 @@ func (t *Transport) admitLocked(peerID string, frame []byte) error {
 		over = fmt.Sprintf("%d frames waiting", q.frames)
 	case q.frames > 0 && q.bytes+cost > o.SendQueueBytes:
 		over = fmt.Sprintf("%d bytes waiting and %d more, bound %d", q.bytes, cost, o.SendQueueBytes)
-	case t.queuedBytes > 0 && t.queuedBytes+cost > o.TotalSendQueueBytes:
-		over = fmt.Sprintf("%d bytes waiting for all peers and %d more, bound %d", t.queuedBytes, cost, o.TotalSendQueueBytes)
+	case q.frames > 0 && t.queuedBytes+cost > o.TotalSendQueueBytes && q.bytes+cost > o.TotalSendQueueBytes/len(t.queued):
+		over = fmt.Sprintf("%d bytes waiting for all peers, bound %d, and %d for this one with %d more, over its share %d",
+			t.queuedBytes, o.TotalSendQueueBytes, q.bytes, cost, o.TotalSendQueueBytes/len(t.queued))
+	case t.queuedBytes > 0 && t.queuedBytes+cost > totalSendCeiling*o.TotalSendQueueBytes:
+		over = fmt.Sprintf("%d bytes waiting for all peers and %d more, hard bound %d",
+			t.queuedBytes, cost, totalSendCeiling*o.TotalSendQueueBytes)
 	default:
 		return nil
 	}
 	return fmt.Errorf("zmqctl: %w: %s (%s)", ErrSendQueueFull, peerID, over)
 }
+
+// totalSendCeiling: peers under their share may take what waits for all
+// peers past TotalSendQueueBytes, up to this many times it.
+const totalSendCeiling = 2
 
 // releasedLocked is called by the pump, under mu, for queued frames libzmq
 // accepted or that were discarded, making room for more Sends to peerID.
