@@ -81,7 +81,7 @@ func (l *InboundLookup) OwesFinish() bool {
 // MaxEvaluateKeys bounds the keys of one lookup the host evaluates, and
 // answers, in one host call, so that the calls stay short (under the owner's
 // lock) whatever a peer asks: a larger lookup is offered in parts.
-const MaxEvaluateKeys = 1024
+const MaxEvaluateKeys = 256
 
 // Pending returns the keys the host must (re)evaluate next, in first-seen
 // order: at most MaxEvaluateKeys of them.
