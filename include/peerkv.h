@@ -280,7 +280,8 @@ int32_t peerkv_get_finished(peerkv_handle h, peerkv_job_result *out, size_t cap,
  *   req_id_buf   receives the synthetic request id for the host's
  *                bookkeeping, "p2p:<peer>:<kv_request_id>:lu<n>" (NUL-terminated).
  *   keys_buf     receives the keys to evaluate (EVALUATE only), *n_keys of them,
- *                each key_len bytes (the configured key length).
+ *                each key_len bytes (the configured key length): at most 256;
+ *                a larger lookup comes as several EVALUATEs of one lookup_id.
  *   *first       1 if this is the lookup's first EVALUATE (start its context).
  * Returns PEERKV_OK with work, 1 when there is none, or
  * PEERKV_ERR_BUFFER_TOO_SMALL with *req_id_needed / *n_keys set and the work

@@ -34,7 +34,12 @@ type InboundLookup struct {
 	s        *Session
 	keys     [][]byte // never changes once filed: holdings.go counts its share once
 	resolved map[string]bool
+	// pending are the keys not yet offered to the host in this pass, offered
+	// at most MaxEvaluateKeys at a time; retry those it answered "later",
+	// offered again in the next pass.
 	pending  [][]byte
+	retry    [][]byte
+	nextPass bool // pending holds the retried keys
 	arrived  time.Time
 	deadline time.Time
 }
@@ -73,8 +78,19 @@ func (l *InboundLookup) OwesFinish() bool {
 	return l.evaluated && l.state != inboundCheckedOut && !l.lateAnswer
 }
 
-// Pending returns the keys the host must (re)evaluate, in first-seen order.
-func (l *InboundLookup) Pending() [][]byte { return l.pending }
+// MaxEvaluateKeys bounds the keys of one lookup the host evaluates, and
+// answers, in one host call, so that the calls stay short (under the owner's
+// lock) whatever a peer asks: a larger lookup is offered in parts.
+const MaxEvaluateKeys = 256
+
+// Pending returns the keys the host must (re)evaluate next, in first-seen
+// order: at most MaxEvaluateKeys of them.
+func (l *InboundLookup) Pending() [][]byte { return l.pending[:min(len(l.pending), MaxEvaluateKeys)] }
+
+// NextPass reports whether the keys l waits on are those the host answered
+// "later", to be offered in its next pass; false while parts of a large
+// lookup wait to be offered in this one.
+func (l *InboundLookup) NextPass() bool { return l.nextPass }
 
 // PreparedLookup is a lookup with the work that grows with its keys done
 // (Prepare), so that handling it does not.
@@ -165,17 +181,18 @@ func (s *Session) AnswerLookup(l *InboundLookup, answers []Answer, pinJob int64,
 		}
 		return true, nil
 	}
-	if len(answers) != len(l.pending) {
-		return false, fmt.Errorf("got %d answers for %d keys", len(answers), len(l.pending))
+	offered := l.Pending()
+	if len(answers) != len(offered) {
+		return false, fmt.Errorf("got %d answers for %d keys", len(answers), len(offered))
 	}
 	var hits [][]byte
 	var later [][]byte
 	for i, a := range answers {
 		switch a {
 		case AnswerHit:
-			hits = append(hits, l.pending[i])
+			hits = append(hits, offered[i])
 		case AnswerLater:
-			later = append(later, l.pending[i])
+			later = append(later, offered[i])
 		}
 	}
 	if len(hits) != len(pinRows) {
@@ -187,13 +204,18 @@ func (s *Session) AnswerLookup(l *InboundLookup, answers []Answer, pinJob int64,
 	l.state = inboundWaiting
 	for i, a := range answers {
 		if a != AnswerLater {
-			l.resolved[string(l.pending[i])] = a == AnswerHit
+			l.resolved[string(offered[i])] = a == AnswerHit
 		}
 	}
 	if len(hits) > 0 {
 		s.AddStoredBlocks(l.KVRequestID, hits, pinRows, pinJob, l.Round, true)
 	}
-	l.pending = later
+	l.pending = l.pending[len(offered):]
+	l.retry = append(l.retry, later...)
+	l.nextPass = false
+	if len(l.pending) == 0 {
+		l.pending, l.retry, l.nextPass = l.retry, nil, true
+	}
 	if len(l.pending) > 0 && s.env.Now().Before(l.deadline) {
 		return false, nil
 	}
@@ -203,16 +225,17 @@ func (s *Session) AnswerLookup(l *InboundLookup, answers []Answer, pinJob int64,
 
 // respond sends the lookup's single answer; keys still pending count as misses.
 func (p *producer) respond(l *InboundLookup) {
-	hits := make([]bool, len(l.keys))
-	for i, k := range l.keys {
-		hits[i] = l.resolved[string(k)]
+	answer := &DeferredAnswer{kv: l.KVRequestID, keys: l.keys, resolved: l.resolved}
+	if len(l.keys) <= MaxEvaluateKeys {
+		p.s.send(answer.Build())
+	} else {
+		p.s.send(answer) // built and encoded by the owner off its lock
 	}
-	p.s.send(&protocol.LookupResp{KVRequestID: l.KVRequestID, Keys: l.keys, Hits: hits})
 	if served := p.s.env.LookupServed; served != nil {
 		served(p.s.env.Now().Sub(l.arrived))
 	}
 	l.state = inboundDone
-	l.pending = nil
+	l.pending, l.retry = nil, nil
 	if req := p.requests[l.KVRequestID]; req != nil {
 		req.dropLookup(l.ID)
 	}
@@ -253,9 +276,32 @@ func (p *producer) tickLookups(now time.Time) {
 				continue
 			}
 			p.s.env.Logf("WARNING", "peer %s: lookup kv_request_id=%s still had %d keys pending after %v; answering them as misses",
-				p.s.peerID, l.KVRequestID, len(l.pending), p.s.env.Cfg.InboundLookupTimeout)
+				p.s.peerID, l.KVRequestID, len(l.pending)+len(l.retry), p.s.env.Cfg.InboundLookupTimeout)
 			p.respond(l)
 			p.s.report(Report{Kind: InboundFinished, Lookup: l})
 		}
 	}
+}
+
+// DeferredAnswer is the lookup_resp to a lookup of more than
+// MaxEvaluateKeys keys. Its hits are gathered, and the frame encoded, when
+// the owner calls Build, which it does without its lock (the work grows
+// with the keys): what it reads no longer changes once the lookup was
+// answered. The owner sends it, and what follows it to the same peer, in
+// order.
+type DeferredAnswer struct {
+	kv       string
+	keys     [][]byte
+	resolved map[string]bool
+}
+
+func (*DeferredAnswer) MsgType() protocol.Type { return protocol.TypeLookupResp }
+
+// Build returns the lookup_resp; keys never resolved count as misses.
+func (a *DeferredAnswer) Build() *protocol.LookupResp {
+	hits := make([]bool, len(a.keys))
+	for i, k := range a.keys {
+		hits[i] = a.resolved[string(k)]
+	}
+	return &protocol.LookupResp{KVRequestID: a.kv, Keys: a.keys, Hits: hits}
 }

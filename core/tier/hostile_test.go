@@ -16,6 +16,7 @@ import (
 	"github.com/peerkv/peerkv/core/control/memctl"
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/protocol"
+	"github.com/peerkv/peerkv/core/session"
 	"github.com/peerkv/peerkv/core/tier"
 )
 
@@ -459,4 +460,69 @@ func TestASessionThatDiesWhileOpeningIsForgotten(t *testing.T) {
 	st = cons.Stats()
 	assert.Equal(t, 1, st.Sessions)
 	assert.Equal(t, int64(2), st.SessionsOpened)
+}
+
+// A lookup of more keys than one host call may evaluate is offered to the
+// host in parts of at most session.MaxEvaluateKeys, each answered in its own
+// short call, all in the same pass; its single answer, built and encoded
+// off the lock, still names every key.
+func TestALargeInboundLookupIsEvaluatedInBoundedParts(t *testing.T) {
+	c := newCluster(t)
+	prod, cons := c.peer(1), c.peer(2)
+	const n = 2*session.MaxEvaluateKeys + 100
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	ks := keys(idx...)
+	prod.fill(30, ks[0])
+	held := map[string]int{string(ks[0]): 30}
+	var pinJobs int64 = 1000
+	largest, parts := 0, 0
+
+	_, err := cons.StartRequest("c", p2pParams("kv-large", prod))
+	require.NoError(t, err)
+	var got []tier.LookupResult
+	require.Eventually(t, func() bool {
+		got = cons.lookup("c", ks)
+		require.NoError(t, cons.OnScheduleEnd())
+		for {
+			in, ok, _ := prod.NextInbound(nil)
+			if !ok {
+				break
+			}
+			if in.Kind != tier.InboundEvaluate {
+				continue
+			}
+			largest, parts = max(largest, len(in.Keys)), parts+1
+			results := make([]tier.LookupResult, len(in.Keys))
+			var pins []int64
+			for i, k := range in.Keys {
+				results[i] = tier.Miss
+				if row, ok := held[string(k)]; ok {
+					results[i], pins = tier.Hit, append(pins, int64(row))
+				}
+			}
+			job := int64(-1)
+			if len(pins) > 0 {
+				pinJobs++
+				job = pinJobs
+			}
+			_, err := prod.AnswerInbound(in.LookupID, results, job, pins)
+			require.NoError(t, err)
+		}
+		for _, r := range got {
+			if r == tier.Retry {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 5*time.Millisecond)
+	assert.LessOrEqual(t, largest, session.MaxEvaluateKeys, "keys handed to the host in one call")
+	assert.Equal(t, 3, parts, "the lookup's parts")
+	assert.Equal(t, tier.Hit, got[0])
+	for i, r := range got[1:] {
+		require.Equal(t, tier.Miss, r, "key %d", i+1)
+	}
+	require.NoError(t, cons.FinishRequest("c"))
 }

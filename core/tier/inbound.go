@@ -107,7 +107,9 @@ func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID in
 	if finished {
 		delete(t.lookups, lookupID)
 	} else {
-		t.queueInbound(inboundItem{id: lookupID, kind: InboundEvaluate}, true)
+		// The rest of a large lookup is offered in this pass; keys
+		// answered "later" in the next.
+		t.queueInbound(inboundItem{id: lookupID, kind: InboundEvaluate}, l.NextPass())
 	}
 	t.settle()
 	return finished, nil

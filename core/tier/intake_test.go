@@ -75,7 +75,8 @@ func zmqTransport(t *testing.T) *zmqctl.Transport {
 		require.NoError(t, err)
 		port := l.Addr().(*net.TCPAddr).Port
 		require.NoError(t, l.Close())
-		ctl, err := zmqctl.New(fmt.Sprintf("127.0.0.1:%d", port), "127.0.0.1", port, zmqctl.Options{Logger: quiet})
+		ctl, err := zmqctl.New(fmt.Sprintf("127.0.0.1:%d", port), "127.0.0.1", port, zmqctl.Options{Logger: quiet,
+			SendQueueBytes: 64 << 20}) // room for a 38 MiB frame queued before the DEALER is up
 		if err != nil && strings.Contains(err.Error(), "in use") {
 			continue // taken since: try another
 		}

@@ -239,6 +239,7 @@ func (t *Tier) shutdown() error {
 		s.Close("shutting down") // its goodbye: the peer logs an orderly end
 		delete(t.sessions, id)
 		delete(t.active, s)
+		t.dropOutbox(id)
 		t.ctl.Disconnect(id) // lingers briefly, so the goodbye goes out before Close
 	}
 	owed := t.refused.allOwed() // refused stock peers still waiting for their goodbye
@@ -272,6 +273,7 @@ func (t *Tier) shutdown() error {
 	}
 	close(t.stop)
 	<-t.loopDone
+	<-t.outbox.done
 	<-t.reg.done
 	errs := []error{t.ctl.Close(), t.dt.Close()}
 	return errors.Join(errs...)

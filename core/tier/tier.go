@@ -93,6 +93,7 @@ type Tier struct {
 	expected map[uint64]string // consumer row -> peer allowed to write it
 	owed     map[string]int    // peer -> how many rows of expected it may write
 
+	outbox       outbox // frames waiting behind a deferred answer (outbox.go)
 	registered   chan registration
 	stop         chan struct{}
 	loopDone     chan struct{}
@@ -142,6 +143,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		registerWake: make(chan struct{}, 1),
 		obs:          newObservations(),
 		adm:          adm,
+		outbox:       newOutbox(),
 		stop:         make(chan struct{}),
 		loopDone:     make(chan struct{}),
 	}
@@ -172,6 +174,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		h.Hand(t.handle) // frames are taken on the transport's goroutine; Events then only closes
 	}
 	go t.loop()
+	go t.runOutbox()
 	return t, nil
 }
 
@@ -235,6 +238,9 @@ func (t *Tier) unowe(peerID string) {
 }
 
 func (t *Tier) send(peerID string, m protocol.Message) error {
+	if t.deferSend(peerID, m) {
+		return nil
+	}
 	frame, err := protocol.Encode(m)
 	if err != nil {
 		return err
@@ -248,6 +254,7 @@ func (t *Tier) send(peerID string, m protocol.Message) error {
 // (refusals.go): one that finds the peer without a session draws a connect.
 func (t *Tier) sessionSend(peerID string, m protocol.Message) error {
 	if _, bye := m.(*protocol.Disconnect); bye {
+		t.dropOutbox(peerID) // the session ends: what waited for it is moot
 		s := t.sessions[peerID]
 		if s != nil && !s.Dialed() && !s.Handshaked() && !t.closed { // at shutdown nothing can loop
 			if seen, ok := s.Seen(); ok && !seen.PeerKV && !t.refused.goodbyeNow(peerID, t.now()) {
@@ -627,6 +634,7 @@ func (t *Tier) reapDead() bool {
 		t.unbindServing(s)
 		t.dropInbound(s)
 		t.reg.remove(id)
+		t.dropOutbox(id)
 		t.ctl.Disconnect(id)
 		t.stats.sessionsClosed++
 	}
