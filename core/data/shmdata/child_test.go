@@ -309,19 +309,28 @@ func probeGrantedFd(fd int) string {
 }
 
 // runForeignHandlerProducer hands SIGBUS to a plain C handler that exits
-// (foreignsig), as a host that enables faulthandler after loading us does,
-// then writes its rows one batch at a time into the consumer of the offer.
+// (foreignsig; handler "foreign"), as a host that enables faulthandler after
+// loading us does, or leaves it to Go ("go"), prints the copy path that
+// choice gives ("path kernel" or "path mapped"), then writes its rows one batch at a time into the consumer of the offer.
 // After the first batch the file on one side shrinks: "source" truncates
 // our own region file, "destination" prints "shrink" and waits for a line
 // on stdin while the consumer shrinks its. It prints "failed: ERR" or "ok"
 // and exits 0, unless the handler killed it (foreignsig.ExitCode).
 func runForeignHandlerProducer(spec string) int {
 	const rows, rowLen = 16, 64 << 10
+	handler, spec, _ := strings.Cut(spec, " ")
 	shrunk, offerString, _ := strings.Cut(spec, " ")
-	if err := foreignsig.InstallFatalSIGBUS(); err != nil {
-		fmt.Println(err)
-		return 2
+	if handler == "foreign" {
+		if err := foreignsig.InstallFatalSIGBUS(); err != nil {
+			fmt.Println(err)
+			return 2
+		}
 	}
+	path := "kernel"
+	if goHandlesSIGBUS() {
+		path = "mapped"
+	}
+	fmt.Println("path", path)
 	region, _, fd, err := memfdRegion(rows, rowLen, 0)
 	if err != nil {
 		fmt.Println("producer region:", err)

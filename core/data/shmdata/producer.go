@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/bits"
 	"net"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -167,9 +168,11 @@ func checkGrantedFile(fd int, r reply) (end uint64, err error) {
 }
 
 // mapRows maps the pages of fd's file that hold [offset, end), writable and
-// shared, and nothing more of it. Go code never touches the mapping: rows
-// reach it through pread(2), so a fault on it (the file shrank) is the
-// kernel's, answered with EFAULT or a short read, never a signal.
+// shared, and nothing more of it. Go code touches the mapping only while
+// Go handles SIGBUS, when a fault there is recovered (copyPartMapped);
+// otherwise rows reach it through pread(2), so a fault on it (the file
+// shrank) is the kernel's, answered with EFAULT or a short read, never a
+// signal (sigbus.go).
 func mapRows(fd int, offset, end uint64) (mapped, rows []byte, err error) {
 	page := uint64(unix.Getpagesize())
 	start := offset &^ (page - 1)
@@ -282,6 +285,10 @@ func (t *Transport) copyRows(p *peer, src, dst []uint64) error {
 	if err := p.checkSize(); err != nil {
 		return err
 	}
+	copyPart := t.copyPart
+	if goHandlesSIGBUS() && !t.kernelCopyOnly {
+		copyPart = t.copyPartMapped // a fault is recovered: the fast copy is safe (sigbus.go)
+	}
 	workers := max(1, min(t.opts.Workers, len(src)))
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
@@ -290,7 +297,7 @@ func (t *Transport) copyRows(p *peer, src, dst []uint64) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[w] = t.copyPart(p, src[lo:hi], dst[lo:hi], deadline)
+			errs[w] = copyPart(p, src[lo:hi], dst[lo:hi], deadline)
 		}()
 	}
 	wg.Wait()
@@ -337,6 +344,42 @@ func (t *Transport) copyPart(p *peer, src, dst []uint64, deadline time.Time) err
 		if err := preadFull(t.file.fd, iov, t.file.offset+src[i]*rowLen); err != nil {
 			return t.copyFailed(p, src[i], n, err)
 		}
+		i += int(n)
+		sinceCheck += n * rowLen
+	}
+	return nil
+}
+
+// copyPartMapped copies rows with memcpy into the mapping of the peer's
+// rows, merging rows consecutive on both sides; it runs only while Go
+// handles SIGBUS (sigbus.go), so a fault on the mapping (the peer shrank
+// its file) or on our own becomes this transfer's error, not a crash.
+func (t *Transport) copyPartMapped(p *peer, src, dst []uint64, deadline time.Time) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = t.copyFailed(p, src[0], uint64(len(src)), fmt.Errorf("the copy faulted: %v", r))
+		}
+	}()
+	rowLen := t.opts.Region.RowLen
+	mem := t.opts.Region.Mem
+	maxRun := max(1, maxBatchBytes/rowLen)
+	var sinceCheck uint64
+	for i := 0; i < len(src); {
+		if err := t.stillWanted(p, deadline); err != nil {
+			return err
+		}
+		if sinceCheck >= maxBatchBytes {
+			if err := p.checkSize(); err != nil {
+				return err
+			}
+			sinceCheck = 0
+		}
+		n := uint64(1)
+		for i+int(n) < len(src) && n < maxRun && src[i+int(n)] == src[i]+n && dst[i+int(n)] == dst[i]+n {
+			n++
+		}
+		copy(p.rows[dst[i]*rowLen:(dst[i]+n)*rowLen], mem[src[i]*rowLen:(src[i]+n)*rowLen])
 		i += int(n)
 		sinceCheck += n * rowLen
 	}

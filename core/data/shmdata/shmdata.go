@@ -1,7 +1,8 @@
 // Package shmdata is the same-host data path: the producer maps the granted
-// rows of the consumer's region file and reads its own rows into that
-// mapping with pread(2), split across a few goroutines. One copy, no
-// sockets on the data path, no NIXL.
+// rows of the consumer's region file and copies its own rows into that
+// mapping, split across a few goroutines: with memcpy while Go handles
+// SIGBUS, else with pread(2) (sigbus.go). One copy, no sockets on the data
+// path, no NIXL.
 //
 // Access is granted by the kernel, never by the wire. The consumer (whose
 // region receives rows) keeps an fd for the file behind its region (vLLM's
@@ -19,18 +20,20 @@
 // the file is as large as it says, maps only the pages holding the granted
 // rows and writes nowhere else.
 //
-// Why pread into the mapping and not a copy by Go code: the consumer (or
-// any holder of a writable fd) may shrink its file at any time, and a
-// store into a mapped page past the new end raises SIGBUS in whoever
-// stores. Go can turn that into a panic only while its own handler is
-// installed; a host that installs another one after us (Python's
-// faulthandler, which vLLM's EngineCore enables) dies of it instead. With
-// pread the store is the kernel's: a fault on the peer's pages comes back
-// as EFAULT or a short read, and reading past the end of our own shrunk
-// file as a short read, never a signal, and the transfer fails naming the
-// file that shrank. pwrite(2) into the peer's file would be as safe but
-// serialises the workers on tmpfs's inode lock; reads take none, so the
-// workers add up (measured in docs/security.md §5).
+// Why two copies: the consumer (or any holder of a writable fd) may shrink
+// its file at any time, and a store into a mapped page past the new end
+// raises SIGBUS in whoever stores. Go turns that into a panic the copy
+// recovers only while its own handler is installed, so that is checked at
+// each transfer. Where a host installed another one after us (Python's
+// faulthandler, which vLLM's watchdog enables once the engine runs, when
+// its dump_dir is set) the fault would end the process, so the kernel
+// copies instead: pread from our region's file into the mapping, where a
+// fault on the peer's pages comes back as EFAULT or a short read, and
+// reading past the end of our own shrunk file as a short read, never a
+// signal. Either way the transfer fails naming the file that shrank. The
+// kernel's copy is slower (tmpfs copies page by page: about half of memcpy
+// per thread); pwrite(2) would serialise the workers on tmpfs's inode lock,
+// reads take none.
 //
 // Addresses and row counts a peer advertises in connect are claims: only
 // the grant sizes the writes, and it may not exceed the session's claim.
@@ -94,6 +97,9 @@ type Transport struct {
 
 	// batchHook, when set (tests), runs before each batch a copy starts.
 	batchHook func()
+	// kernelCopyOnly (tests) makes every transfer take the kernel's copy,
+	// whoever handles SIGBUS.
+	kernelCopyOnly bool
 	// replyHook, when set (tests), alters each grant before it is sent.
 	replyHook func(*reply)
 }

@@ -78,10 +78,19 @@ func offeredRows(offer string, rows uint64) data.PeerInfo {
 	return data.PeerInfo{NumRows: rows, Grants: data.Grants{SameHost: offer}}
 }
 
+// Both copies (sigbus.go): the memcpy one while Go handles SIGBUS, the
+// kernel's one otherwise.
 func TestRowsLandByteForByteAndNothingElse(t *testing.T) {
+	for _, kernel := range []bool{false, true} {
+		t.Run(fmt.Sprintf("kernel copy %v", kernel), func(t *testing.T) { rowsLandByteForByte(t, kernel) })
+	}
+}
+
+func rowsLandByteForByte(t *testing.T, kernelCopyOnly bool) {
 	const rows, rowLen, skip = 300, 4096, 96 // the region starts mid-page in its file
 	cons := startChild(t, consID, rows, rowLen, skip)
 	tr, src := producer(t, prodID, rows, rowLen)
+	tr.kernelCopyOnly = kernelCopyOnly
 	assert.Equal(t, "shm", tr.Name())
 	require.NoError(t, tr.AddPeer(consID, offered(cons.ask("offer %s", prodID))))
 
