@@ -63,7 +63,8 @@ func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
 		return nil, fmt.Errorf("%w: control path at %s: %v", ErrTransport, cfg.LocalID(), err)
 	}
 	t, err := tier.New(cfg, region, tier.Deps{
-		Control: ctl,
+		Control:            ctl,
+		NotAllowedAtAccept: func() uint64 { return ctl.Stats().InboundNotAdmitted },
 		NewData: func(guard data.WriteGuard, logf tier.Logf) (data.Transport, error) {
 			logs.attach(logf)
 			logf("INFO", "%s", procs)

@@ -41,6 +41,9 @@ type admission struct {
 	allow    config.PeerList
 	dials    everyLog
 	connects everyLog
+	// atAccept counts connections the transport refused by address before
+	// any connect of theirs reached us (Deps.NotAllowedAtAccept).
+	atAccept func() uint64
 }
 
 func newAdmission(cfg config.Config) (admission, error) {

@@ -190,6 +190,11 @@ func (t *Tier) observeSnapshot(st *Stats) {
 	for c, n := range t.obs.rejections {
 		st.HandshakeRejections[c] = n
 	}
+	if t.adm.atAccept != nil {
+		if n := t.adm.atAccept(); n > 0 {
+			st.HandshakeRejections[CauseNotAllowed] += int64(n)
+		}
+	}
 	st.Paths = make(map[string]PathStats, len(t.obs.paths))
 	for name, p := range t.obs.paths {
 		st.Paths[name] = *p

@@ -23,6 +23,11 @@ type Deps struct {
 	NewData func(guard data.WriteGuard, logf Logf) (data.Transport, error)
 	// Now is the clock (nil = time.Now).
 	Now func() time.Time
+	// NotAllowedAtAccept, when set, counts the control connections the
+	// transport shut as it accepted them, their address outside
+	// allowed_peers: refusals whose connect never reached the tier, added
+	// to the not_allowed rejections.
+	NotAllowedAtAccept func() uint64
 }
 
 // request is one host request the tier knows.
@@ -120,6 +125,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		now = time.Now
 	}
 	adm, err := newAdmission(cfg)
+	adm.atAccept = deps.NotAllowedAtAccept
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}

@@ -283,5 +283,6 @@ func TestConnectionsFromAddressesNotAdmittedAreShutAtAccept(t *testing.T) {
 	assert.False(t, inside.awaitEvent(zmq.EVENT_DISCONNECTED, 500*time.Millisecond), "an admitted connection stays")
 	st := b.Stats()
 	assert.Equal(t, uint64(1), st.InboundShut)
+	assert.Equal(t, uint64(1), st.InboundNotAdmitted)
 	assert.Equal(t, int64(1), st.InboundConns)
 }

@@ -227,6 +227,7 @@ func (p *pump) accepted(fd int, now time.Time) {
 	p.t.counters.inboundConns.Store(int64(len(in.conns)))
 	switch {
 	case o.AdmitAddr != nil && !o.AdmitAddr(remote.Addr()):
+		p.t.counters.notAdmitted.Add(1)
 		p.shut(c, fmt.Sprintf("%s is not an address this node admits (allowed_peers)", remote.Addr()))
 	case in.perHost[remote.Addr()] > o.MaxInboundConnsPerHost:
 		p.shut(c, fmt.Sprintf("%d control connections from %s, bound %d", in.perHost[remote.Addr()], remote.Addr(), o.MaxInboundConnsPerHost))

@@ -93,11 +93,14 @@ type Stats struct {
 	// MaxInboundConns, or unheard past UnheardTimeout (libzmq never gave us
 	// a frame from them).
 	InboundShut uint64
+	// InboundNotAdmitted counts, of those, the connections shut as they
+	// were accepted because Options.AdmitAddr refused their address.
+	InboundNotAdmitted uint64
 }
 
 type counters struct {
-	framesIn, framesOut, droppedIn, droppedOut, peersUp, peersDown, peersReaped, inboundShut atomic.Uint64
-	openPeers, queuedBytes, inboundConns                                                     atomic.Int64
+	framesIn, framesOut, droppedIn, droppedOut, peersUp, peersDown, peersReaped, inboundShut, notAdmitted atomic.Uint64
+	openPeers, queuedBytes, inboundConns                                                                  atomic.Int64
 }
 
 // New binds the ROUTER at tcp://bindHost:port and starts the pump. localID is
@@ -308,17 +311,18 @@ func (t *Transport) Close() error {
 func (t *Transport) Stats() Stats {
 	c := &t.counters
 	return Stats{
-		FramesIn:        c.framesIn.Load(),
-		FramesOut:       c.framesOut.Load(),
-		DroppedInbound:  c.droppedIn.Load(),
-		DroppedOutbound: c.droppedOut.Load(),
-		PeersUp:         c.peersUp.Load(),
-		PeersDown:       c.peersDown.Load(),
-		OpenPeers:       c.openPeers.Load(),
-		QueuedSendBytes: c.queuedBytes.Load(),
-		PeersReaped:     c.peersReaped.Load(),
-		InboundConns:    c.inboundConns.Load(),
-		InboundShut:     c.inboundShut.Load(),
+		FramesIn:           c.framesIn.Load(),
+		FramesOut:          c.framesOut.Load(),
+		DroppedInbound:     c.droppedIn.Load(),
+		DroppedOutbound:    c.droppedOut.Load(),
+		PeersUp:            c.peersUp.Load(),
+		PeersDown:          c.peersDown.Load(),
+		OpenPeers:          c.openPeers.Load(),
+		QueuedSendBytes:    c.queuedBytes.Load(),
+		PeersReaped:        c.peersReaped.Load(),
+		InboundConns:       c.inboundConns.Load(),
+		InboundShut:        c.inboundShut.Load(),
+		InboundNotAdmitted: c.notAdmitted.Load(),
 	}
 }
 
