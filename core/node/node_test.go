@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
@@ -18,13 +19,20 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// freePort asks the kernel for a loopback port that is free right now.
+// freePort returns a loopback port free right now, below the kernel's
+// ephemeral range, where no outgoing connection of a test running beside
+// this one can take it before the node binds it.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	for range 500 {
+		p := 20000 + rand.IntN(12000)
+		if ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
+			_ = ln.Close()
+			return p
+		}
+	}
+	t.Fatal("no free port below the ephemeral range")
+	return 0
 }
 
 func testConfig(t *testing.T, extra string) config.Config {

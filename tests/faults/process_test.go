@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -167,11 +168,20 @@ func (c *child) stop() {
 	}
 }
 
+// freePort returns a loopback port free right now, below the kernel's
+// ephemeral range: a port bind(0) hands out is ephemeral, and the other
+// packages' tests open thousands of connections whose source ports could
+// take it before the node binds it.
 func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	for range 500 {
+		p := 20000 + rand.IntN(12000)
+		if ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
+			_ = ln.Close()
+			return p
+		}
+	}
+	t.Fatal("no free port below the ephemeral range")
+	return 0
 }
 
 // decoderNode is the consumer: a real node in this process.

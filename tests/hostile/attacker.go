@@ -420,6 +420,16 @@ var (
 // never the same one twice in this process.
 func FreePort(t testing.TB, host string) int {
 	t.Helper()
+	p, err := freePortBelowEphemeral(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// freePortBelowEphemeral is FreePort for a process without a testing.T
+// (the victim child).
+func freePortBelowEphemeral(host string) (int, error) {
 	low := 32768
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 {
@@ -441,10 +451,9 @@ func FreePort(t testing.TB, host string) int {
 		}
 		_ = ln.Close()
 		portIssued[p] = true
-		return p
+		return p, nil
 	}
-	t.Fatalf("no free port on %s below %d", host, low)
-	return 0
+	return 0, fmt.Errorf("no free port on %s below %d", host, low)
 }
 
 // ---- TCP data sink ------------------------------------------------------------

@@ -160,14 +160,7 @@ func openVictimNode(opts map[string]any, region data.Region) (*tier.Tier, string
 }
 
 // freePortOn is FreePort for a process without a testing.T.
-func freePortOn(host string) (int, error) {
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+func freePortOn(host string) (int, error) { return freePortBelowEphemeral(host) }
 
 // victimHost is the host side of the victim: what vLLM's scheduler thread
 // calls, timed.
