@@ -115,9 +115,17 @@ func (r *multiRig) lookupAll(req string, ks [][]byte) []tier.LookupResult {
 		}
 		return queued == serving
 	}, 3*time.Second, 2*time.Millisecond, "every source gets the lookup")
-	before := r.cons.Stats().FramesIn
+	answers := func() (n int64) {
+		for _, c := range r.cons.Stats().LookupRTT.Counts {
+			n += c
+		}
+		return n
+	}
+	before := answers()
 	r.serveAll()
-	require.Eventually(r.t, func() bool { return r.cons.Stats().FramesIn >= before+int64(serving) }, 3*time.Second,
+	// Counting answers, not frames: another frame (a data-path hello) must
+	// not let the load start before a source's answer made it a holder.
+	require.Eventually(r.t, func() bool { return answers() >= before+int64(serving) }, 3*time.Second,
 		time.Millisecond, "every answer arrives")
 	return r.lookupSettled(req, ks, 3*time.Second)
 }
@@ -532,7 +540,11 @@ func TestFailoverIsBoundedByTheLoadDeadline(t *testing.T) {
 	}
 	start := time.Now()
 	require.NoError(t, r.cons.SubmitLoad("c", 1, ks, slots))
-	time.Sleep(100 * time.Millisecond)
+	// Both parts were asked once the second source's chunk (rows 16-31)
+	// landed; its answers from before that fetch no longer count, so the
+	// failover asks it again.
+	require.Eventually(t, func() bool { return r.srcs[1].Stats().BytesOut == 16*rowLen }, time.Second,
+		time.Millisecond, "the second source's chunk lands")
 	r.srcs[1].paused = true // the second source never answers the failover's lookup
 	r.c.ctl.Kill(r.srcs[0].id)
 	res := r.waitLoad(1, 5*time.Second)
