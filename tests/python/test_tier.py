@@ -127,8 +127,21 @@ def test_p2p_partial_hits_load_only_hits(cluster):
     metrics = b.call("metrics", "b")
     assert metrics.get("vllm:peerkv_lookup_rtt_seconds_count", 0) >= 1, metrics
     assert metrics.get("vllm:peerkv_lookup_rtt_seconds_sum", 0) > 0, metrics
+    # The same, per peer: the source is labelled with its identity.
+    src = (f"{HOST}:{cluster.ports['a']}",)
+    assert metrics.get(f"vllm:peerkv_peer_lookup_hits:{src}", 0) >= 3, metrics
+    assert metrics.get(f"vllm:peerkv_peer_lookup_misses:{src}", 0) >= 2, metrics
+    assert metrics.get(f"vllm:peerkv_peer_lookups_sent:{src}", 0) >= 1, metrics
+    assert metrics.get(f"vllm:peerkv_peer_loads_ok:{src}", 0) >= 1, metrics
+    assert metrics.get(f"vllm:peerkv_peer_bytes_received:{src}", 0) >= 3 * ROW_BYTES, metrics
+    assert metrics.get(f"vllm:peerkv_peer_lookup_rtt_seconds:{src}_count", 0) >= 1, metrics
+    assert metrics.get(f"vllm:peerkv_peer_last_lookup_rtt_seconds:{src}", 0) > 0, metrics
+    assert metrics.get(f"vllm:peerkv_peer_up:{src + ('shm',)}") == 1, metrics
+    assert metrics.get(f"vllm:peerkv_peer_session_age_seconds:{src}", 0) > 0, metrics
     served = a.call("metrics", "a")  # the producer's side of the same lookup
     assert served.get("vllm:peerkv_lookup_served_seconds_count", 0) >= 1, served
+    consumer = (f"{HOST}:{cluster.ports['b']}",)
+    assert served.get(f"vllm:peerkv_peer_bytes_sent:{consumer}", 0) >= 3 * ROW_BYTES, served
     assert 0 < served.get("vllm:peerkv_lookup_served_seconds_sum", 0) <= metrics["vllm:peerkv_lookup_rtt_seconds_sum"]
 
 
