@@ -94,8 +94,9 @@ func (t *Tier) observeFrame(s *session.Session, m protocol.Message, err error) {
 	}
 }
 
-// observePeerRTT times one of s's lookups; t.mu held.
-func (t *Tier) observePeerRTT(s *session.Session, rtt time.Duration) {
+// lookupAnswered times one of our lookups, overall and for its peer; t.mu held.
+func (t *Tier) lookupAnswered(s *session.Session, rtt time.Duration) {
+	t.obs.lookupRTT.observe(rtt.Seconds())
 	if p := t.obs.peers[s]; p != nil {
 		p.LookupsAnswered++
 		p.LastLookupRTT = rtt.Seconds()

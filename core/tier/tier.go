@@ -169,10 +169,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		Report:         func(r session.Report) { t.pending = append(t.pending, r) },
 		Logf:           t.logf,
 		NextLookupID:   func() int64 { t.nextLookup++; return t.nextLookup },
-		LookupAnswered: func(s *session.Session, rtt time.Duration) {
-			t.obs.lookupRTT.observe(rtt.Seconds())
-			t.observePeerRTT(s, rtt)
-		},
+		LookupAnswered: t.lookupAnswered,
 		LookupServed:   func(held time.Duration) { t.obs.lookupServed.observe(held.Seconds()) },
 		Register:       func(s *session.Session, info data.PeerInfo) { t.reg.add(s, info) },
 		Busy:           func(s *session.Session) { t.active[s] = struct{}{} },
