@@ -95,6 +95,8 @@ type observations struct {
 	sessionPath map[*session.Session]string
 	// peers is each live session's per-peer view (peerstats.go).
 	peers map[*session.Session]*peerStats
+	// peersDelivered: when the host last got the per-peer list (HostStats).
+	peersDelivered time.Time
 }
 
 func newObservations() observations {

@@ -15,6 +15,34 @@ import (
 // there are never more entries than max_peers, and a peer that went is
 // gone from the view.
 
+// peersEvery is how often the host's stats document carries the per-peer
+// list: a host reads its stats every engine step, and with many peers the
+// list would cost that step more than everything else in it (about 15 µs a
+// peer to encode and decode); dashboards read it every few seconds.
+const peersEvery = time.Second
+
+// HostStats is Stats as peerkv_stats writes it: Peers only when peersEvery
+// passed since a document carrying them was delivered (PeersDelivered),
+// else nil ("peers": null).
+func (t *Tier) HostStats() Stats {
+	st := t.Stats()
+	t.mu.Lock()
+	due := t.obs.peersDelivered.IsZero() || t.now().Sub(t.obs.peersDelivered) >= peersEvery
+	t.mu.Unlock()
+	if !due {
+		st.Peers = nil
+	}
+	return st
+}
+
+// PeersDelivered says a document from HostStats with the per-peer list
+// reached the host (not one refused for a too small buffer).
+func (t *Tier) PeersDelivered() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.obs.peersDelivered = t.now()
+}
+
 // PeerStats is one live session's counters, as Stats.Peers lists them.
 type PeerStats struct {
 	Peer       string `json:"peer"`

@@ -148,3 +148,28 @@ func TestThePeerViewIsBoundedBySessions(t *testing.T) {
 		require.NoError(t, p.FinishRequest("s"))
 	}
 }
+
+// The host's stats document carries the per-peer list at most once a
+// second: a host reads its stats every engine step.
+func TestTheHostGetsThePeerListAtMostOnceASecond(t *testing.T) {
+	c := newCluster(t)
+	prod, cons := c.peer(1), c.peer(2)
+	_, err := cons.StartRequest("s", p2pParams("kv-host-stats", prod))
+	require.NoError(t, err)
+	_ = cons.lookup("s", keys(1))
+	require.NoError(t, cons.OnScheduleEnd())
+	require.Eventually(t, func() bool { return len(cons.Stats().Peers) == 1 }, 5*time.Second, 5*time.Millisecond)
+
+	first := cons.HostStats()
+	require.Len(t, first.Peers, 1, "the first document carries the list")
+	assert.Len(t, cons.HostStats().Peers, 1, "not delivered yet (a too small buffer): still due")
+	cons.PeersDelivered()
+	again := cons.HostStats()
+	assert.Nil(t, again.Peers, "within a second of a delivered list")
+	raw, err := json.Marshal(again)
+	require.NoError(t, err)
+	assert.Contains(t, string(raw), `"peers":null`)
+	assert.Len(t, cons.Stats().Peers, 1, "Stats itself always lists them")
+	require.Eventually(t, func() bool { return cons.HostStats().Peers != nil }, 5*time.Second, 20*time.Millisecond)
+	require.NoError(t, cons.FinishRequest("s"))
+}
