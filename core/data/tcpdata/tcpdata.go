@@ -401,11 +401,18 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 func (t *Transport) Cancel(peerID string, id uint64) {
 	t.mu.Lock()
 	tr := t.pending[id]
-	t.mu.Unlock()
-	if tr == nil || tr.link.peerID != peerID {
+	if t.closed || tr == nil || tr.link.peerID != peerID || tr.done {
+		t.mu.Unlock()
 		return
 	}
-	t.finishPart(tr, 0, data.ErrCanceled, false)
+	if tr.err == nil {
+		tr.err = data.ErrCanceled // senders skip its parts from now on
+	}
+	// Reported off the caller's goroutine: the caller may be the one that
+	// reads Completions. Started under mu, so Close waits for it.
+	t.goSafe("cancel report", func() { t.finishPart(tr, 0, data.ErrCanceled, false) })
+	t.mu.Unlock()
+	tr.link.unqueue(tr)
 }
 
 // startPart puts a part of tr on the wire, unless tr already failed (its
