@@ -221,3 +221,23 @@ def test_mixed_cluster_with_the_system_libzmq_build(tmp_path):
         assert proc.returncode == 0, proc.stderr
         (run,) = _json_lines(proc.stdout)
         assert run["library"] == decoder_lib and run["encrypt"] is True and run["bytes"] == run["rows"] * 64 * 1024
+
+
+def test_a_stranger_resetting_a_full_connection_does_not_abort_the_process(tmp_path):
+    """libzmq 4.3.4 aborts the process when a connection fails while its
+    input is stopped (a duplicate routing id's connection is never read) and
+    a PING or the heartbeat then writes to it; the wheel's libzmq carries
+    scripts/wheel/patches/libzmq-4.3.4-io-error-no-abort.patch. The system
+    libzmq5 build dies of the same attack ("Assertion failed: !_io_error")."""
+    python = os.environ.get("PEERKV_VLLM_PYTHON") or _pythons()[-1]
+    venv = tmp_path / "venv"
+    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    with zipfile.ZipFile(_wheel()) as zf:
+        zf.extractall(site)
+    proc = subprocess.run([str(venv / "bin" / "python"), str(HERE / "zmtp_reset.py")], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env=_env(tmp_path))
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    (run,) = _json_lines(proc.stdout)
+    assert run["survived"] and run["frames_in"] > 0, run
