@@ -14,6 +14,7 @@ import (
 	"crypto/hmac"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -595,6 +596,16 @@ func (s *Session) send(m protocol.Message) {
 	}
 	s.lastActivity = s.env.Now()
 	s.sendNow(m)
+}
+
+// unqueue takes m back from the messages waiting for the handshake,
+// reporting whether it was there (so never sent).
+func (s *Session) unqueue(m protocol.Message) bool {
+	if i := slices.Index(s.queued, m); i >= 0 {
+		s.queued = slices.Delete(s.queued, i, i+1)
+		return true
+	}
+	return false
 }
 
 func (s *Session) sendNow(m protocol.Message) {
