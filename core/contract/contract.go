@@ -25,7 +25,9 @@ type Document struct {
 	MaxSeconds      int                  `json:"max_seconds"`
 	Histograms      map[string][]float64 `json:"histograms"`
 	RejectionCauses []string             `json:"rejection_causes"`
-	DataPaths       []string             `json:"data_paths"`
+	// ConnectFailureCauses label peer_connect_failures.
+	ConnectFailureCauses []string `json:"connect_failure_causes"`
+	DataPaths            []string `json:"data_paths"`
 }
 
 // Option is a schema entry with the phrase its error messages use ("port
@@ -53,8 +55,9 @@ func Build() Document {
 			"lookup_served_s": tier.LookupRTTBuckets,
 			"load_s":          tier.LoadSecondsBuckets,
 		},
-		RejectionCauses: tier.RejectionCauses,
-		DataPaths:       []string{"shm", "nixl", "tcp", tier.NoPath},
+		RejectionCauses:      tier.RejectionCauses,
+		ConnectFailureCauses: tier.ConnectFailureCauses,
+		DataPaths:            []string{"shm", "nixl", "tcp", tier.NoPath},
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/peerkv/peerkv/core/control"
 	"github.com/peerkv/peerkv/core/session"
 )
 
@@ -203,3 +204,6 @@ func (t *Tier) observeSnapshot(st *Stats) {
 	st.LookupServed = t.obs.lookupServed.snapshot()
 	st.LoadSeconds = map[string]Histogram{"ok": t.obs.loadOK.snapshot(), "failed": t.obs.loadFailed.snapshot()}
 }
+
+// ConnectFailureCauses are the label values of peer_connect_failures.
+var ConnectFailureCauses = control.ConnectFailureCauses

@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "e559ecf0f436872a6ccca1d6ff393e71e2729429a6a324af918f63cfb17beea3"
+DIGEST = "4f70285cf4d9ada8c5ff3c8fad7f626183caed4aa175da027f3aceb523d5b854"
 
 SCHEMA = json.loads(
     r"""
@@ -380,6 +380,14 @@ SCHEMA = json.loads(
   "refused_by_peer",
   "limit",
   "not_allowed"
+ ],
+ "connect_failure_causes": [
+  "refused",
+  "unreachable",
+  "unresolvable",
+  "timeout",
+  "encrypt_mismatch",
+  "closed"
  ],
  "data_paths": [
   "shm",
