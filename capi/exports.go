@@ -355,11 +355,16 @@ func pkvgo_stats(h C.peerkv_handle, buf *C.char, bufLen C.size_t, needed *C.size
 	if rc != statusOK {
 		return rc
 	}
-	doc, err := json.Marshal(p.tier.Stats())
+	st := p.tier.HostStats()
+	doc, err := json.Marshal(st)
 	if err != nil {
 		return c.fail(err, statusInternal)
 	}
-	return c.writeJSON(doc, buf, bufLen, needed)
+	rc = c.writeJSON(doc, buf, bufLen, needed)
+	if rc == statusOK && st.Peers != nil {
+		p.tier.PeersDelivered()
+	}
+	return rc
 }
 
 //export pkvgo_take_logs

@@ -352,7 +352,9 @@ int32_t peerkv_drain(peerkv_handle h, char *err, size_t errlen);
 /* Writes a JSON object of counters and gauges into buf (same size protocol as
  * peerkv_info): local_id, data_paths (the data paths served, e.g.
  * "shm+nixl+tcp"), sessions, lookups, hits, misses, bytes, transfers,
- * failures by cause, parked stores, pinned rows. */
+ * failures by cause, parked stores, pinned rows; "peers", one object per live
+ * session, at most once a second (null in between; a call refused for a too
+ * small buffer does not count). */
 int32_t peerkv_stats(peerkv_handle h, char *buf, size_t len, size_t *needed,
                      char *err, size_t errlen);
 

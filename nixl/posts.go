@@ -6,6 +6,7 @@ package nixl
 import "C"
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -105,6 +106,18 @@ func (q *postQueue) forget(peerID string) []post {
 	}
 	q.queued = kept
 	return gone
+}
+
+// cancel takes peerID's write id out of the queue if the owner has not
+// taken it yet, and says whether it did.
+func (q *postQueue) cancel(peerID string, id uint64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	i := slices.IndexFunc(q.queued, func(w post) bool { return w.id == id && w.peerID == peerID })
+	if i >= 0 {
+		q.queued = slices.Delete(q.queued, i, i+1)
+	}
+	return i >= 0
 }
 
 func (q *postQueue) registered(peerID string) (registration, bool) {

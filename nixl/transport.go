@@ -161,7 +161,10 @@ type transfer struct {
 	deadline time.Time
 }
 
-var _ data.Transport = (*Transport)(nil)
+var (
+	_ data.Transport = (*Transport)(nil)
+	_ data.Canceler  = (*Transport)(nil)
+)
 
 // New loads NIXL, creates an agent with its backends, registers the region
 // and prepares its per-row descriptors.
@@ -294,6 +297,18 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 		return 0, data.ErrClosed
 	}
 	return id, nil
+}
+
+// Cancel implements data.Canceler for a write not yet posted: it is taken
+// from the queue and reported failed with data.ErrCanceled, and no byte of
+// it is written. A posted WRITE is left to finish (or fail at
+// TransferTimeout): releasing it makes NIXL cancel it in the backend, but
+// bytes already handed to the network may still land, and the caller would
+// then hand the rows back too early (docs/nixl.md).
+func (t *Transport) Cancel(peerID string, id uint64) {
+	if t.posts.cancel(peerID, id) {
+		t.completions.push(data.Completion{PeerID: peerID, ID: id, Err: data.ErrCanceled})
+	}
 }
 
 // Close fails running transfers, releases everything NIXL holds and

@@ -481,3 +481,41 @@ func processCPU(t *testing.T) time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// A write canceled before the owner posted it is reported canceled and
+// writes nothing; the next write goes through.
+func TestCancelDropsAWriteNotYetPosted(t *testing.T) {
+	requireNIXL(t)
+	a, b := newTestTransport(t, 11), newTestTransport(t, 12)
+	if err := a.AddPeer("b", infoOf(b)); err != nil {
+		t.Fatal(err)
+	}
+	ch, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- a.do(func() { <-ch }) }()
+	time.Sleep(50 * time.Millisecond) // the owner is in the call now
+	id, err := a.Write("b", []uint64{2}, []uint64{5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c data.Canceler = a
+	c.Cancel("other", id) // not its peer: nothing happens
+	c.Cancel("b", id)
+	close(ch)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-a.Completions():
+		if got.ID != id || !errors.Is(got.Err, data.ErrCanceled) {
+			t.Fatalf("completion %+v, want %d canceled", got, id)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the canceled write was not reported")
+	}
+	time.Sleep(50 * time.Millisecond)
+	expectRegion(t, "b", b.opts.Region.Mem, fillPattern(12, testRows*testRowLen), testRowLen)
+
+	if err := writeAndWait(a, "b", []uint64{2}, []uint64{5}, 10*time.Second); err != nil {
+		t.Fatalf("the next write: %v", err)
+	}
+}

@@ -1,6 +1,6 @@
 // Package contract is what the Python package knows of the library without
-// loading it: the options schema (core/config) and the metric shapes
-// (core/tier), as one JSON document. vLLM's API-server process checks a
+// loading it: the options schema (core/config), the metric shapes and the
+// stats JSON keys (core/tier), as one JSON document. vLLM's API-server process checks a
 // tier configuration and declares metrics from it; loading the Go runtime
 // there just for that would cost a runtime per API-server process, and the
 // library may be absent from that host. So the document is generated into
@@ -13,6 +13,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"reflect"
+	"strings"
 
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/tier"
@@ -28,6 +30,10 @@ type Document struct {
 	// ConnectFailureCauses label peer_connect_failures.
 	ConnectFailureCauses []string `json:"connect_failure_causes"`
 	DataPaths            []string `json:"data_paths"`
+	// StatsKeys are the JSON keys of peerkv_stats: "stats" the top level,
+	// "paths" each data path's entry, "peers" each peer's entry. The
+	// Python metric tables are checked against them both ways.
+	StatsKeys map[string][]string `json:"stats_keys"`
 }
 
 // Option is a schema entry with the phrase its error messages use ("port
@@ -38,7 +44,7 @@ type Option struct {
 }
 
 // Version changes when the document's shape does.
-const Version = 1
+const Version = 2
 
 // Build assembles the document.
 func Build() Document {
@@ -58,7 +64,25 @@ func Build() Document {
 		RejectionCauses:      tier.RejectionCauses,
 		ConnectFailureCauses: tier.ConnectFailureCauses,
 		DataPaths:            []string{"shm", "nixl", "tcp", tier.NoPath},
+		StatsKeys: map[string][]string{
+			"stats": jsonKeys(tier.Stats{}),
+			"paths": jsonKeys(tier.PathStats{}),
+			"peers": jsonKeys(tier.PeerStats{}),
+		},
 	}
+}
+
+// jsonKeys lists the JSON keys of a struct's fields, in field order.
+func jsonKeys(v any) []string {
+	t := reflect.TypeOf(v)
+	var keys []string
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			keys = append(keys, name)
+		}
+	}
+	return keys
 }
 
 // JSON is the document's canonical encoding (indented, stable order).

@@ -108,6 +108,17 @@ type Fencer interface {
 	Fence(peerID string)
 }
 
+// Canceler is implemented by paths that can stop a transfer they queued.
+// Cancel drops the parts of transfer id to peerID not yet sent; a part
+// under way finishes (paths keep parts short for this: tcpdata sizes them
+// to about 50 ms of its link). The transfer then completes once, failed
+// with ErrCanceled, when nothing more of it will be written (or as it
+// would have, had it already finished). Unknown ids are ignored. Cancel
+// never blocks on the network.
+type Canceler interface {
+	Cancel(peerID string, id uint64)
+}
+
 // GuardFunc is a WriteGuard from a predicate, for tests and for receivers
 // whose owner never releases rows concurrently.
 type GuardFunc func(peerID string, row uint64) bool
@@ -158,6 +169,9 @@ var ErrRejected = errors.New("data transport: receiver rejected the write")
 // peer from here at all (say, a same-host path and a peer on another host):
 // an expected miss, not a fault worth warning about.
 var ErrNotReachable = errors.New("data transport: peer not reachable on this path")
+
+// ErrCanceled is reported for a transfer stopped by Cancel.
+var ErrCanceled = errors.New("data transport: transfer canceled")
 
 // ErrClosed is returned by calls on a closed transport.
 var ErrClosed = errors.New("data transport closed")

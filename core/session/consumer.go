@@ -298,7 +298,7 @@ func (c *consumer) onLookupResp(m *protocol.LookupResp) {
 	}
 	if len(r.asked) > 0 && !r.asked[0].timed && c.s.env.LookupAnswered != nil {
 		r.asked[0].timed = true // the first answer since the oldest open lookup went out
-		c.s.env.LookupAnswered(c.s.env.Now().Sub(r.asked[0].sentAt))
+		c.s.env.LookupAnswered(c.s, c.s.env.Now().Sub(r.asked[0].sentAt))
 	}
 	changed := false
 	for i, k := range m.Keys {

@@ -1,9 +1,11 @@
 package session
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/protocol"
 )
 
@@ -213,6 +215,24 @@ func (p *producer) onAbortFetch(m *protocol.AbortFetch) {
 	}
 	if r.inflight == 0 {
 		p.completeAbort(m.KVRequestID, m.RoundSeq, r)
+		return
+	}
+	p.cancelWrites(r)
+}
+
+// cancelWrites stops the round's writes in flight on a path that can: their
+// rows not yet sent are dropped, and their completions (so the abort_ack)
+// come once nothing more of them will be written, not after every byte
+// crossed the link. Other paths finish them.
+func (p *producer) cancelWrites(r *round) {
+	c, ok := p.s.env.Data.(data.Canceler)
+	if !ok {
+		return
+	}
+	for id, t := range p.transfers {
+		if t.r == r {
+			c.Cancel(p.s.peerID, id)
+		}
 	}
 }
 
@@ -282,9 +302,11 @@ func (s *Session) TransferComplete(id uint64, err error) {
 			}
 		}
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, data.ErrCanceled) { // canceled: the round was aborted
 		s.env.Logf("WARNING", "peer %s: writing %d rows for kv_request_id=%s round=%d failed: %v",
 			s.peerID, t.rows, t.kvID, t.round, err)
+	}
+	if err != nil {
 		r.kill(s.env.Now(), false)
 		p.releaseUncarried(r, false)
 	} else if r.live() {

@@ -38,7 +38,7 @@ type Env struct {
 	Logf func(level, format string, args ...any)
 	// LookupAnswered, when set, is told each lookup's round trip: from the
 	// lookup sent to the peer's first answer to it.
-	LookupAnswered func(rtt time.Duration)
+	LookupAnswered func(s *Session, rtt time.Duration)
 	// LookupServed, when set, is told how long each of the peer's lookups
 	// was held here: from its arrival to its one answer sent.
 	LookupServed func(held time.Duration)

@@ -11,8 +11,8 @@ import (
 // What an operator watches besides the plain counters: handshake
 // rejections by cause, loads and bytes by data path, fallbacks to a slower
 // path, and latency histograms. Every label has a fixed, small set of
-// values (causes, path names, ok/failed): nothing is labelled per request
-// or per peer.
+// values (causes, path names, ok/failed): nothing is labelled per request.
+// The per-peer view (peerstats.go) lists live sessions only.
 
 // Histogram bucket upper bounds, in seconds. The Python package declares
 // the same buckets to vLLM (exported through core/contract).
@@ -94,6 +94,10 @@ type observations struct {
 	// sessionPath is the data path each live session's peer was registered
 	// on, so work is attributed to it even after the data path forgot it.
 	sessionPath map[*session.Session]string
+	// peers is each live session's per-peer view (peerstats.go).
+	peers map[*session.Session]*peerStats
+	// peersDelivered: when the host last got the per-peer list (HostStats).
+	peersDelivered time.Time
 }
 
 func newObservations() observations {
@@ -105,6 +109,7 @@ func newObservations() observations {
 		loadOK:       newHistogram(LoadSecondsBuckets),
 		loadFailed:   newHistogram(LoadSecondsBuckets),
 		sessionPath:  map[*session.Session]string{},
+		peers:        map[*session.Session]*peerStats{},
 	}
 }
 
@@ -128,6 +133,7 @@ func (o *observations) pathOf(s *session.Session) string {
 // observeReport attributes a session's report to its data path; called by
 // apply, with t.mu held.
 func (t *Tier) observeReport(r session.Report) {
+	t.observePeerReport(r)
 	switch r.Kind {
 	case session.LoadDone:
 		p := t.obs.path(t.obs.pathOf(r.Session))
@@ -165,12 +171,14 @@ func (t *Tier) observeRegistered(s *session.Session) {
 	t.obs.sessionPath[s] = name
 	if refused != "" {
 		t.obs.path(name).Fallbacks++
+		t.obs.peerFailed(s, t.now(), "data path %s; not faster ones: %s", name, refused)
 	}
 }
 
 // observeEnded counts how a reaped session ended; t.mu held.
 func (t *Tier) observeEnded(s *session.Session) {
 	delete(t.obs.sessionPath, s)
+	delete(t.obs.peers, s)
 	if c := s.RejectCause(); c != "" {
 		t.obs.rejections[c]++
 	}
@@ -203,6 +211,7 @@ func (t *Tier) observeSnapshot(st *Stats) {
 	st.LookupRTT = t.obs.lookupRTT.snapshot()
 	st.LookupServed = t.obs.lookupServed.snapshot()
 	st.LoadSeconds = map[string]Histogram{"ok": t.obs.loadOK.snapshot(), "failed": t.obs.loadFailed.snapshot()}
+	st.Peers = t.peersSnapshot(t.now())
 }
 
 // ConnectFailureCauses are the label values of peer_connect_failures.

@@ -79,6 +79,9 @@ type Stats struct {
 	LookupRTT    Histogram            `json:"lookup_rtt_s"`
 	LookupServed Histogram            `json:"lookup_served_s"`
 	LoadSeconds  map[string]Histogram `json:"load_s"`
+	// Peers is one entry per live session, by peer id (peerstats.go); in
+	// peerkv_stats at most once a second (HostStats), null in between.
+	Peers []PeerStats `json:"peers"`
 }
 
 // Stats returns a snapshot.

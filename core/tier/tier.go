@@ -176,7 +176,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		Report:         func(r session.Report) { t.pending = append(t.pending, r) },
 		Logf:           t.logf,
 		NextLookupID:   func() int64 { t.nextLookup++; return t.nextLookup },
-		LookupAnswered: func(rtt time.Duration) { t.obs.lookupRTT.observe(rtt.Seconds()) },
+		LookupAnswered: t.lookupAnswered,
 		LookupServed:   func(held time.Duration) { t.obs.lookupServed.observe(held.Seconds()) },
 		Register:       func(s *session.Session, info data.PeerInfo) { t.reg.add(s, info) },
 		Busy:           func(s *session.Session) { t.active[s] = struct{}{} },
@@ -275,6 +275,7 @@ func (t *Tier) sessionSend(peerID string, m protocol.Message) error {
 			}
 		}
 	}
+	t.observeSent(peerID, m)
 	return t.send(peerID, m)
 }
 
@@ -393,6 +394,7 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 	if !t.fromSource(s, ev) {
 		return
 	}
+	t.observeFrame(s, m, err)
 	if err != nil {
 		t.stats.badFrames++
 		s.HandleDecodeError(err)
@@ -533,6 +535,7 @@ func (t *Tier) openSession(peerID, source string, dialed bool) *session.Session 
 	}
 	s := session.New(t.env, peerID, source, dialed)
 	t.sessions[peerID] = s
+	t.obs.peerOpened(s)
 	t.active[s] = struct{}{} // its handshake has a deadline
 	t.stats.sessionsOpened++
 	t.logf("DEBUG", "session with %s opened", peerID) // its "data path" line (INFO) says it is up
@@ -747,6 +750,7 @@ func (t *Tier) poison(cause error) {
 	clear(t.sessions)
 	clear(t.active)
 	clear(t.obs.sessionPath)
+	clear(t.obs.peers)
 	t.pending = nil
 	clear(t.serving)
 	t.parkedBatches = 0

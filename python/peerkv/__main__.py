@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "info": "peerkv.info_cli",
     "check-config": "peerkv.check_config",
     "doctor": "peerkv.doctor",
+    "peers": "peerkv.peers_cli",
     "serve": "peerkv.serve_cli",
     "bench": "peerkv.bench_cli",
 }

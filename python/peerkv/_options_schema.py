@@ -8,12 +8,12 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "4f70285cf4d9ada8c5ff3c8fad7f626183caed4aa175da027f3aceb523d5b854"
+DIGEST = "22798cc9b68e6c93aafccb9f09400fe8ed500cf229f780cde459a50b4bb90591"
 
 SCHEMA = json.loads(
     r"""
 {
- "version": 1,
+ "version": 2,
  "options": [
   {
    "name": "host",
@@ -394,7 +394,81 @@ SCHEMA = json.loads(
   "nixl",
   "tcp",
   "none"
- ]
+ ],
+ "stats_keys": {
+  "paths": [
+   "loads",
+   "load_failures",
+   "bytes_in",
+   "stores",
+   "bytes_out",
+   "fallbacks"
+  ],
+  "peers": [
+   "peer",
+   "data_path",
+   "handshaked",
+   "dialed",
+   "age_s",
+   "lookups_sent",
+   "lookups_answered",
+   "lookup_hits",
+   "lookup_misses",
+   "loads_ok",
+   "loads_failed",
+   "bytes_in",
+   "bytes_out",
+   "last_lookup_rtt_s",
+   "lookup_rtt_s",
+   "last_error",
+   "last_error_age_s"
+  ],
+  "stats": [
+   "local_id",
+   "data_paths",
+   "sessions",
+   "sessions_opened",
+   "sessions_closed",
+   "requests",
+   "jobs_in_flight",
+   "jobs_unreported",
+   "parked_stores",
+   "inbound_queued",
+   "inbound_active",
+   "expected_rows",
+   "frames_in",
+   "frames_out",
+   "dropped_frames",
+   "bad_frames",
+   "lookup_hits",
+   "lookup_misses",
+   "inbound_lookups",
+   "loads_ok",
+   "loads_failed",
+   "stores_ok",
+   "stores_failed",
+   "bytes_in",
+   "bytes_out",
+   "unbound_expired",
+   "bad_params",
+   "sessions_refused",
+   "sessions_evicted",
+   "kv_ids_minted",
+   "loads_spread",
+   "source_failovers",
+   "data_peers",
+   "serve_kv_ids",
+   "serve_keys_wanted",
+   "poisoned",
+   "handshake_rejections",
+   "peer_connect_failures",
+   "paths",
+   "lookup_rtt_s",
+   "lookup_served_s",
+   "load_s",
+   "peers"
+  ]
+ }
 }
 """
 )

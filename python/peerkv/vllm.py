@@ -62,7 +62,7 @@ from vllm.v1.kv_offload.tiering.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from peerkv import _vllm_config
+from peerkv import _peer_metrics, _vllm_config
 from peerkv import config as _config
 from peerkv._engine_wake import EarlyPoller, EngineWaker, find_engine_wakeup
 from peerkv._options_schema import SCHEMA as _SCHEMA
@@ -98,6 +98,11 @@ _STATS_METRICS: dict[str, tuple[str, str, str]] = {
     "inbound_queued": ("inbound_queued", "gauge", "Inbound lookups waiting to be served."),
     "sessions_opened": ("sessions_opened", "counter", "Peer sessions opened."),
     "sessions_closed": ("sessions_closed", "counter", "Peer sessions closed."),
+    "sessions_refused": (
+        "sessions_refused",
+        "counter",
+        "Connects refused before a session opened (max_peers, max_peers_per_host, allowed_peers, a peer claiming our id).",
+    ),
     "sessions_evicted": (
         "sessions_evicted",
         "counter",
@@ -118,6 +123,11 @@ _STATS_METRICS: dict[str, tuple[str, str, str]] = {
         "Producer stores dropped because no consumer fetched them in time.",
     ),
     "bad_frames": ("bad_frames", "counter", "Control messages rejected as malformed."),
+    "dropped_frames": (
+        "dropped_frames",
+        "counter",
+        "Control messages dropped: from an identity with no session, or from another address than its session's.",
+    ),
     "bad_kv_transfer_params": (
         "bad_params",
         "counter",
@@ -290,6 +300,14 @@ class PeerKVTier(SecondaryTierManager):
             definitions[_METRIC_PREFIX + name] = OffloadingHistogramMetadata(
                 documentation=doc, labelnames=(label,) if label else (), buckets=buckets
             )
+        for name, (kind, labels, buckets, doc) in _peer_metrics.definitions().items():
+            if kind == "histogram":
+                definitions[_METRIC_PREFIX + name] = OffloadingHistogramMetadata(
+                    documentation=doc, labelnames=labels, buckets=buckets
+                )
+            else:
+                meta = OffloadingGaugeMetadata if kind == "gauge" else OffloadingCounterMetadata
+                definitions[_METRIC_PREFIX + name] = meta(documentation=doc, labelnames=labels)
         return definitions
 
     def __init__(
@@ -331,6 +349,7 @@ class PeerKVTier(SecondaryTierManager):
         self._local_results: list[JobResult] = []
         self._inbound_ctx: dict[int, ReqContext] = {}
         self._counters_seen: dict[str, float] = {}
+        self._peer_series = _peer_metrics.PeerSeries(_METRIC_PREFIX)
         self._logged_once: set[str] = set()
         self._seed_checked = False
         self._peer: Peer | None = None
@@ -846,6 +865,7 @@ class PeerKVTier(SecondaryTierManager):
             for labelvalue, histogram in series:
                 labels = (str(labelvalue),) if label else ()
                 self._replay_histogram(stats, _METRIC_PREFIX + name, histogram, labels)
+        self._peer_series.record(stats, snapshot.get("peers"))
         return None if stats.is_empty() else stats
 
     def _replay_histogram(self, stats: Any, name: str, snapshot: Any, labels: tuple) -> None:

@@ -73,6 +73,23 @@ def cluster(library):
         b.close()
 
 
+_GAUGES = ("vllm:peerkv_peer_up", "vllm:peerkv_peer_session_age_seconds", "vllm:peerkv_peer_last_lookup_rtt_seconds")
+
+
+def _metrics_until(node, name, seen, key, timeout_s=5.0):
+    """seen plus further metrics calls until key appears: counters (deltas)
+    summed, the per-peer gauges the latest value."""
+    total = dict(seen)
+
+    def more():
+        for k, v in node.call("metrics", name).items():
+            total[k] = v if k.startswith(_GAUGES) else total.get(k, 0) + v
+        return key in total
+
+    assert key in total or wait_until(more, timeout_s), total
+    return total
+
+
 def _logs(*nodes):
     return [line for node in nodes for line in node.call("take_logs")]
 
@@ -127,8 +144,24 @@ def test_p2p_partial_hits_load_only_hits(cluster):
     metrics = b.call("metrics", "b")
     assert metrics.get("vllm:peerkv_lookup_rtt_seconds_count", 0) >= 1, metrics
     assert metrics.get("vllm:peerkv_lookup_rtt_seconds_sum", 0) > 0, metrics
+    # The same, per peer: the source is labelled with its identity (the
+    # per-peer list comes at most once a second: the calls are summed).
+    src = (f"{HOST}:{cluster.ports['a']}",)
+    metrics = _metrics_until(b, "b", metrics, f"vllm:peerkv_peer_up:{src + ('shm',)}")
+    assert metrics.get(f"vllm:peerkv_peer_lookup_hits:{src}", 0) >= 3, metrics
+    assert metrics.get(f"vllm:peerkv_peer_lookup_misses:{src}", 0) >= 2, metrics
+    assert metrics.get(f"vllm:peerkv_peer_lookups_sent:{src}", 0) >= 1, metrics
+    assert metrics.get(f"vllm:peerkv_peer_loads_ok:{src}", 0) >= 1, metrics
+    assert metrics.get(f"vllm:peerkv_peer_bytes_received:{src}", 0) >= 3 * ROW_BYTES, metrics
+    assert metrics.get(f"vllm:peerkv_peer_lookup_rtt_seconds:{src}_count", 0) >= 1, metrics
+    assert metrics.get(f"vllm:peerkv_peer_last_lookup_rtt_seconds:{src}", 0) > 0, metrics
+    assert metrics.get(f"vllm:peerkv_peer_up:{src + ('shm',)}") == 1, metrics
+    assert metrics.get(f"vllm:peerkv_peer_session_age_seconds:{src}", 0) > 0, metrics
     served = a.call("metrics", "a")  # the producer's side of the same lookup
     assert served.get("vllm:peerkv_lookup_served_seconds_count", 0) >= 1, served
+    consumer = (f"{HOST}:{cluster.ports['b']}",)
+    served = _metrics_until(a, "a", served, f"vllm:peerkv_peer_bytes_sent:{consumer}")
+    assert served.get(f"vllm:peerkv_peer_bytes_sent:{consumer}", 0) >= 3 * ROW_BYTES, served
     assert 0 < served.get("vllm:peerkv_lookup_served_seconds_sum", 0) <= metrics["vllm:peerkv_lookup_rtt_seconds_sum"]
 
 

@@ -189,6 +189,18 @@ func (t *Transport) Fence(peerID string) {
 	}
 }
 
+// Cancel implements data.Canceler: it cancels on the path that runs the
+// transfer, if that path can.
+func (t *Transport) Cancel(peerID string, id uint64) {
+	i := int(id & (1<<indexBits - 1))
+	if i >= len(t.paths) {
+		return
+	}
+	if c, ok := t.paths[i].(data.Canceler); ok {
+		c.Cancel(peerID, id>>indexBits)
+	}
+}
+
 // Refused says why paths peerID offered ahead of its chosen one could not
 // serve it ("" if none did), so an operator sees why a faster path is idle.
 func (t *Transport) Refused(peerID string) string {

@@ -271,3 +271,33 @@ func TestAPathThatCannotReachThePeerIsNoWarning(t *testing.T) {
 	assert.Equal(t, "tcp", tr.PathTo(b.id))
 	assert.Empty(t, tr.Refused(b.id), "a path that cannot reach the peer from here is expected, not refused")
 }
+
+// cancelTap records the cancels a path receives.
+type cancelTap struct {
+	*fakeNixl
+	canceled []string
+}
+
+func (c *cancelTap) Cancel(peerID string, id uint64) {
+	c.canceled = append(c.canceled, fmt.Sprintf("%s/%d", peerID, id))
+}
+
+// A cancel reaches the path that runs the transfer, under that path's own
+// id; a path that cannot cancel is skipped.
+func TestCancelReachesThePathOfTheTransfer(t *testing.T) {
+	hub := memdata.NewHub()
+	a, b, c := newEnd(t, hub, "a:1"), newEnd(t, hub, "b:1"), newEnd(t, hub, "c:1")
+	tap := &cancelTap{fakeNixl: a.nixl}
+	tr := newMultipath(t, "", a.shm, tap, a.tcp)
+	require.NoError(t, tr.AddPeer(b.id, b.info(true, true)))  // the tapped path
+	require.NoError(t, tr.AddPeer(c.id, c.info(false, true))) // tcp
+
+	toB, err := tr.Write(b.id, []uint64{0}, []uint64{1})
+	require.NoError(t, err)
+	var canceler data.Canceler = tr
+	canceler.Cancel(b.id, toB)
+	require.Equal(t, []string{fmt.Sprintf("%s/%d", b.id, toB>>indexBits)}, tap.canceled)
+	canceler.Cancel(b.id, toB&^(1<<indexBits-1)) // index 0: the shm path, which cannot cancel
+	require.Len(t, tap.canceled, 1)
+	require.NoError(t, completion(t, tr).Err)
+}

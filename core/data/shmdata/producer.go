@@ -266,22 +266,43 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 	src, dst = slices.Clone(src), slices.Clone(dst)
 	t.nextID++
 	id := t.nextID
+	j := &copyJob{peerID: peerID, deadline: time.Now().Add(t.opts.TransferTimeout)}
+	t.copies[id] = j
 	p.users++
 	t.running.Add(1)
 	go func() {
 		defer t.running.Done()
-		err := t.copyRows(p, src, dst)
+		err := t.copyRows(p, src, dst, j)
+		t.mu.Lock()
+		delete(t.copies, id)
+		t.mu.Unlock()
 		t.release(p)
 		t.outbox.Send(data.Completion{PeerID: peerID, ID: id, Err: err})
 	}()
 	return id, nil
 }
 
+// copyJob is one transfer's copy: its deadline, and whether Cancel stopped it.
+type copyJob struct {
+	peerID   string
+	deadline time.Time
+	canceled atomic.Bool
+}
+
+// Cancel implements data.Canceler: the copy stops before its next batch
+// (at most maxBatchBytes a worker later) and fails with data.ErrCanceled.
+func (t *Transport) Cancel(peerID string, id uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if j := t.copies[id]; j != nil && j.peerID == peerID {
+		j.canceled.Store(true)
+	}
+}
+
 // copyRows splits the rows over the workers and waits for all of them. The
 // peer's file size is checked once before and once after (an fstat costs
 // about as much as a small read), and by each worker every maxBatchBytes.
-func (t *Transport) copyRows(p *peer, src, dst []uint64) error {
-	deadline := time.Now().Add(t.opts.TransferTimeout)
+func (t *Transport) copyRows(p *peer, src, dst []uint64, j *copyJob) error {
 	if err := p.checkSize(); err != nil {
 		return err
 	}
@@ -297,7 +318,7 @@ func (t *Transport) copyRows(p *peer, src, dst []uint64) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[w] = copyPart(p, src[lo:hi], dst[lo:hi], deadline)
+			errs[w] = copyPart(p, src[lo:hi], dst[lo:hi], j)
 		}()
 	}
 	wg.Wait()
@@ -313,13 +334,13 @@ func (t *Transport) copyRows(p *peer, src, dst []uint64) error {
 // the peer's pages, so whatever the peer does to its file, and whatever
 // signal handlers the host installed, the copy fails cleanly or succeeds
 // (see the package doc).
-func (t *Transport) copyPart(p *peer, src, dst []uint64, deadline time.Time) error {
+func (t *Transport) copyPart(p *peer, src, dst []uint64, j *copyJob) error {
 	rowLen := t.opts.Region.RowLen
 	maxRun := max(1, maxBatchBytes/rowLen)
 	iov := make([]unix.Iovec, 0, min(maxPieces, len(src)))
 	var sinceCheck uint64
 	for i := 0; i < len(src); {
-		if err := t.stillWanted(p, deadline); err != nil {
+		if err := t.stillWanted(p, j); err != nil {
 			return err
 		}
 		if sinceCheck >= maxBatchBytes {
@@ -354,7 +375,7 @@ func (t *Transport) copyPart(p *peer, src, dst []uint64, deadline time.Time) err
 // rows, merging rows consecutive on both sides; it runs only while Go
 // handles SIGBUS (sigbus.go), so a fault on the mapping (the peer shrank
 // its file) or on our own becomes this transfer's error, not a crash.
-func (t *Transport) copyPartMapped(p *peer, src, dst []uint64, deadline time.Time) (err error) {
+func (t *Transport) copyPartMapped(p *peer, src, dst []uint64, j *copyJob) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
@@ -367,7 +388,7 @@ func (t *Transport) copyPartMapped(p *peer, src, dst []uint64, deadline time.Tim
 	// No size check between batches: a shrink faults here, and the fault is
 	// this transfer's error (copyRows checks the size once more at the end).
 	for i := 0; i < len(src); {
-		if err := t.stillWanted(p, deadline); err != nil {
+		if err := t.stillWanted(p, j); err != nil {
 			return err
 		}
 		n := uint64(1)
@@ -466,16 +487,18 @@ func preadv(fd int, iov []unix.Iovec, off uint64) (int, error) {
 	return int(n), nil
 }
 
-func (t *Transport) stillWanted(p *peer, deadline time.Time) error {
+func (t *Transport) stillWanted(p *peer, j *copyJob) error {
 	if t.batchHook != nil {
 		t.batchHook()
 	}
 	switch {
 	case t.isClosed():
 		return data.ErrClosed
+	case j.canceled.Load():
+		return data.ErrCanceled
 	case p.gone.Load():
 		return errors.New("shmdata: peer removed during the transfer")
-	case time.Now().After(deadline):
+	case time.Now().After(j.deadline):
 		return fmt.Errorf("shmdata: transfer still copying after %v", t.opts.TransferTimeout)
 	}
 	return nil

@@ -86,6 +86,7 @@ type Transport struct {
 
 	mu      sync.Mutex
 	peers   map[string]*peer
+	copies  map[uint64]*copyJob // transfers running, for Cancel
 	conns   map[*net.UnixConn]struct{}
 	nextID  uint64
 	closed  bool
@@ -107,6 +108,7 @@ type Transport struct {
 var (
 	_ data.Transport = (*Transport)(nil)
 	_ data.Granter   = (*Transport)(nil)
+	_ data.Canceler  = (*Transport)(nil)
 )
 
 // New finds the file behind opts.Region and starts the grant listener. It
@@ -152,6 +154,7 @@ func New(opts Options) (*Transport, error) {
 		ln:     ln,
 		grants: newGrants(opts.GrantTTL),
 		peers:  map[string]*peer{},
+		copies: map[uint64]*copyJob{},
 		conns:  map[*net.UnixConn]struct{}{},
 		outbox: data.NewOutbox(1024),
 	}

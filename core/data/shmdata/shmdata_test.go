@@ -471,3 +471,39 @@ func diskMapping(t *testing.T, size int) []byte {
 	t.Fatal("no directory off tmpfs to make a disk-backed region in")
 	return nil
 }
+
+// A canceled copy stops at its next batch and is reported canceled; a
+// cancel naming another peer, or an id not running, changes nothing.
+func TestCancelStopsACopyUnderWay(t *testing.T) {
+	cons := startChild(t, consID, 64, 4096, 0)
+	rows := make([]uint64, 64)
+	for i := range rows {
+		rows[i] = uint64(i)
+	}
+	tr, _ := producer(t, prodID, 64, 4096)
+	started, canceled := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	tr.batchHook = func() {
+		once.Do(func() {
+			started <- struct{}{}
+			select {
+			case <-canceled:
+			case <-time.After(5 * time.Second):
+			}
+		})
+	}
+	require.NoError(t, tr.AddPeer(consID, offered(cons.ask("offer %s", prodID))))
+	id, err := tr.Write(consID, rows, rows)
+	require.NoError(t, err)
+	<-started
+	var c data.Canceler = tr
+	c.Cancel("someone else", id)
+	c.Cancel(consID, id+1)
+	c.Cancel(consID, id)
+	close(canceled)
+	assert.ErrorIs(t, completion(t, tr, id), data.ErrCanceled)
+
+	next, err := tr.Write(consID, rows[:1], rows[:1])
+	require.NoError(t, err)
+	assert.NoError(t, completion(t, tr, next))
+}

@@ -11,11 +11,20 @@
 // connections per peer; they stay open and are reused, and are closed by the
 // producer after IdleTimeout without work (the receiver drops connections
 // idle for twice as long, so it never closes one the producer is about to
-// use). A Write is split into at most Streams parts of consecutive rows;
-// each connection carries one part at a time and waits for its ack.
+// use). Writes queue per peer, in order; each connection takes the next
+// part (consecutive rows) from the transfer at the front, carries one part
+// at a time and waits for its ack. A part is sized to last about 50 ms on
+// its connection at the speed the connection last showed (256 KiB at
+// first, at most 64 MiB, at least one row, no tail under 256 KiB left
+// over), and the kernel holds at most 256 KiB of a connection's bytes
+// unsent (TCP_NOTSENT_LOWAT, Linux).
 //
 // Write returns at once; each transfer's outcome arrives exactly once on
-// Completions, which is closed when Close returns.
+// Completions, which is closed when Close returns. Cancel drops a
+// transfer's rows not yet handed to a connection; a part on the wire is
+// sent to its end, since the stream must stay in step, so a canceled
+// transfer leaves the link within about one part's time, and is then
+// reported failed with data.ErrCanceled.
 //
 // # Wire format (little-endian, version 1: plaintext)
 //

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -27,8 +28,11 @@ type part struct {
 	first, end int
 }
 
-// peerLink is the producer side of one peer: a queue of parts and Streams
-// sender goroutines that each own one connection.
+func (p *part) rows() int { return p.end - p.first }
+
+// peerLink is the producer side of one peer: a queue of transfers, and
+// Streams sender goroutines that each own one connection and take the next
+// part, sized to their connection's speed, from the transfer at the front.
 type peerLink struct {
 	t      *Transport
 	peerID string
@@ -38,7 +42,7 @@ type peerLink struct {
 	cancel context.CancelFunc
 
 	mu     sync.Mutex
-	queue  []*part
+	queue  []*transfer           // transfers with rows not yet handed to a sender
 	conns  map[net.Conn]struct{} // open connections, closed by shutdown
 	closed bool
 	wake   chan struct{}
@@ -53,16 +57,16 @@ func newPeerLink(t *Transport, peerID, addr string) *peerLink {
 	}
 }
 
-// enqueue hands parts to the sender goroutines.
-func (l *peerLink) enqueue(parts []*part) {
+// enqueue hands a transfer's rows to the sender goroutines.
+func (l *peerLink) enqueue(tr *transfer) {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		return // dropLink has failed or will fail their transfer
+		return // dropLink has failed or will fail the transfer
 	}
-	l.queue = append(l.queue, parts...)
+	l.queue = append(l.queue, tr)
 	l.mu.Unlock()
-	for range parts {
+	for range l.t.opts.Streams {
 		select {
 		case l.wake <- struct{}{}:
 		default: // enough wake-ups pending; woken senders drain the queue
@@ -70,21 +74,43 @@ func (l *peerLink) enqueue(parts []*part) {
 	}
 }
 
-// pop takes the next part, or nil when the queue is empty.
-func (l *peerLink) pop() *part {
+// pop takes the next part, of about budget bytes (at least one row, enough
+// row bytes that the part's header stays small beside them, and no tail
+// under minPartBytes left behind), from the transfer at the front; nil when
+// the queue is empty.
+func (l *peerLink) pop(budget uint64) *part {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.queue) == 0 {
 		return nil
 	}
-	p := l.queue[0]
-	l.queue[0] = nil
-	l.queue = l.queue[1:]
+	tr := l.queue[0]
+	total, rowLen := len(tr.src), l.t.region.RowLen
+	budget = max(budget, uint64(indexShare*rowIndexLen*total))
+	n := int(min(uint64(total-tr.next), max(1, budget/rowLen)))
+	if uint64(total-tr.next-n)*rowLen < minPartBytes {
+		n = total - tr.next // no small part left over: it would cost an ack for little
+	}
+	p := &part{tr: tr, src: tr.src, dst: tr.dst, first: tr.next, end: tr.next + n}
+	tr.next += n
+	if tr.next == total {
+		l.queue[0] = nil
+		l.queue = l.queue[1:]
+	}
 	return p
 }
 
-// takeQueue empties the queue and returns what it held.
-func (l *peerLink) takeQueue() []*part {
+// unqueue drops what is left of tr in the queue (it failed or was canceled).
+func (l *peerLink) unqueue(tr *transfer) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if i := slices.Index(l.queue, tr); i >= 0 {
+		l.queue = slices.Delete(l.queue, i, i+1)
+	}
+}
+
+// takeQueue empties the queue and returns the transfers it held.
+func (l *peerLink) takeQueue() []*transfer {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	q := l.queue
@@ -135,6 +161,7 @@ type sender struct {
 	header []byte   // part header and indices, reused
 	iov    [][]byte // writev vector, reused
 	ackBuf [ackLen]byte
+	speed  linkSpeed // of conn, sizes its parts
 }
 
 // runStream is one sender goroutine: it sends queued parts on its
@@ -145,7 +172,7 @@ func (l *peerLink) runStream() {
 	idle := time.NewTimer(l.t.opts.IdleTimeout)
 	defer idle.Stop()
 	for {
-		if p := l.pop(); p != nil {
+		if p := l.pop(s.speed.partBytes()); p != nil {
 			s.process(p)
 			idle.Reset(l.t.opts.IdleTimeout)
 			continue
@@ -172,16 +199,16 @@ func (s *sender) process(p *part) {
 		if r := recover(); r != nil {
 			t.opts.Logf("tcpdata: panic sending to %s: %v", s.link.peerID, r)
 			s.dropConn()
-			t.finishPart(p.tr, fmt.Errorf("%w: panic while sending transfer %d", ErrProtocol, p.tr.id), true)
+			t.finishPart(p.tr, 0, fmt.Errorf("%w: panic while sending transfer %d", ErrProtocol, p.tr.id), true)
 		}
 	}()
 	if s.conn == nil {
 		if err := s.connect(); err != nil {
 			// The peer is unreachable: fail what is queued now rather than
 			// let each part wait out its own dial.
-			t.finishPart(p.tr, err, true)
+			t.finishPart(p.tr, 0, err, true)
 			for _, q := range s.link.takeQueue() {
-				t.finishPart(q.tr, err, false)
+				t.finishPart(q, 0, err, false)
 			}
 			return
 		}
@@ -190,7 +217,7 @@ func (s *sender) process(p *part) {
 	if !keepConn {
 		s.dropConn()
 	}
-	t.finishPart(p.tr, err, true)
+	t.finishPart(p.tr, p.rows(), err, true)
 }
 
 func (s *sender) dropConn() {
@@ -199,6 +226,7 @@ func (s *sender) dropConn() {
 	if s.raw != nil {
 		s.link.untrack(s.raw)
 		s.conn, s.raw = nil, nil
+		s.speed = linkSpeed{} // a new connection is measured anew
 	}
 }
 
@@ -238,6 +266,7 @@ func (s *sender) connectOnce(deadline time.Time) error {
 		return fmt.Errorf("tcpdata: link to %s shut down", l.peerID)
 	}
 	l.t.tuneConn(c)
+	limitUnsent(c)
 	conn, err := s.hello(c, deadline)
 	if err != nil {
 		l.untrack(c)
@@ -341,6 +370,7 @@ func (s *sender) send(p *part) (keepConn bool, err error) {
 
 	// Header and rows go out as writev batches straight from the region.
 	raceSync()
+	start := time.Now()
 	s.iov = append(s.iov[:0], hdr)
 	batchBytes := uint64(len(hdr))
 	for i := p.first; i < p.end; i++ {
@@ -353,12 +383,14 @@ func (s *sender) send(p *part) (keepConn bool, err error) {
 			s.iov, batchBytes = s.iov[:0], 0
 		}
 	}
+	written := time.Now()
 
 	_ = c.SetReadDeadline(time.Now().Add(t.opts.IOTimeout))
 	if _, err := io.ReadFull(c, s.ackBuf[:]); err != nil {
 		return false, fmt.Errorf("tcpdata: ack of transfer %d from %s: %w", p.tr.id, s.link.peerID, err)
 	}
 	raceSync()
+	s.speed.observe(uint64(p.rows())*rowLen, start, written, time.Now())
 	a := parseAck(s.ackBuf[:])
 	if a.transferID != p.tr.id {
 		return false, fmt.Errorf("%w: %s acked transfer %d while %d was pending", ErrProtocol, s.link.peerID, a.transferID, p.tr.id)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -38,8 +39,23 @@ const (
 	// completionBuffer bounds unread completions before senders wait.
 	completionBuffer = 4096
 	// minPartBytes keeps small transfers on one connection: splitting a
-	// transfer only pays when each part is large.
+	// transfer only pays when each part is large. It is also the first
+	// part's size on a connection whose speed is not known yet.
 	minPartBytes = 256 << 10
+	// maxPartBytes bounds one part however fast the link.
+	maxPartBytes = 64 << 20
+	// partDuration is how long a sender sizes a part to last at its
+	// connection's measured speed: a part already on the wire when its
+	// transfer is canceled is sent to its end (the stream must stay in
+	// step), so this bounds the bytes a canceled transfer still puts on the
+	// link (docs/wire.md, abort).
+	partDuration = 50 * time.Millisecond
+	// maxUnsentBytes bounds what a producer connection leaves queued in
+	// the kernel (limitUnsent), about 20 ms of a 100 Mbit/s link.
+	maxUnsentBytes = 256 << 10
+	// indexShare keeps a part's row bytes at least this many times its
+	// header's row indices (8 bytes per row of the whole transfer).
+	indexShare = 32
 )
 
 // Options configure a Transport. Zero durations and counts take defaults.
@@ -182,17 +198,23 @@ type Transport struct {
 	workers sync.WaitGroup
 }
 
-// transfer is one Write; its fields are guarded by Transport.mu.
+// transfer is one Write; its fields are guarded by Transport.mu, except
+// src, dst (read-only) and next (the link's queue owns it).
 type transfer struct {
-	id        uint64
-	link      *peerLink
-	remaining int   // parts not yet acked
-	onWire    int   // parts being sent right now
-	err       error // the first part's failure: the rest are skipped
-	done      bool  // reported
+	id       uint64
+	link     *peerLink
+	src, dst []uint64
+	next     int   // first row not yet handed to a sender (peerLink.mu)
+	rowsLeft int   // rows not yet acked
+	onWire   int   // parts being sent right now
+	err      error // the first part's failure, or ErrCanceled: the rest are skipped
+	done     bool  // reported
 }
 
-var _ data.Transport = (*Transport)(nil)
+var (
+	_ data.Transport = (*Transport)(nil)
+	_ data.Canceler  = (*Transport)(nil)
+)
 
 // New binds the data listener and starts accepting writers.
 func New(opts Options) (*Transport, error) {
@@ -329,7 +351,7 @@ func (t *Transport) dropLink(link *peerLink, reason error) {
 	t.mu.Unlock()
 	link.shutdown() // cuts the parts on the wire: they finish (failed) promptly
 	for _, tr := range failed {
-		t.finishPart(tr, reason, false)
+		t.finishPart(tr, 0, reason, false)
 	}
 }
 
@@ -360,39 +382,37 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 		return 0, fmt.Errorf("%w: %s", data.ErrUnknownPeer, peerID)
 	}
 	t.nextID++
-	tr := &transfer{id: t.nextID, link: link}
-	parts := t.split(tr, src, dst)
-	tr.remaining = len(parts)
-	if len(parts) > 0 {
+	tr := &transfer{id: t.nextID, link: link, src: slices.Clone(src), dst: slices.Clone(dst), rowsLeft: len(src)}
+	if len(src) > 0 {
 		t.pending[tr.id] = tr
 	}
 	t.mu.Unlock()
-	if len(parts) == 0 {
+	if len(src) == 0 {
 		t.report(data.Completion{PeerID: peerID, ID: tr.id})
 		return tr.id, nil
 	}
-	link.enqueue(parts)
+	link.enqueue(tr)
 	return tr.id, nil
 }
 
-// split cuts a transfer into at most Streams parts of consecutive rows, each
-// at least minPartBytes unless the transfer is smaller.
-func (t *Transport) split(tr *transfer, src, dst []uint64) []*part {
-	n := len(src)
-	if n == 0 {
-		return nil
+// Cancel implements data.Canceler: the transfer's rows not yet handed to a
+// sender are dropped, a part on the wire is sent to its end, and the
+// transfer is then reported failed with data.ErrCanceled.
+func (t *Transport) Cancel(peerID string, id uint64) {
+	t.mu.Lock()
+	tr := t.pending[id]
+	if t.closed || tr == nil || tr.link.peerID != peerID || tr.done {
+		t.mu.Unlock()
+		return
 	}
-	count := t.opts.Streams
-	if byBytes := int(uint64(n) * t.region.RowLen / minPartBytes); byBytes < count {
-		count = max(byBytes, 1)
+	if tr.err == nil {
+		tr.err = data.ErrCanceled // senders skip its parts from now on
 	}
-	count = min(count, n)
-	src, dst = append([]uint64(nil), src...), append([]uint64(nil), dst...)
-	parts := make([]*part, 0, count)
-	for i := range count {
-		parts = append(parts, &part{tr: tr, src: src, dst: dst, first: i * n / count, end: (i + 1) * n / count})
-	}
-	return parts
+	// Reported off the caller's goroutine: the caller may be the one that
+	// reads Completions. Started under mu, so Close waits for it.
+	t.goSafe("cancel report", func() { t.finishPart(tr, 0, data.ErrCanceled, false) })
+	t.mu.Unlock()
+	tr.link.unqueue(tr)
 }
 
 // startPart puts a part of tr on the wire, unless tr already failed (its
@@ -407,12 +427,12 @@ func (t *Transport) startPart(tr *transfer) bool {
 	return true
 }
 
-// finishPart records one part's outcome (onWire: it was being sent) and
-// reports the transfer once: when its last part succeeded, or after a
-// failure once no part of it is on the wire any more. A failure is never
-// reported while another part still writes rows: the consumer, told the
-// transfer failed, hands those rows back to its host.
-func (t *Transport) finishPart(tr *transfer, err error, onWire bool) {
+// finishPart records one part's outcome (rows written, or err; onWire: it
+// was being sent) and reports the transfer once: when its last row was
+// acked, or after a failure once no part of it is on the wire any more. A
+// failure is never reported while another part still writes rows: the
+// consumer, told the transfer failed, hands those rows back to its host.
+func (t *Transport) finishPart(tr *transfer, rows int, err error, onWire bool) {
 	t.mu.Lock()
 	if tr.done {
 		t.mu.Unlock()
@@ -421,19 +441,26 @@ func (t *Transport) finishPart(tr *transfer, err error, onWire bool) {
 	if onWire {
 		tr.onWire--
 	}
+	firstErr := false
 	if err == nil {
-		tr.remaining--
+		tr.rowsLeft -= rows
 	} else if tr.err == nil {
-		tr.err = err
+		tr.err, firstErr = err, true
 	}
-	if tr.onWire > 0 || (tr.err == nil && tr.remaining > 0) {
+	if tr.onWire > 0 || (tr.err == nil && tr.rowsLeft > 0) {
 		t.mu.Unlock()
+		if firstErr {
+			tr.link.unqueue(tr) // its other rows are not sent
+		}
 		return
 	}
 	tr.done = true
 	delete(t.pending, tr.id)
 	err = tr.err
 	t.mu.Unlock()
+	if firstErr {
+		tr.link.unqueue(tr)
+	}
 	t.report(data.Completion{PeerID: tr.link.peerID, ID: tr.id, Err: err})
 }
 

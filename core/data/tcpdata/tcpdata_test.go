@@ -307,7 +307,7 @@ func TestStalledReceiverFailsWithinIOTimeout(t *testing.T) {
 
 func TestReceiverVanishingMidTransferFails(t *testing.T) {
 	addr := fakeReceiver(t, func(c net.Conn) {
-		_, _ = io.CopyN(io.Discard, c, 1<<20) // take some rows, then die
+		_, _ = io.CopyN(io.Discard, c, 64<<10) // take some rows of the first part, then die
 	})
 	a := newTransport(t, "a", randomRegion(t, 512), func(o *Options) { o.IOTimeout = 500 * time.Millisecond })
 	addFakePeer(t, a, addr)
@@ -317,7 +317,7 @@ func TestReceiverVanishingMidTransferFails(t *testing.T) {
 	require.NoError(t, err)
 	c := nextCompletion(t, a, waitLimit)
 	require.Error(t, c.Err)
-	assert.Contains(t, c.Err.Error(), "send transfer")
+	assert.Regexp(t, "(send|ack of) transfer 1 ", c.Err.Error())
 	assert.Less(t, time.Since(start), 2500*time.Millisecond)
 }
 

@@ -1,0 +1,178 @@
+package tier
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/peerkv/peerkv/core/protocol"
+	"github.com/peerkv/peerkv/core/session"
+)
+
+// The per-peer view: what an operator needs to tell which peer is slow or
+// failing. One entry per live session, created with the session
+// (openSession) and deleted where it ends (observeEnded, shutdown), so
+// there are never more entries than max_peers, and a peer that went is
+// gone from the view.
+
+// peersEvery is how often the host's stats document carries the per-peer
+// list: a host reads its stats every engine step, and with many peers the
+// list would cost that step more than everything else in it (about 15 µs a
+// peer to encode and decode); dashboards read it every few seconds.
+const peersEvery = time.Second
+
+// HostStats is Stats as peerkv_stats writes it: Peers only when peersEvery
+// passed since a document carrying them was delivered (PeersDelivered),
+// else nil ("peers": null).
+func (t *Tier) HostStats() Stats {
+	st := t.Stats()
+	t.mu.Lock()
+	due := t.obs.peersDelivered.IsZero() || t.now().Sub(t.obs.peersDelivered) >= peersEvery
+	t.mu.Unlock()
+	if !due {
+		st.Peers = nil
+	}
+	return st
+}
+
+// PeersDelivered says a document from HostStats with the per-peer list
+// reached the host (not one refused for a too small buffer).
+func (t *Tier) PeersDelivered() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.obs.peersDelivered = t.now()
+}
+
+// PeerStats is one live session's counters, as Stats.Peers lists them.
+type PeerStats struct {
+	Peer       string `json:"peer"`
+	DataPath   string `json:"data_path"` // NoPath until the data path registered the peer
+	Handshaked bool   `json:"handshaked"`
+	// Dialed: this side opened the session (a source we pull from).
+	Dialed     bool    `json:"dialed"`
+	AgeSeconds float64 `json:"age_s"`
+	// LookupsSent: lookup messages sent to the peer; LookupsAnswered: those
+	// whose first answer arrived (timed in LookupRTT).
+	LookupsSent     int64 `json:"lookups_sent"`
+	LookupsAnswered int64 `json:"lookups_answered"`
+	// LookupHits and LookupMisses count keys the peer answered present and
+	// absent.
+	LookupHits   int64 `json:"lookup_hits"`
+	LookupMisses int64 `json:"lookup_misses"`
+	// LoadsOK and LoadsFailed count fetch rounds pulled from the peer.
+	LoadsOK     int64 `json:"loads_ok"`
+	LoadsFailed int64 `json:"loads_failed"`
+	BytesIn     int64 `json:"bytes_in"`
+	BytesOut    int64 `json:"bytes_out"`
+	// LastLookupRTT is the newest lookup round trip, in seconds (0: none yet).
+	LastLookupRTT float64   `json:"last_lookup_rtt_s"`
+	LookupRTT     Histogram `json:"lookup_rtt_s"`
+	// LastError says what last went wrong with this peer ("" if nothing),
+	// LastErrorAge how many seconds ago.
+	LastError    string  `json:"last_error,omitempty"`
+	LastErrorAge float64 `json:"last_error_age_s,omitempty"`
+}
+
+// peerStats is the live entry behind a PeerStats; guarded by t.mu.
+type peerStats struct {
+	PeerStats
+	rtt         *histogram
+	lastErrorAt time.Time
+}
+
+// peerOpened creates s's entry; t.mu held.
+func (o *observations) peerOpened(s *session.Session) {
+	o.peers[s] = &peerStats{PeerStats: PeerStats{Peer: s.PeerID()}, rtt: newHistogram(LookupRTTBuckets)}
+}
+
+// peerFailed records what last went wrong with s's peer; t.mu held.
+func (o *observations) peerFailed(s *session.Session, now time.Time, format string, args ...any) {
+	if p := o.peers[s]; p != nil {
+		p.LastError, p.lastErrorAt = fmt.Sprintf(format, args...), now
+	}
+}
+
+// observeSent counts what we send a peer; t.mu held.
+func (t *Tier) observeSent(peerID string, m protocol.Message) {
+	if _, ok := m.(*protocol.Lookup); !ok {
+		return
+	}
+	if p := t.obs.peers[t.sessions[peerID]]; p != nil {
+		p.LookupsSent++
+	}
+}
+
+// observeFrame counts a peer's frame before its session handles it; t.mu held.
+func (t *Tier) observeFrame(s *session.Session, m protocol.Message, err error) {
+	if err != nil {
+		t.obs.peerFailed(s, t.now(), "malformed frame: %v", err)
+		return
+	}
+	resp, ok := m.(*protocol.LookupResp)
+	p := t.obs.peers[s]
+	if !ok || p == nil {
+		return
+	}
+	for _, hit := range resp.Hits {
+		if hit {
+			p.LookupHits++
+		} else {
+			p.LookupMisses++
+		}
+	}
+}
+
+// lookupAnswered times one of our lookups, overall and for its peer; t.mu held.
+func (t *Tier) lookupAnswered(s *session.Session, rtt time.Duration) {
+	t.obs.lookupRTT.observe(rtt.Seconds())
+	if p := t.obs.peers[s]; p != nil {
+		p.LookupsAnswered++
+		p.LastLookupRTT = rtt.Seconds()
+		p.rtt.observe(rtt.Seconds())
+	}
+}
+
+// observePeerReport attributes a load or store report to its peer; t.mu held.
+func (t *Tier) observePeerReport(r session.Report) {
+	p := t.obs.peers[r.Session]
+	if p == nil {
+		return
+	}
+	switch r.Kind {
+	case session.LoadDone:
+		switch {
+		case r.OK:
+			p.LoadsOK++
+			p.BytesIn += int64(len(r.Rows)) * int64(t.region.RowLen)
+		case r.Fence:
+			p.LoadsFailed++
+			t.obs.peerFailed(r.Session, t.now(), "load failed: the peer could not supply kv_request_id=%s", r.KVID)
+		default:
+			p.LoadsFailed++
+			t.obs.peerFailed(r.Session, t.now(), "load aborted (timed out or cancelled): kv_request_id=%s", r.KVID)
+		}
+	case session.StoreDone:
+		if r.OK {
+			p.BytesOut += r.Bytes
+		}
+	}
+}
+
+// peersSnapshot lists the live sessions' entries by peer id; t.mu held.
+func (t *Tier) peersSnapshot(now time.Time) []PeerStats {
+	out := make([]PeerStats, 0, len(t.obs.peers))
+	for s, p := range t.obs.peers {
+		v := p.PeerStats
+		v.DataPath = t.obs.pathOf(s)
+		v.Handshaked = s.Handshaked()
+		v.Dialed = s.Dialed()
+		v.AgeSeconds = now.Sub(s.OpenedAt()).Seconds()
+		v.LookupRTT = p.rtt.snapshot()
+		if !p.lastErrorAt.IsZero() {
+			v.LastErrorAge = now.Sub(p.lastErrorAt).Seconds()
+		}
+		out = append(out, v)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Peer < out[j].Peer })
+	return out
+}
