@@ -27,7 +27,9 @@ type Document struct {
 	MaxSeconds      int                  `json:"max_seconds"`
 	Histograms      map[string][]float64 `json:"histograms"`
 	RejectionCauses []string             `json:"rejection_causes"`
-	DataPaths       []string             `json:"data_paths"`
+	// ConnectFailureCauses label peer_connect_failures.
+	ConnectFailureCauses []string `json:"connect_failure_causes"`
+	DataPaths            []string `json:"data_paths"`
 	// StatsKeys are the JSON keys of peerkv_stats: "stats" the top level,
 	// "paths" each data path's entry, "peers" each peer's entry. The
 	// Python metric tables are checked against them both ways.
@@ -59,8 +61,9 @@ func Build() Document {
 			"lookup_served_s": tier.LookupRTTBuckets,
 			"load_s":          tier.LoadSecondsBuckets,
 		},
-		RejectionCauses: tier.RejectionCauses,
-		DataPaths:       []string{"shm", "nixl", "tcp", tier.NoPath},
+		RejectionCauses:      tier.RejectionCauses,
+		ConnectFailureCauses: tier.ConnectFailureCauses,
+		DataPaths:            []string{"shm", "nixl", "tcp", tier.NoPath},
 		StatsKeys: map[string][]string{
 			"stats": jsonKeys(tier.Stats{}),
 			"paths": jsonKeys(tier.PathStats{}),

@@ -13,7 +13,10 @@
 //     after the transport's goroutines have exited.
 package control
 
-import "errors"
+import (
+	"errors"
+	"time"
+)
 
 // EventKind distinguishes inbound frames from connection state changes.
 type EventKind int
@@ -76,3 +79,41 @@ var ErrClosed = errors.New("control transport closed")
 
 // ErrBadPeerID is returned for a peer id that is not "host:port".
 var ErrBadPeerID = errors.New("peer id must be host:port")
+
+// Causes of a connection to a peer that never came up (ConnectError), as
+// metric label values.
+const (
+	CauseRefused         = "refused"          // nothing listens at the address
+	CauseUnreachable     = "unreachable"      // no route to the peer's network or host
+	CauseUnresolvable    = "unresolvable"     // the peer id's host name does not resolve
+	CauseTimeout         = "timeout"          // no handshake in time: packets dropped, or a silent listener
+	CauseEncryptMismatch = "encrypt_mismatch" // the transport handshake failed: one end encrypts, the other does not
+	CauseClosed          = "closed"           // the peer closed the connection before the handshake finished
+)
+
+// ConnectFailureCauses lists every cause, in documentation order.
+var ConnectFailureCauses = []string{
+	CauseRefused, CauseUnreachable, CauseUnresolvable, CauseTimeout, CauseEncryptMismatch, CauseClosed,
+}
+
+// ConnectError is the Err of an EventPeerDown for a connection that never
+// completed its handshake. Unsure means Cause is the transport's best
+// guess (it saw only that the attempt failed, or ran out of time), which a
+// Diagnoser can name more precisely.
+type ConnectError struct {
+	Cause  string
+	Unsure bool
+	Err    error
+}
+
+func (e *ConnectError) Error() string { return e.Err.Error() }
+func (e *ConnectError) Unwrap() error { return e.Err }
+
+// Diagnoser is a Transport that can find out why a peer cannot be reached.
+type Diagnoser interface {
+	// Diagnose tries to reach peerID once, within timeout, and returns why
+	// no connection can be made (one of ConnectFailureCauses) with the
+	// details in words, or "" when one can be made now. It blocks: call it
+	// off every lock.
+	Diagnose(peerID string, timeout time.Duration) (cause, detail string)
+}

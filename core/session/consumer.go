@@ -24,15 +24,21 @@ type load struct {
 	rows      []uint64
 	sentAt    time.Time
 	abortedAt time.Time // zero until aborted
+	// fetch is the load's fetch; while it waits in the session's queue
+	// (the handshake not finished) the peer knows nothing of the load.
+	fetch *protocol.Fetch
 }
 
 // askedBatch is one lookup sent and not wholly answered. Its deadline runs
-// from when it was sent, whatever the peer answers meanwhile: a producer
-// that keeps sending empty or partial answers cannot hold keys at RETRY.
+// from when its first key was asked (registered), whatever the session's
+// state then and whatever the peer answers meanwhile: neither a handshake
+// that never finishes nor a producer that keeps sending empty or partial
+// answers can hold keys at RETRY.
 type askedBatch struct {
-	at    time.Time
-	keys  [][]byte
-	timed bool // its round trip was observed (Env.LookupAnswered)
+	at     time.Time // its first key asked: the deadline runs from here
+	sentAt time.Time // the lookup sent: its round trip runs from here
+	keys   [][]byte
+	timed  bool // its round trip was observed (Env.LookupAnswered)
 }
 
 // consumerRequest is the state of one kv_request_id we pull from this peer.
@@ -41,7 +47,8 @@ type consumerRequest struct {
 	// unsent are the keys added to probes since the last lookup went out:
 	// always its newest entries (probeUnsent unless answered early).
 	unsent     [][]byte
-	round      uint64 // next fetch round
+	unsentAt   time.Time // when the first of unsent was asked
+	round      uint64    // next fetch round
 	probed     bool
 	lookupOpen bool         // the peer holds lookup state no fetch has closed
 	asked      []askedBatch // oldest first
@@ -121,6 +128,7 @@ func (s *Session) RegisterLookup(kvRequestID string, key []byte) (hit, known boo
 		r.probes.add(key)
 		if len(r.unsent) == 0 {
 			c.flush[kvRequestID] = struct{}{} // a request is in flush while it has unsent keys
+			r.unsentAt = s.env.Now()
 		}
 		r.unsent = append(r.unsent, key)
 	}
@@ -181,7 +189,7 @@ func (c *consumer) flushOne(id string) {
 	}
 	r.probes.markNewest(len(r.unsent), probeUnsent, probeAsked)
 	r.lookupOpen = true
-	r.asked = append(r.asked, askedBatch{at: c.s.env.Now(), keys: r.unsent})
+	r.asked = append(r.asked, askedBatch{at: r.unsentAt, sentAt: c.s.env.Now(), keys: r.unsent})
 	c.s.send(&protocol.Lookup{KVRequestID: id, Keys: r.unsent, RoundSeq: r.round})
 	r.unsent = nil
 }
@@ -193,13 +201,14 @@ func (s *Session) RequestBlocks(jobID int64, kvRequestID string, keys [][]byte, 
 	r := c.request(kvRequestID)
 	round := r.round
 	r.round++
-	r.loads[round] = &load{jobID: jobID, rows: rows, sentAt: s.env.Now()}
+	fetch := &protocol.Fetch{KVRequestID: kvRequestID, Keys: keys, BlockIndexes: rows, RoundSeq: round}
+	r.loads[round] = &load{jobID: jobID, rows: rows, sentAt: s.env.Now(), fetch: fetch}
 	r.lookupOpen = false
 	r.asked = nil
 	r.probes.clear()
 	r.unsent = nil
 	delete(c.flush, kvRequestID)
-	s.send(&protocol.Fetch{KVRequestID: kvRequestID, Keys: keys, BlockIndexes: rows, RoundSeq: round})
+	s.send(fetch)
 	return round
 }
 
@@ -211,9 +220,22 @@ func (s *Session) AbortLoad(kvRequestID string, round uint64) {
 		return
 	}
 	if l := r.loads[round]; l != nil && l.abortedAt.IsZero() {
-		l.abortedAt = s.env.Now()
-		s.send(&protocol.AbortFetch{KVRequestID: kvRequestID, RoundSeq: round})
+		s.consumer.abort(kvRequestID, r, round, l, s.env.Now())
 	}
+}
+
+// abort ends load l: with an abort_fetch when its fetch went out (LoadDone
+// follows the peer's ack, or the ack's deadline), else at once: the fetch
+// is taken back from the queue, so the peer never learns of the load and
+// no ack of it can ever come.
+func (c *consumer) abort(id string, r *consumerRequest, round uint64, l *load, now time.Time) {
+	if c.s.unqueue(l.fetch) {
+		delete(r.loads, round)
+		c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Round: round, Rows: l.rows})
+		return
+	}
+	l.abortedAt = now
+	c.s.send(&protocol.AbortFetch{KVRequestID: id, RoundSeq: round})
 }
 
 // FinishConsumer ends a request locally: aborts its loads (still reported
@@ -227,10 +249,8 @@ func (s *Session) FinishConsumer(kvRequestID string) {
 	}
 	now := s.env.Now()
 	for _, round := range sortedRounds(r.loads) {
-		l := r.loads[round]
-		if l.abortedAt.IsZero() {
-			l.abortedAt = now
-			s.send(&protocol.AbortFetch{KVRequestID: kvRequestID, RoundSeq: round})
+		if l := r.loads[round]; l.abortedAt.IsZero() {
+			c.abort(kvRequestID, r, round, l, now)
 		}
 	}
 	s.closeLookup(kvRequestID, r)
@@ -278,7 +298,7 @@ func (c *consumer) onLookupResp(m *protocol.LookupResp) {
 	}
 	if len(r.asked) > 0 && !r.asked[0].timed && c.s.env.LookupAnswered != nil {
 		r.asked[0].timed = true // the first answer since the oldest open lookup went out
-		c.s.env.LookupAnswered(c.s, c.s.env.Now().Sub(r.asked[0].at))
+		c.s.env.LookupAnswered(c.s, c.s.env.Now().Sub(r.asked[0].sentAt))
 	}
 	changed := false
 	for i, k := range m.Keys {
@@ -336,8 +356,7 @@ func (c *consumer) tick(now time.Time) {
 			case l.abortedAt.IsZero() && now.Sub(l.sentAt) >= cfg.LoadTimeout:
 				c.s.env.Logf("WARNING", "peer %s: load kv_request_id=%s round=%d got no transfer_done within %v; aborting",
 					c.s.peerID, id, round, cfg.LoadTimeout)
-				l.abortedAt = now
-				c.s.send(&protocol.AbortFetch{KVRequestID: id, RoundSeq: round})
+				c.abort(id, r, round, l, now)
 			case !l.abortedAt.IsZero() && now.Sub(l.abortedAt) >= cfg.AbortAckTimeout:
 				c.s.env.Logf("WARNING", "peer %s: no abort_ack for kv_request_id=%s round=%d within %v; failing the load "+
 					"and ending the session, so none of the peer's writes still under way can land later",
@@ -349,7 +368,7 @@ func (c *consumer) tick(now time.Time) {
 				c.s.disconnect(fmt.Sprintf("no abort_ack for kv_request_id=%s round=%d within %v", id, round, cfg.AbortAckTimeout))
 			}
 		}
-		n := 0
+		unsent, n := c.expireUnsent(id, r, now), 0
 		for len(r.asked) > 0 && now.Sub(r.asked[0].at) >= cfg.LookupTimeout {
 			for _, k := range r.asked[0].keys {
 				if r.probes.move(k, probeAsked, probeMiss) {
@@ -361,10 +380,31 @@ func (c *consumer) tick(now time.Time) {
 		if n > 0 {
 			c.s.env.Logf("WARNING", "peer %s did not answer lookup for kv_request_id=%s within %v; treating %d keys as misses",
 				c.s.peerID, id, cfg.LookupTimeout, n)
+		}
+		if unsent+n > 0 {
 			c.s.report(Report{Kind: ProbesAnswered, KVID: id})
 		}
 		c.prune(id)
 	}
+}
+
+// expireUnsent makes misses of keys asked lookup_timeout_s ago that could
+// not be sent since (the handshake has not finished), and counts them.
+func (c *consumer) expireUnsent(id string, r *consumerRequest, now time.Time) int {
+	if len(r.unsent) == 0 || now.Sub(r.unsentAt) < c.s.env.Cfg.LookupTimeout {
+		return 0
+	}
+	n := 0
+	for _, k := range r.unsent {
+		if r.probes.move(k, probeUnsent, probeMiss) {
+			n++
+		}
+	}
+	r.unsent = nil
+	delete(c.flush, id)
+	c.s.env.Logf("WARNING", "peer %s: lookup for kv_request_id=%s could not be sent within %v (the session's "+
+		"handshake has not finished); treating %d keys as misses", c.s.peerID, id, c.s.env.Cfg.LookupTimeout, n)
+	return n
 }
 
 // close fails every load (and so its request) and marks every request with

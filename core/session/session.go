@@ -14,6 +14,7 @@ import (
 	"crypto/hmac"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -95,7 +96,12 @@ type Session struct {
 	orderly bool
 	// rejectCause is set when the handshake failed: one of RejectionCauses.
 	rejectCause string
-	refused     []string // the fields of our connect the peer refused, as it named them
+	// unreached: we dialed and never heard from the peer (connect failed or
+	// timed out); connectCause is the transport's word for why ("" unknown).
+	unreached     bool
+	connectCause  string
+	connectUnsure bool
+	refused       []string // the fields of our connect the peer refused, as it named them
 	// quietRefusal: refuse a stock peer without a goodbye (see RefuseQuietly).
 	quietRefusal bool
 	seen         *PeerConnect // the peer's connect as it arrived, before our checks
@@ -254,6 +260,27 @@ func (s *Session) refusesType(t protocol.Type) error {
 
 // Kill ends the session without a goodbye, e.g. when the connection dropped.
 func (s *Session) Kill(reason string) { s.markDead(reason) }
+
+// Unheard reports whether we dialed the peer and have heard nothing from it.
+func (s *Session) Unheard() bool { return s.dialed && s.seen == nil && !s.dead }
+
+// FailConnect ends a session whose connection to the peer never came up;
+// cause is the transport's (control.ConnectFailureCauses), unsure when it
+// is only a guess. The owner says why, once per peer and episode.
+func (s *Session) FailConnect(cause string, unsure bool, reason string) {
+	if s.dead {
+		return
+	}
+	s.unreached, s.connectCause, s.connectUnsure = true, cause, unsure
+	s.markDead(reason)
+}
+
+// ConnectFailed reports whether the session ended because it never reached
+// the peer, with the transport's cause ("" for a handshake that timed out
+// with nothing heard) and whether that is a guess.
+func (s *Session) ConnectFailed() (cause string, unsure, failed bool) {
+	return s.connectCause, s.connectUnsure, s.unreached
+}
 
 func (s *Session) dispatch(m protocol.Message) error {
 	switch msg := m.(type) {
@@ -597,6 +624,16 @@ func (s *Session) send(m protocol.Message) {
 	s.sendNow(m)
 }
 
+// unqueue takes m back from the messages waiting for the handshake,
+// reporting whether it was there (so never sent).
+func (s *Session) unqueue(m protocol.Message) bool {
+	if i := slices.Index(s.queued, m); i >= 0 {
+		s.queued = slices.Delete(s.queued, i, i+1)
+		return true
+	}
+	return false
+}
+
 func (s *Session) sendNow(m protocol.Message) {
 	if err := s.env.Send(s.peerID, m); err != nil {
 		s.markDead(fmt.Sprintf("send of %s failed: %v", m.MsgType(), err))
@@ -620,7 +657,13 @@ func (s *Session) Tick(now time.Time) {
 		case s.state == acked:
 			why = "the peer never acked our connect (it rejected us: check its log for a block_len, fingerprint, hash seed or authentication mismatch)"
 		}
-		s.env.Logf("ERROR", "peer %s: handshake timed out after %v: %s", s.peerID, s.env.Cfg.HandshakeTimeout, why)
+		if s.Unheard() {
+			// Nothing ever came from the peer: the owner names why (it may
+			// not be reachable at all), once per peer and episode.
+			s.unreached, s.connectUnsure = true, true
+		} else {
+			s.env.Logf("ERROR", "peer %s: handshake timed out after %v: %s", s.peerID, s.env.Cfg.HandshakeTimeout, why)
+		}
 		s.failHandshake(CauseTimeout)
 		s.disconnect("handshake timed out: " + why)
 		return

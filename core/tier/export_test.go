@@ -1,5 +1,10 @@
 package tier
 
+import (
+	"context"
+	"net"
+)
+
 // PanicNext makes the named goroutine ("loop" or "registration") panic on
 // its next step.
 func PanicNext(where string) { panicAt.Store(&where) }
@@ -13,4 +18,16 @@ func (t *Tier) FramesDecoded() int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.stats.framesDecoded
+}
+
+// StubResolver makes dialed host names resolve to addrs until restore.
+func StubResolver(addrs map[string][]string) (restore func()) {
+	prev := resolveHost
+	resolveHost = func(_ context.Context, host string) ([]string, error) {
+		if a, ok := addrs[host]; ok {
+			return a, nil
+		}
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	return func() { resolveHost = prev }
 }

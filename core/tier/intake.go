@@ -1,6 +1,8 @@
 package tier
 
 import (
+	"errors"
+
 	"github.com/peerkv/peerkv/core/control"
 	"github.com/peerkv/peerkv/core/protocol"
 	"github.com/peerkv/peerkv/core/session"
@@ -56,9 +58,16 @@ func (t *Tier) onPeerDown(ev control.Event) {
 	if ev.Kind != control.EventPeerDown {
 		return
 	}
-	if s := t.sessions[ev.PeerID]; s != nil {
-		s.Kill(ev.Err.Error()) // "peer connection lost (EVENT_DISCONNECTED)"
+	s := t.sessions[ev.PeerID]
+	if s == nil {
+		return
 	}
+	var ce *control.ConnectError
+	if s.Unheard() && errors.As(ev.Err, &ce) {
+		s.FailConnect(ce.Cause, ce.Unsure, ev.Err.Error()) // a connection that never existed was not lost
+		return
+	}
+	s.Kill(ev.Err.Error()) // "peer connection lost (EVENT_DISCONNECTED)"
 }
 
 // screen decides from a frame's type alone whether its sender may send it

@@ -4,6 +4,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/peerkv/peerkv/core/control"
 	"github.com/peerkv/peerkv/core/session"
 )
 
@@ -212,3 +213,6 @@ func (t *Tier) observeSnapshot(st *Stats) {
 	st.LoadSeconds = map[string]Histogram{"ok": t.obs.loadOK.snapshot(), "failed": t.obs.loadFailed.snapshot()}
 	st.Peers = t.peersSnapshot(t.now())
 }
+
+// ConnectFailureCauses are the label values of peer_connect_failures.
+var ConnectFailureCauses = control.ConnectFailureCauses

@@ -45,8 +45,14 @@ func (t *Tier) Probe(peerID string, timeout time.Duration) (ProbeResult, error) 
 	for {
 		t.mu.Lock()
 		now := t.now()
-		if s.Dead() || s.Ready() || !now.Before(start.Add(timeout)) {
+		// A connect that failed is named by a diagnosis that may still run:
+		// its words are the probe's answer.
+		naming := t.unreach.naming(peerID) && s.Dead()
+		if (s.Dead() || s.Ready() || !now.Before(start.Add(timeout))) && (!naming || !now.Before(start.Add(timeout))) {
 			res := probeResult(peerID, s, start, now)
+			if why := t.unreach.why(peerID); s.Dead() && why != "" {
+				res.Reason = why
+			}
 			if !s.Dead() {
 				s.CloseOrderly("probe finished")
 				t.settle()

@@ -82,7 +82,7 @@ func (t *Tier) startPull(reqID string, sources []params.Source) *pull {
 		s, err := t.sessionFor(ps.PeerID())
 		if err != nil {
 			ps.down = err.Error()
-			if errors.Is(err, errNotAllowed) { // that refusal has its own rate-limited line
+			if errors.Is(err, errNotAllowed) || errors.Is(err, errUnreachable) { // each has its own line
 				notAllowed++
 			} else {
 				t.logf("WARNING", "request %s cannot pull from %s: %v", reqID, ps.PeerID(), err)

@@ -67,6 +67,9 @@ type Stats struct {
 
 	// HandshakeRejections counts failed handshakes by cause (RejectionCauses).
 	HandshakeRejections map[string]int64 `json:"handshake_rejections"`
+	// PeerConnectFailures counts connects to peers that never came up, by
+	// cause (control.ConnectFailureCauses; unreachable.go).
+	PeerConnectFailures map[string]int64 `json:"peer_connect_failures"`
 	// Paths counts loads, stores, bytes and fallbacks by data path name
 	// ("shm", "nixl", "tcp"; "none": a peer never registered).
 	Paths map[string]PathStats `json:"paths"`
@@ -114,5 +117,6 @@ func (t *Tier) Stats() Stats {
 		Poisoned: poisoned,
 	}
 	t.observeSnapshot(&st)
+	st.PeerConnectFailures = t.unreach.connectFailureCounts()
 	return st
 }

@@ -94,6 +94,12 @@ type Tier struct {
 	refused       refusals     // stock peers we dialed and refused lately (refusals.go)
 	adm           admission    // allowed_peers and fair admission (admission.go)
 
+	// Peers we could not connect to lately (unreachable.go), and what
+	// goroutines found of peers off the lock, for the loop to apply.
+	unreach        unreachable
+	found          chan func()
+	spellingChecks int // name resolutions running (spelling.go)
+
 	guardMu  sync.RWMutex
 	expected map[uint64]string // consumer row -> peer allowed to write it
 	owed     map[string]int    // peer -> how many rows of expected it may write
@@ -147,6 +153,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		owed:         map[string]int{},
 		registered:   make(chan registration, 64),
 		registerWake: make(chan struct{}, 1),
+		found:        make(chan func(), maxDiagnoses),
 		obs:          newObservations(),
 		adm:          adm,
 		outbox:       newOutbox(),
@@ -328,6 +335,8 @@ func (t *Tier) loop() {
 				}
 				r.s.RegistrationDone(r.err)
 			})
+		case f := <-t.found:
+			t.locked(f)
 		case <-t.registerWake:
 			more := false
 			t.locked(func() { more = t.registerSomeAsked() })
@@ -376,6 +385,7 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 			return
 		}
 		s = t.openSession(ev.PeerID, ev.Addr, false)
+		t.noteSpelling(ev.PeerID, ev.Addr)
 		t.refused.owes(ev.PeerID) // a goodbye still owed would end this session
 		if quiet {
 			s.RefuseQuietly()
@@ -389,6 +399,9 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 		t.stats.badFrames++
 		s.HandleDecodeError(err)
 		return
+	}
+	if m.MsgType() == protocol.TypeConnect {
+		t.heardFrom(ev.PeerID) // reachable: any back-off is over
 	}
 	s.Handle(m)
 }
@@ -543,6 +556,9 @@ func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
 	if peerID == t.env.LocalID {
 		return nil, errors.New("a peer cannot pull from itself")
 	}
+	if err := t.backedOff(peerID); err != nil {
+		return nil, err // before any session gives its slot up for the dial
+	}
 	if len(t.sessions) >= t.cfg.MaxPeers {
 		t.evictIdle(t.now(), true)
 	}
@@ -573,6 +589,7 @@ func (t *Tier) onTick() {
 	}
 	t.tickServing(now)
 	t.tickLoads(now)
+	t.expireEpisodes(now)
 	t.flushLogs(now)
 	for _, id := range t.refused.dueGoodbyes(now) {
 		if s := t.sessions[id]; s == nil || s.Dead() { // a session opened since would end with it
@@ -623,7 +640,13 @@ func (t *Tier) reapDead() bool {
 		reaped = true
 		// One line per ended session, unless the session logged its own
 		// cause already (a rejection, a protocol error, a timeout).
+		cause, unsure, unreached := s.ConnectFailed()
 		switch {
+		case unreached: // its episode's line says why
+			if cause == "" {
+				cause = control.CauseTimeout
+			}
+			t.connectFailed(id, cause, unsure, s.DeathReason())
 		case s.DeathLogged():
 		case s.Orderly():
 			t.logf("INFO", "peer %s: %s; session closed", id, s.DeathReason())

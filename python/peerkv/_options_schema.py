@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "64d5a494087f83562905cb39bc75300ba81b4b022d0bb9d5165aad0814c86532"
+DIGEST = "22798cc9b68e6c93aafccb9f09400fe8ed500cf229f780cde459a50b4bb90591"
 
 SCHEMA = json.loads(
     r"""
@@ -381,6 +381,14 @@ SCHEMA = json.loads(
   "limit",
   "not_allowed"
  ],
+ "connect_failure_causes": [
+  "refused",
+  "unreachable",
+  "unresolvable",
+  "timeout",
+  "encrypt_mismatch",
+  "closed"
+ ],
  "data_paths": [
   "shm",
   "nixl",
@@ -453,6 +461,7 @@ SCHEMA = json.loads(
    "serve_keys_wanted",
    "poisoned",
    "handshake_rejections",
+   "peer_connect_failures",
    "paths",
    "lookup_rtt_s",
    "lookup_served_s",

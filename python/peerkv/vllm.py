@@ -157,6 +157,13 @@ _LABELLED_METRICS: dict[str, tuple[str, str | None, str, str]] = {
         "Peer handshakes that failed, by cause (block_len, fingerprint, hash_seed, identity, "
         "auth, data_path, timeout, protocol, refused_by_peer, limit, not_allowed: a peer outside allowed_peers).",
     ),
+    "peer_connect_failures": (
+        "peer_connect_failures",
+        None,
+        "cause",
+        "Connects to peers that never came up, by cause (refused, unreachable, unresolvable, timeout, "
+        "encrypt_mismatch, closed: the peer closed it before the handshake).",
+    ),
     "data_path_loads": ("paths", "loads", "path", "Fetch rounds pulled from peers, by data path."),
     "data_path_load_failures": ("paths", "load_failures", "path", "Fetch rounds that failed, by data path."),
     "data_path_bytes_received": ("paths", "bytes_in", "path", "KV bytes pulled from peers, by data path."),

@@ -194,6 +194,7 @@ def test_build_metric_definitions_declares_every_metric():
         assert name in got["names"]
     assert got["buckets"] == config.SCHEMA["histograms"]["load_s"]
     assert got["labels"]["vllm:peerkv_handshake_rejections"] == ["cause"]
+    assert got["labels"]["vllm:peerkv_peer_connect_failures"] == ["cause"]
     assert got["labels"]["vllm:peerkv_data_path_loads"] == ["path"]
     assert got["labels"]["vllm:peerkv_load_seconds"] == ["result"]
     assert got["labels"]["vllm:peerkv_lookup_rtt_seconds"] == []

@@ -538,12 +538,14 @@ def test_a_failed_kv_request_id_answers_miss_until_its_requests_finish(cluster):
     got = b.call("pull", "b", f"failed-1-{key}", source, keys, PULL_TIMEOUT_S)
     assert got["results"] == ["MISS", "MISS"]
     assert _tier_answers(b, "b", f"failed-2-{key}", source, keys) == ["MISS", "MISS"]
-    other = {key: dict(source[key], kv_request_id=new_kv_id())}
-    assert _tier_answers(b, "b", f"other-{key}", other, keys) == [first_answer] * 2  # other ids are untouched
+    # Other ids are untouched (at another dead port: this one is backed off for a moment, whatever the id).
+    other = {key: dict(source[key], kv_request_id=new_kv_id(), remote_port=control_port())}
+    assert _tier_answers(b, "b", f"other-{key}", other, keys) == [first_answer] * 2
     b.call("finish", "b", f"other-{key}")
     b.call("finish", "b", f"failed-1-{key}")
     assert _tier_answers(b, "b", f"failed-3-{key}", source, keys) == ["MISS", "MISS"]  # failed-2 still names it
     b.call("finish", "b", f"failed-2-{key}")
     b.call("finish", "b", f"failed-3-{key}")
+    time.sleep(1.5)  # the dead port's back-off (1 s after its one failed connect) is over: a fresh request dials it
     assert _tier_answers(b, "b", f"failed-4-{key}", source, keys) == [first_answer] * 2
     b.call("finish", "b", f"failed-4-{key}")

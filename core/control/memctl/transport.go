@@ -73,13 +73,13 @@ func (t *Transport) Hand(h func(control.Event)) {
 }
 
 // Connect records a connection to peerID; a missing peer is reported with
-// EventPeerDown.
+// EventPeerDown, as a control.ConnectError (refused, as on a network).
 func (t *Transport) Connect(peerID string) error {
 	if err := t.open(peerID); err != nil {
 		return err
 	}
 	if !t.hub.exists(peerID) {
-		t.peerGone(peerID)
+		t.peerDown(peerID, &control.ConnectError{Cause: control.CauseRefused, Err: fmt.Errorf("%w: %s", ErrPeerGone, peerID)})
 	}
 	return nil
 }
@@ -123,12 +123,17 @@ func (t *Transport) open(peerID string) error {
 
 // peerGone reports peerID down once per connection and forgets it.
 func (t *Transport) peerGone(peerID string) {
+	t.peerDown(peerID, fmt.Errorf("%w: %s", ErrPeerGone, peerID))
+}
+
+// peerDown reports peerID down for err once per connection and forgets it.
+func (t *Transport) peerDown(peerID string, err error) {
 	t.mu.Lock()
 	wasConnected := t.connected[peerID] && !t.closed
 	delete(t.connected, peerID)
 	t.mu.Unlock()
 	if wasConnected {
-		t.inbox.push(control.Event{Kind: control.EventPeerDown, PeerID: peerID, Err: fmt.Errorf("%w: %s", ErrPeerGone, peerID)})
+		t.inbox.push(control.Event{Kind: control.EventPeerDown, PeerID: peerID, Err: err})
 	}
 }
 

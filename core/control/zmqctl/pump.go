@@ -478,11 +478,11 @@ func (p *pump) readMonitor(pc *peerConn) {
 		switch {
 		case event&handshakeFailures != 0:
 			// libzmq names no cause; in practice the ends disagree on encrypt.
-			p.peerDown(pc, fmt.Errorf("%w (%v): %s", ErrPeerDisconnected, event,
-				encryptMismatch(p.t.opts.Curve != nil, "the peer "+pc.id)))
+			p.peerDown(pc, &control.ConnectError{Cause: control.CauseEncryptMismatch, Err: fmt.Errorf("%w (%v): %s",
+				ErrPeerDisconnected, event, encryptMismatch(p.t.opts.Curve != nil, "the peer "+pc.id))})
 			return
 		case event&fatalEvents != 0:
-			p.peerDown(pc, fmt.Errorf("%w (%v)", ErrPeerDisconnected, event))
+			p.peerDown(pc, connectFailure(pc, event, fmt.Errorf("%w (%v)", ErrPeerDisconnected, event)))
 			return
 		case event&zmq.EVENT_HANDSHAKE_SUCCEEDED != 0 && !pc.deadline.IsZero():
 			pc.deadline = time.Time{}
@@ -676,7 +676,8 @@ func (p *pump) expireDeadlines(now time.Time) {
 		case pc.parked() && !now.Before(pc.parkedUntil):
 			p.forget(pc, 0) // its linger is over
 		case !pc.deadline.IsZero() && now.After(pc.deadline):
-			p.peerDown(pc, fmt.Errorf("%w: no ZMTP handshake within %v", ErrConnectTimeout, o.ConnectTimeout))
+			p.peerDown(pc, &control.ConnectError{Cause: control.CauseTimeout, Unsure: true,
+				Err: fmt.Errorf("%w: no ZMTP handshake within %v", ErrConnectTimeout, o.ConnectTimeout)})
 		case !pc.stalledSince.IsZero() && now.Sub(pc.stalledSince) > o.SendTimeout:
 			p.reap(pc, fmt.Errorf("%w: %d frames waited %v for room", ErrSendQueueFull, len(pc.pending), o.SendTimeout))
 		}
