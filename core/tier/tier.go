@@ -99,6 +99,7 @@ type Tier struct {
 	owed     map[string]int    // peer -> how many rows of expected it may write
 
 	outbox       outbox // frames waiting behind a deferred answer (outbox.go)
+	lanes        lanes  // sessions' large frames waiting to be decoded (lanes.go)
 	registered   chan registration
 	stop         chan struct{}
 	loopDone     chan struct{}
@@ -150,6 +151,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		obs:          newObservations(),
 		adm:          adm,
 		outbox:       newOutbox(),
+		lanes:        newLanes(),
 		stop:         make(chan struct{}),
 		loopDone:     make(chan struct{}),
 	}
@@ -173,6 +175,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		LookupServed:   func(held time.Duration) { t.obs.lookupServed.observe(held.Seconds()) },
 		Register:       func(s *session.Session, info data.PeerInfo) { t.reg.add(s, info) },
 		Busy:           func(s *session.Session) { t.active[s] = struct{}{} },
+		Keys:           &session.KeyBudget{},
 	}
 	t.reg = newRegistry(t)
 	go t.reg.run()
@@ -181,6 +184,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 	}
 	go t.loop()
 	go t.runOutbox()
+	go t.runLanes()
 	return t, nil
 }
 
