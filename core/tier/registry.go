@@ -98,7 +98,7 @@ func (r *registry) apply(op registryOp) bool {
 		r.mu.Lock()
 		r.peers[op.peerID] = true
 		r.mu.Unlock()
-		t.logPath(op.peerID)
+		t.logPath(op.s)
 	}
 	select {
 	case t.registered <- registration{op.s, err}:

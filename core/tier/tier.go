@@ -275,22 +275,23 @@ func (t *Tier) sessionSend(peerID string, m protocol.Message) error {
 	return t.send(peerID, m)
 }
 
-// logPath says which data path serves peerID and, when faster paths the
+// logPath says which data path serves s's peer and, when faster paths the
 // peer offered could not, why.
-func (t *Tier) logPath(peerID string) {
+func (t *Tier) logPath(s *session.Session) {
+	peerID := s.PeerID()
 	m, ok := t.dt.(interface {
 		PathTo(string) string
 		Refused(string) string
 	})
 	if !ok {
-		t.logf("INFO", "peer %s: data path %s", peerID, t.dt.Name())
+		t.peerInfo(s, "peer %s: data path %s", peerID, t.dt.Name())
 		return
 	}
 	if why := m.Refused(peerID); why != "" {
 		t.logf("WARNING", "peer %s: data path %s; not faster ones: %s", peerID, m.PathTo(peerID), why)
 		return
 	}
-	t.logf("INFO", "peer %s: data path %s", peerID, m.PathTo(peerID))
+	t.peerInfo(s, "peer %s: data path %s", peerID, m.PathTo(peerID))
 }
 
 // loop is the progress goroutine: inbound frames, transfer completions,
@@ -627,7 +628,7 @@ func (t *Tier) reapDead() bool {
 		switch {
 		case s.DeathLogged():
 		case s.Orderly():
-			t.logf("INFO", "peer %s: %s; session closed", id, s.DeathReason())
+			t.peerInfo(s, "peer %s: %s; session closed", id, s.DeathReason())
 		default:
 			t.logf("WARNING", "peer %s: %s; session closed", id, s.DeathReason())
 		}
