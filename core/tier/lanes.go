@@ -29,17 +29,20 @@ import (
 // sends a lookup per request it schedules; even its largest (max_list_items
 // keys) fits twice.
 
-const laneFrameBytes = 64 << 10
+const laneFrameBytes = 256 << 10 // a lookup of about 6 700 keys (a 100K-token prompt)
 
 // laneSessionBytes bounds what one session's frames hold in its lane (the
-// one being decoded included): the largest frame and 1 MiB, so two lookups
-// of max_list_items keys (each a little over half of max_frame_bytes).
-func (t *Tier) laneSessionBytes() int { return t.cfg.MaxFrameBytes + 1<<20 }
+// one being decoded included): room for a burst of a real peer's long
+// prompts (60 lookups of 100K tokens, or 6 of max_list_items keys).
+func (t *Tier) laneSessionBytes() int { return max(laneSessionFloor, 4*t.cfg.MaxFrameBytes) }
 
 // laneTotalBytes bounds what all lanes hold.
-func (t *Tier) laneTotalBytes() int { return max(laneTotalFloor, 2*t.cfg.MaxFrameBytes) }
+func (t *Tier) laneTotalBytes() int { return max(laneTotalFloor, 8*t.cfg.MaxFrameBytes) }
 
-const laneTotalFloor = 16 << 20
+const (
+	laneSessionFloor = 16 << 20
+	laneTotalFloor   = 32 << 20
+)
 
 // laneCost is what a frame counts for in a lane: its bytes and a fixed cost,
 // so that many small frames count too.
@@ -93,7 +96,7 @@ func (t *Tier) toLane(ev control.Event) bool {
 	}
 	if held+cost > t.laneSessionBytes() {
 		t.endForLane(s, fmt.Sprintf("its frames arrive faster than they are decoded: %d bytes of them wait and "+
-			"this one is %d more, bound %d (max_frame_bytes and 1 MiB)", held, cost, t.laneSessionBytes()))
+			"this one is %d more, bound %d (16 MiB or 4 x max_frame_bytes)", held, cost, t.laneSessionBytes()))
 		return true
 	}
 	for t.lanes.bytes+cost > t.laneTotalBytes() {

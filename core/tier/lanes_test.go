@@ -65,8 +65,8 @@ func TestOneSessionsLargeLookupsDoNotHoldUpAnothersLookup(t *testing.T) {
 	c := newCluster(t)
 	prod := c.peer(1, func(cfg *config.Config) { cfg.MaxKeysPerPeer = 1 << 22 })
 	flood, other := c.raw("127.0.0.1:7401"), c.raw("127.0.0.1:7402")
-	flood.connect(prod.id)
-	other.connect(prod.id)
+	flood.handshake(prod)
+	other.handshake(prod)
 	require.Eventually(t, func() bool { return prod.Stats().DataPeers == 2 }, 3*time.Second, time.Millisecond)
 
 	const floods = 40
@@ -82,7 +82,7 @@ func TestOneSessionsLargeLookupsDoNotHoldUpAnothersLookup(t *testing.T) {
 			seen[kv] = true
 		}
 		return seen["small"]
-	}, 10*time.Second, time.Millisecond, "the other session's lookup never reached the host")
+	}, 10*time.Second, time.Millisecond, "the other session's lookup never reached the host (seen %d, decoded %d, %+v)", len(seen), prod.FramesDecoded(), prod.Stats())
 	assert.Less(t, prod.FramesDecoded(), int64(2+floods), "the small lookup waited for every large one to be decoded")
 	require.Eventually(t, func() bool { return prod.Stats().Sessions == 1 }, 5*time.Second, time.Millisecond,
 		"the flooding session was not ended")

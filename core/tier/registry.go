@@ -107,3 +107,11 @@ func (r *registry) apply(op registryOp) bool {
 		return false
 	}
 }
+
+// HasDataPath reports whether peerID is registered with the data path now
+// (its "peer …: data path …" line is rate-limited when the peer dialed us).
+func (t *Tier) HasDataPath(peerID string) bool {
+	t.reg.mu.Lock()
+	defer t.reg.mu.Unlock()
+	return t.reg.peers[peerID]
+}
