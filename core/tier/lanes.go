@@ -33,15 +33,15 @@ const laneFrameBytes = 256 << 10 // a lookup of about 6 700 keys (a 100K-token p
 
 // laneSessionBytes bounds what one session's frames hold in its lane (the
 // one being decoded included): room for a burst of a real peer's long
-// prompts (60 lookups of 100K tokens, or 6 of max_list_items keys).
-func (t *Tier) laneSessionBytes() int { return max(laneSessionFloor, 4*t.cfg.MaxFrameBytes) }
+// prompts (30 lookups of 100K tokens, or 3 of max_list_items keys).
+func (t *Tier) laneSessionBytes() int { return max(laneSessionFloor, 2*t.cfg.MaxFrameBytes) }
 
 // laneTotalBytes bounds what all lanes hold.
-func (t *Tier) laneTotalBytes() int { return max(laneTotalFloor, 8*t.cfg.MaxFrameBytes) }
+func (t *Tier) laneTotalBytes() int { return max(laneTotalFloor, 4*t.cfg.MaxFrameBytes) }
 
 const (
-	laneSessionFloor = 16 << 20
-	laneTotalFloor   = 32 << 20
+	laneSessionFloor = 8 << 20
+	laneTotalFloor   = 16 << 20
 )
 
 // laneCost is what a frame counts for in a lane: its bytes and a fixed cost,
@@ -96,7 +96,7 @@ func (t *Tier) toLane(ev control.Event) bool {
 	}
 	if held+cost > t.laneSessionBytes() {
 		t.endForLane(s, fmt.Sprintf("its frames arrive faster than they are decoded: %d bytes of them wait and "+
-			"this one is %d more, bound %d (16 MiB or 4 x max_frame_bytes)", held, cost, t.laneSessionBytes()))
+			"this one is %d more, bound %d (8 MiB or 2 x max_frame_bytes)", held, cost, t.laneSessionBytes()))
 		return true
 	}
 	for t.lanes.bytes+cost > t.laneTotalBytes() {
