@@ -8,9 +8,34 @@ package session
 
 // holdings are the totals over every kv id of one peer.
 type holdings struct {
-	entries int // rounds (tombstones included) and inbound lookups
-	keys    int // the entries' shares of max_keys_per_peer
-	wanted  int // fetched keys awaiting supply
+	entries int        // rounds (tombstones included) and inbound lookups
+	keys    int        // the entries' shares of max_keys_per_peer
+	wanted  int        // fetched keys awaiting supply
+	all     *KeyBudget // every peer's keys together (Env.Keys); nil if the owner keeps none
+}
+
+// KeyBudget is what every session of one owner holds together: keys, as
+// each counts them toward max_keys_per_peer, and how many peers hold any.
+// Sessions bound it (overCap): all peers together may make us hold
+// max_keys_per_peer keys, and past that a peer may add keys only within its
+// share of them (the bound over the peers holding keys). Guarded by the owner's lock, as the sessions are.
+type KeyBudget struct {
+	Keys    int
+	Holders int
+}
+
+// count moves the budget by a peer's change of keys from before to after.
+func (b *KeyBudget) count(before, after int) {
+	if b == nil {
+		return
+	}
+	b.Keys += after - before
+	switch {
+	case before == 0 && after > 0:
+		b.Holders++
+	case before > 0 && after == 0:
+		b.Holders--
+	}
 }
 
 // share is what one entry counts toward the totals.
@@ -21,12 +46,14 @@ type share struct {
 
 func (h *holdings) add(s share) {
 	h.entries++
+	h.all.count(h.keys, h.keys+s.keys)
 	h.keys += s.keys
 	h.wanted += s.wanted
 }
 
 func (h *holdings) remove(s share) {
 	h.entries--
+	h.all.count(h.keys, h.keys-s.keys)
 	h.keys -= s.keys
 	h.wanted -= s.wanted
 }
@@ -37,6 +64,7 @@ func (h *holdings) move(from, to share) {
 	if h == nil {
 		return
 	}
+	h.all.count(h.keys, h.keys+to.keys-from.keys)
 	h.keys += to.keys - from.keys
 	h.wanted += to.wanted - from.wanted
 }

@@ -141,11 +141,14 @@ func (p *producer) onLookup(m *PreparedLookup) error {
 	if why := p.overCap(m.KVRequestID, len(m.Keys)); why != "" {
 		// Answer at once, all misses, without involving the host.
 		p.s.env.Logf("WARNING", "peer %s: lookup kv_request_id=%s answered as misses: %s", p.s.peerID, m.KVRequestID, why)
-		answer := m.refusal
-		if answer == nil {
-			answer = &protocol.LookupResp{KVRequestID: m.KVRequestID, Keys: m.Keys, Hits: make([]bool, len(m.Keys))}
+		switch {
+		case m.refusal != nil:
+			p.s.send(m.refusal)
+		case len(m.Keys) > MaxEvaluateKeys:
+			p.s.send(&DeferredAnswer{kv: m.KVRequestID, keys: m.Keys}) // all misses, encoded off the owner's lock
+		default:
+			p.s.send(&protocol.LookupResp{KVRequestID: m.KVRequestID, Keys: m.Keys, Hits: make([]bool, len(m.Keys))})
 		}
-		p.s.send(answer)
 		return nil
 	}
 	if !m.prepared {

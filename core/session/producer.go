@@ -61,6 +61,7 @@ func (s *Session) TransfersInFlight() bool { return len(s.producer.transfers) > 
 func (p *producer) request(id string) *producerRequest {
 	r := p.requests[id]
 	if r == nil {
+		p.held.all = p.s.env.Keys
 		r = newProducerRequest(&p.held)
 		p.requests[id] = r
 		p.s.busy()
@@ -453,6 +454,17 @@ func (p *producer) overCap(kvID string, keys int) string {
 	keys = max(1, keys)
 	if p.held.keys+keys > cfg.MaxKeysPerPeer {
 		return fmt.Sprintf("the peer's %d keys would exceed the %d it may hold here (max_keys_per_peer)", p.held.keys+keys, cfg.MaxKeysPerPeer)
+	}
+	if all := p.s.env.Keys; all != nil && all.Keys+keys > cfg.MaxKeysPerPeer {
+		holders := all.Holders
+		if p.held.keys == 0 {
+			holders++
+		}
+		share := cfg.MaxKeysPerPeer / holders
+		if p.held.keys+keys > share {
+			return fmt.Sprintf("all peers' keys here would be %d, over the %d all may hold (max_keys_per_peer), "+
+				"and this peer's %d over its share of them, %d", all.Keys+keys, cfg.MaxKeysPerPeer, p.held.keys+keys, share)
+		}
 	}
 	return ""
 }

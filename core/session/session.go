@@ -50,6 +50,9 @@ type Env struct {
 	// Busy, when set, is told when the session takes on a request (its
 	// own or the peer's), so an owner can tick only sessions not Quiet.
 	Busy func(s *Session)
+	// Keys, when set, is what all the owner's sessions hold together,
+	// bounded as KeyBudget says.
+	Keys *KeyBudget
 }
 
 type handshake int

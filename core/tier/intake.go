@@ -22,7 +22,9 @@ import (
 //  3. only a frame the sender may send is decoded, and what grows with
 //     its size prepared (session.Prepare), off the lock; it is then
 //     handled under it (onFrame), which checks everything again: the
-//     sessions may have changed in between.
+//     sessions may have changed in between. A session's large frame, and
+//     any of its frames behind one, is decoded by the lanes' worker
+//     instead (lanes.go), so it holds up no other session's frames.
 //
 // Frames of one transport arrive on one goroutine, in order, so no two of
 // them interleave.
@@ -35,9 +37,13 @@ func (t *Tier) take(ev control.Event) {
 	}
 	lim := t.frameLimits()
 	typ, peekErr := protocol.PeekType(ev.Frame, lim)
-	decode := false
-	t.locked(func() { decode = t.screen(ev, typ, peekErr) })
-	if !decode {
+	decode, laned := false, false
+	t.locked(func() {
+		if decode = t.screen(ev, typ, peekErr); decode {
+			laned = t.toLane(ev) // a session's large frame, or one behind it (lanes.go)
+		}
+	})
+	if !decode || laned {
 		return
 	}
 	m, err := protocol.Decode(ev.Frame, lim)

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/peerkv/peerkv/core/session"
 )
 
 // logRing buffers log lines for the host to collect (peerkv_take_logs),
@@ -63,16 +65,33 @@ type Logf func(level, format string, args ...any)
 
 // logf is the one way into the host's log: the tier's lines, its
 // sessions' (Env.Logf) and its data paths' (Deps.NewData's logf). Each
-// cause is rate-limited (logLimiter), since a remote party can trigger
-// most of them at will; INFO lines are not: each marks a session's
-// registration or orderly end, or a host call, so a party needs a whole
-// handshake per line, and operators (and tests) look for them by peer.
+// cause is rate-limited (logLimited), since a remote party can trigger
+// most of them at will; INFO lines are not: they mark what our own host
+// did (a request's sources, startup, shutdown), and operators (and tests)
+// look for them. An INFO line a remote party causes (a session it opened
+// registered, or closed) goes through peerInfo instead.
 func (t *Tier) logf(level, format string, args ...any) {
 	if level == "INFO" {
 		t.logs.add(logLine(level, fmt.Sprintf(format, args...)))
 		t.news.bump(NewsLogs)
 		return
 	}
+	t.logLimited(level, format, args...)
+}
+
+// peerInfo logs an INFO line about a session: rate-limited, as every
+// other level, when the peer dialed us (in default mode anyone can, again
+// and again); not when we dialed it (our host asked for it).
+func (t *Tier) peerInfo(s *session.Session, format string, args ...any) {
+	if s != nil && s.Dialed() {
+		t.logf("INFO", format, args...)
+		return
+	}
+	t.logLimited("INFO", format, args...)
+}
+
+// logLimited logs one line through the rate limit of its cause.
+func (t *Tier) logLimited(level, format string, args ...any) {
 	now := t.now()
 	emit, summary := t.limiter.admit(level, format, args, now)
 	if summary != "" {

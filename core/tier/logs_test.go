@@ -1,6 +1,7 @@
 package tier_test
 
 import (
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/protocol"
 	"github.com/peerkv/peerkv/core/tier"
@@ -82,4 +84,41 @@ func TestAFloodOfOneCauseIsRateLimitedAndOthersStillLog(t *testing.T) {
 	require.NoError(t, stranger.tr.Send(id, frame))
 	require.Eventually(t, func() bool { return countLines(string(p.TakeLogs(1<<20)), dropped) == 1 },
 		3*time.Second, time.Millisecond)
+}
+
+// The INFO lines a stranger causes at will (a session it opened registered
+// a data path, the session it closed) are rate-limited like any other:
+// strangers that open and close 5 000 sessions, 10 000 such lines, leave at
+// most the limit's lines of each cause in its window (10, and one line
+// counting the rest). Before, INFO lines were never limited.
+func TestInfoLinesStrangersCauseAreRateLimited(t *testing.T) {
+	c := newCluster(t)
+	p := c.peer(1, func(cfg *config.Config) { cfg.MaxPeers = 256 }) // 64 handshakes at once
+	const strangers, rounds = 50, 100                               // 5 000 sessions
+	var rs []*rawPeer
+	for i := range strangers {
+		rs = append(rs, c.raw(fmt.Sprintf("127.0.5.%d:7500", i+1)))
+	}
+	start := time.Now()
+	opened := int64(0)
+	for range rounds {
+		for _, r := range rs {
+			r.connect(p.id)
+		}
+		opened += strangers
+		require.Eventually(t, func() bool { st := p.Stats(); return st.DataPeers == strangers && st.SessionsOpened == opened },
+			10*time.Second, time.Millisecond)
+		for _, r := range rs {
+			r.send(p.id, &protocol.ConnectAck{PeerID: r.id})
+			r.send(p.id, &protocol.Disconnect{})
+		}
+		require.Eventually(t, func() bool { return p.Stats().Sessions == 0 }, 10*time.Second, time.Millisecond)
+	}
+	windows := int(time.Since(start)/(10*time.Second)) + 1
+	logs := string(p.TakeLogs(1 << 24))
+	for _, cause := range []string{": data path mem", "it closed the session; session closed"} {
+		n := countLines(logs, cause)
+		assert.LessOrEqual(t, n, windows*11, "%q: %d lines for %d sessions in %d windows of 10 s", cause, n, strangers*rounds, windows)
+		assert.Positive(t, n, "%q: no line at all", cause)
+	}
 }

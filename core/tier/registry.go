@@ -98,7 +98,7 @@ func (r *registry) apply(op registryOp) bool {
 		r.mu.Lock()
 		r.peers[op.peerID] = true
 		r.mu.Unlock()
-		t.logPath(op.peerID)
+		t.logPath(op.s)
 	}
 	select {
 	case t.registered <- registration{op.s, err}:
@@ -106,4 +106,12 @@ func (r *registry) apply(op registryOp) bool {
 	case <-t.stop:
 		return false
 	}
+}
+
+// HasDataPath reports whether peerID is registered with the data path now
+// (its "peer …: data path …" line is rate-limited when the peer dialed us).
+func (t *Tier) HasDataPath(peerID string) bool {
+	t.reg.mu.Lock()
+	defer t.reg.mu.Unlock()
+	return t.reg.peers[peerID]
 }

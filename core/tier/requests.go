@@ -274,6 +274,7 @@ func (t *Tier) shutdown() error {
 	close(t.stop)
 	<-t.loopDone
 	<-t.outbox.done
+	<-t.lanes.done
 	<-t.reg.done
 	errs := []error{t.ctl.Close(), t.dt.Close()}
 	return errors.Join(errs...)

@@ -105,6 +105,7 @@ type Tier struct {
 	owed     map[string]int    // peer -> how many rows of expected it may write
 
 	outbox       outbox // frames waiting behind a deferred answer (outbox.go)
+	lanes        lanes  // sessions' large frames waiting to be decoded (lanes.go)
 	registered   chan registration
 	stop         chan struct{}
 	loopDone     chan struct{}
@@ -157,6 +158,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		obs:          newObservations(),
 		adm:          adm,
 		outbox:       newOutbox(),
+		lanes:        newLanes(),
 		stop:         make(chan struct{}),
 		loopDone:     make(chan struct{}),
 	}
@@ -180,6 +182,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		LookupServed:   func(held time.Duration) { t.obs.lookupServed.observe(held.Seconds()) },
 		Register:       func(s *session.Session, info data.PeerInfo) { t.reg.add(s, info) },
 		Busy:           func(s *session.Session) { t.active[s] = struct{}{} },
+		Keys:           &session.KeyBudget{},
 	}
 	t.reg = newRegistry(t)
 	go t.reg.run()
@@ -188,6 +191,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 	}
 	go t.loop()
 	go t.runOutbox()
+	go t.runLanes()
 	return t, nil
 }
 
@@ -279,22 +283,23 @@ func (t *Tier) sessionSend(peerID string, m protocol.Message) error {
 	return t.send(peerID, m)
 }
 
-// logPath says which data path serves peerID and, when faster paths the
+// logPath says which data path serves s's peer and, when faster paths the
 // peer offered could not, why.
-func (t *Tier) logPath(peerID string) {
+func (t *Tier) logPath(s *session.Session) {
+	peerID := s.PeerID()
 	m, ok := t.dt.(interface {
 		PathTo(string) string
 		Refused(string) string
 	})
 	if !ok {
-		t.logf("INFO", "peer %s: data path %s", peerID, t.dt.Name())
+		t.peerInfo(s, "peer %s: data path %s", peerID, t.dt.Name())
 		return
 	}
 	if why := m.Refused(peerID); why != "" {
 		t.logf("WARNING", "peer %s: data path %s; not faster ones: %s", peerID, m.PathTo(peerID), why)
 		return
 	}
-	t.logf("INFO", "peer %s: data path %s", peerID, m.PathTo(peerID))
+	t.peerInfo(s, "peer %s: data path %s", peerID, m.PathTo(peerID))
 }
 
 // loop is the progress goroutine: inbound frames, transfer completions,
@@ -649,7 +654,7 @@ func (t *Tier) reapDead() bool {
 			t.connectFailed(id, cause, unsure, s.DeathReason())
 		case s.DeathLogged():
 		case s.Orderly():
-			t.logf("INFO", "peer %s: %s; session closed", id, s.DeathReason())
+			t.peerInfo(s, "peer %s: %s; session closed", id, s.DeathReason())
 		default:
 			t.logf("WARNING", "peer %s: %s; session closed", id, s.DeathReason())
 		}

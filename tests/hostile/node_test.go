@@ -295,10 +295,12 @@ func (n *Node) LogMatch(re string, within time.Duration) (string, bool) {
 	}
 }
 
-// Registered reports whether the node logged a data path for peerID (the
-// line the tier writes once a peer's data-path registration succeeded).
+// Registered reports whether peerID is registered with the node's data
+// path now, or the node logged that it was (the line the tier writes once a
+// peer's data-path registration succeeded; rate-limited for peers that
+// dialed the node).
 func (n *Node) Registered(peerID string) bool {
-	return strings.Contains(n.Logs(), "peer "+peerID+": data path ")
+	return n.HasDataPath(peerID) || strings.Contains(n.Logs(), "peer "+peerID+": data path ")
 }
 
 // Gauge reads a Stats field by its JSON name; ok is false when the tier has

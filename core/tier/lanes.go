@@ -1,0 +1,227 @@
+package tier
+
+import (
+	"fmt"
+
+	"github.com/peerkv/peerkv/core/control"
+	"github.com/peerkv/peerkv/core/protocol"
+	"github.com/peerkv/peerkv/core/session"
+)
+
+// Intake lanes keep one session's large frames from holding up everyone
+// else's (docs/security.md, G15, G16). Frames arrive on the transport's
+// goroutine, which reads every connection in turn; a lookup of 65 536 keys
+// takes that goroutine 0.1-1 s to decode and prepare (under the race
+// detector), so a few sessions sending them back to back kept a newcomer's
+// connect and lookups waiting past their deadlines, and what strangers sent
+// piled up in the transport meanwhile. Instead, a session's frame of at
+// least laneFrameBytes, and every frame of that session after it while any
+// waits, goes to the session's lane; one worker decodes and handles the
+// lanes' frames, one frame per lane in turn, so a session's frames keep
+// their order and one session's flood delays another's large frame by at
+// most one frame. Small frames of sessions with nothing waiting are handled
+// at once, as before.
+//
+// What waits is bounded in bytes: a session whose frames would hold more
+// than laneSessionBytes ends (its peer sends faster than we decode; its jobs
+// are reported once), and when all lanes together would hold more than
+// laneTotalBytes, the session holding the most ends first. A real peer
+// sends a lookup per request it schedules; even its largest (max_list_items
+// keys) fits twice.
+
+const laneFrameBytes = 256 << 10 // a lookup of about 6 700 keys (a 100K-token prompt)
+
+// laneSessionBytes bounds what one session's frames hold in its lane (the
+// one being decoded included): room for a burst of a real peer's long
+// prompts (30 lookups of 100K tokens, or 3 of max_list_items keys).
+func (t *Tier) laneSessionBytes() int { return max(laneSessionFloor, 2*t.cfg.MaxFrameBytes) }
+
+// laneTotalBytes bounds what all lanes hold.
+func (t *Tier) laneTotalBytes() int { return max(laneTotalFloor, 4*t.cfg.MaxFrameBytes) }
+
+const (
+	laneSessionFloor = 8 << 20
+	laneTotalFloor   = 16 << 20
+)
+
+// laneCost is what a frame counts for in a lane: its bytes and a fixed cost,
+// so that many small frames count too.
+func laneCost(frame []byte) int { return len(frame) + 64 }
+
+// lanes is owned under t.mu but for wake and done.
+type lanes struct {
+	byPeer map[string]*lane
+	turn   []*lane // lanes with frames waiting, next first
+	bytes  int     // held by every lane, frames being decoded included
+	wake   chan struct{}
+	done   chan struct{}
+}
+
+func newLanes() lanes {
+	return lanes{byPeer: map[string]*lane{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// lane is one session's frames waiting to be decoded.
+type lane struct {
+	s        *session.Session
+	frames   []control.Event
+	waiting  int  // bytes of frames
+	inflight int  // bytes of the frame the worker decodes now
+	queued   bool // in turn
+	dropped  bool // its session ended: what the worker holds of it is not handled
+}
+
+func (ln *lane) bytes() int { return ln.waiting + ln.inflight }
+
+// toLane queues ev in its session's lane when it must wait there (see the
+// top of this file) and reports whether it took ev (queued, or dropped with
+// its session). Called with t.mu held, after screen let ev through.
+func (t *Tier) toLane(ev control.Event) bool {
+	s := t.sessions[ev.PeerID]
+	if s == nil {
+		return false // a connect: handled at once
+	}
+	ln := t.lanes.byPeer[ev.PeerID]
+	if ln != nil && ln.s != s {
+		t.dropLane(ln) // an ended session's
+		ln = nil
+	}
+	if ln == nil && len(ev.Frame) < laneFrameBytes {
+		return false
+	}
+	cost := laneCost(ev.Frame)
+	held := 0
+	if ln != nil {
+		held = ln.bytes()
+	}
+	if held+cost > t.laneSessionBytes() {
+		t.endForLane(s, fmt.Sprintf("its frames arrive faster than they are decoded: %d bytes of them wait and "+
+			"this one is %d more, bound %d (8 MiB or 2 x max_frame_bytes)", held, cost, t.laneSessionBytes()))
+		return true
+	}
+	for t.lanes.bytes+cost > t.laneTotalBytes() {
+		hog := t.hogLane()
+		if hog == nil {
+			break
+		}
+		t.endForLane(hog.s, fmt.Sprintf("the frames of every session waiting to be decoded hold %d bytes, bound %d, "+
+			"and this session's hold the most (%d)", t.lanes.bytes, t.laneTotalBytes(), hog.bytes()))
+		if hog.s == s {
+			return true
+		}
+	}
+	if ln == nil {
+		ln = &lane{s: s}
+		t.lanes.byPeer[ev.PeerID] = ln
+	}
+	ln.frames = append(ln.frames, ev)
+	ln.waiting += cost
+	t.lanes.bytes += cost
+	if !ln.queued {
+		ln.queued = true
+		t.lanes.turn = append(t.lanes.turn, ln)
+	}
+	select {
+	case t.lanes.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// hogLane is the lane holding the most bytes; nil if none holds any.
+func (t *Tier) hogLane() *lane {
+	var hog *lane
+	for _, ln := range t.lanes.byPeer {
+		if ln.bytes() > 0 && (hog == nil || ln.bytes() > hog.bytes()) {
+			hog = ln
+		}
+	}
+	return hog
+}
+
+// endForLane ends s for what it made its lane hold.
+func (t *Tier) endForLane(s *session.Session, why string) {
+	t.stats.droppedFrames++
+	t.logf("WARNING", "ending the session with %s: %s", s.PeerID(), why)
+	s.Kill(why)
+	if ln := t.lanes.byPeer[s.PeerID()]; ln != nil && ln.s == s {
+		t.dropLane(ln)
+	}
+}
+
+// dropLane forgets ln's waiting frames; the one the worker decodes, if
+// any, is accounted for when it is done. Called with t.mu held.
+func (t *Tier) dropLane(ln *lane) {
+	ln.dropped = true
+	t.lanes.bytes -= ln.waiting
+	ln.waiting, ln.frames = 0, nil
+	if t.lanes.byPeer[ln.s.PeerID()] == ln {
+		delete(t.lanes.byPeer, ln.s.PeerID())
+	}
+	if ln.queued {
+		ln.queued = false
+		for i, q := range t.lanes.turn {
+			if q == ln {
+				t.lanes.turn = append(t.lanes.turn[:i], t.lanes.turn[i+1:]...)
+				break
+			}
+		}
+	}
+}
+
+// runLanes decodes and handles the lanes' frames until the tier stops.
+func (t *Tier) runLanes() {
+	defer close(t.lanes.done)
+	defer t.recoverLoop("the intake lanes")
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-t.lanes.wake:
+		}
+		for t.takeFromLane() {
+		}
+	}
+}
+
+// takeFromLane decodes the next lane's oldest frame off the lock and
+// handles it under it; false when no frame waits.
+func (t *Tier) takeFromLane() bool {
+	t.mu.Lock()
+	if t.closed || len(t.lanes.turn) == 0 {
+		t.mu.Unlock()
+		return false
+	}
+	ln := t.lanes.turn[0]
+	t.lanes.turn = t.lanes.turn[1:]
+	ev := ln.frames[0]
+	ln.frames[0] = control.Event{}
+	ln.frames = ln.frames[1:]
+	cost := laneCost(ev.Frame)
+	ln.waiting -= cost
+	ln.inflight = cost
+	if len(ln.frames) > 0 {
+		t.lanes.turn = append(t.lanes.turn, ln) // its next frame after the other lanes'
+	} else {
+		ln.queued = false
+	}
+	t.mu.Unlock()
+
+	m, err := protocol.Decode(ev.Frame, t.frameLimits())
+	if err == nil {
+		m = session.Prepare(m, t.cfg.MaxKeysPerPeer)
+	}
+	t.locked(func() {
+		t.lanes.bytes -= ln.inflight
+		ln.inflight = 0
+		if ln.dropped || t.sessions[ev.PeerID] != ln.s {
+			return // its session ended meanwhile
+		}
+		t.stats.framesDecoded++
+		t.onFrame(ev, m, err)
+		if !ln.dropped && len(ln.frames) == 0 && ln.inflight == 0 {
+			delete(t.lanes.byPeer, ev.PeerID) // its next frame is handled at once
+		}
+	})
+	return true
+}
