@@ -10,7 +10,7 @@ import re
 import peerkv
 import peerkv.vllm as tier
 from conftest import REPO
-from peerkv import _peer_metrics
+from peerkv import _kv_hints, _peer_metrics
 from peerkv._options_schema import SCHEMA
 
 # Stats keys deliberately not exported to Prometheus, and why.
@@ -88,6 +88,8 @@ def _declared():
     for name in tier._HISTOGRAMS:
         out[name] = "histogram"
     for name, (kind, _, _, _) in _peer_metrics.definitions().items():
+        out[name] = kind
+    for name, (kind, _, _) in _kv_hints.METRICS.items():  # kept by the tier, not the library
         out[name] = kind
     return {tier._METRIC_PREFIX + name: kind for name, kind in out.items()}
 
