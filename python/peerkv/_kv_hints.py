@@ -182,9 +182,9 @@ def _fetch(action_id: str, payload: Any, max_blocks: int) -> Fetch:
         raise ValueError(f"block_hashes must be a non-empty list of uint64, got {_shown(hashes)}")
     if len(hashes) > max_blocks:
         raise ValueError(f"block_hashes lists {len(hashes)} blocks; this engine's CPU tier holds {max_blocks} rows")
-    for i, h in enumerate(hashes):
-        if type(h) is not int or not 0 <= h < _U64_LIMIT:
-            raise ValueError(f"block_hashes[{i}] must be an integer in 0..2^64-1, got {_shown(h)}")
+    if not (all(type(h) is int for h in hashes) and 0 <= min(hashes) and max(hashes) < _U64_LIMIT):
+        i, h = next((i, h) for i, h in enumerate(hashes) if type(h) is not int or not 0 <= h < _U64_LIMIT)
+        raise ValueError(f"block_hashes[{i}] must be an integer in 0..2^64-1, got {_shown(h)}")
     mode = payload.get("mode")
     if mode is not None and mode not in _MODES:
         raise ValueError(f"mode must be copy or move, got {_shown(mode)}")
