@@ -127,3 +127,9 @@ def test_the_metrics_reference_lists_every_exported_metric_by_its_scraped_name()
     for name, kind in _declared().items():
         scraped = name + "_total" if kind == "counter" else name
         assert f"`{scraped}`" in text, f"docs/metrics.md does not list {scraped}"
+
+
+def test_the_metrics_reference_lists_every_reason_a_hint_is_ignored_for():
+    text = (REPO / "docs" / "metrics.md").read_text()
+    for reason in _kv_hints.IGNORED_REASONS:
+        assert f"`{reason}`" in text, f"docs/metrics.md does not list the kv_hints_ignored reason {reason}"
