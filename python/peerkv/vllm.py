@@ -62,7 +62,7 @@ from vllm.v1.kv_offload.tiering.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from peerkv import _peer_metrics, _vllm_config
+from peerkv import _kv_hints, _peer_metrics, _vllm_config
 from peerkv import config as _config
 from peerkv._engine_wake import EarlyPoller, EngineWaker, find_engine_wakeup
 from peerkv._options_schema import SCHEMA as _SCHEMA
@@ -220,7 +220,7 @@ class _RequestState:
 
     __slots__ = (
         "started", "req_id", "req_id_bytes", "fixed", "answers", "order", "positions", "unsent", "queued",
-        "source_ids", "stores_fail",
+        "source_ids", "stores_fail", "blocks",
     )
 
     def __init__(
@@ -253,6 +253,9 @@ class _RequestState:
         # no decoder can fetch this request's rows, so its stores fail, as in
         # vLLM's tier.
         self.stores_fail = stores_fail
+        # A kv.fetch hint's block list: only keys it covers are asked of the
+        # source (None: every key, as remote_kv_source).
+        self.blocks: _kv_hints.BlockFilter | None = None
 
     def fail(self) -> None:
         """Every key MISS from now on: the request recomputes."""
@@ -299,6 +302,10 @@ class PeerKVTier(SecondaryTierManager):
         for name, (_, label, buckets, doc) in _HISTOGRAMS.items():
             definitions[_METRIC_PREFIX + name] = OffloadingHistogramMetadata(
                 documentation=doc, labelnames=(label,) if label else (), buckets=buckets
+            )
+        for name, (_, label, doc) in _kv_hints.METRICS.items():
+            definitions[_METRIC_PREFIX + name] = OffloadingCounterMetadata(
+                documentation=doc, labelnames=(label,) if label else ()
             )
         for name, (kind, labels, buckets, doc) in _peer_metrics.definitions().items():
             if kind == "histogram":
@@ -372,10 +379,13 @@ class PeerKVTier(SecondaryTierManager):
         self._last_lookup: tuple[ReqContext | None, _RequestState | None] = (None, None)
         self._inbound_more = False  # the last serve pass stopped at its cap
         self._seen = [0] * 4  # news counts collected, by peerkv.peer.NEWS_*
+        self._hint_counts = _kv_hints.Counts()
+        self._hint_rows = 0  # a kv.fetch may list at most the region's rows
 
         from peerkv.peer import Peer  # loads libpeerkv.so: scheduler process only
 
         rows, row_len = _region_shape(primary_kv_view)
+        self._hint_rows = rows
         self._peer = Peer(primary_kv_view, rows, row_len, create_options)
         self._news = self._peer.news() or _AlwaysNew()
         started = self._peer.stats()
@@ -404,11 +414,12 @@ class PeerKVTier(SecondaryTierManager):
         self._check_hash_seed_once()
         self._last_lookup = (None, None)  # this context's state is about to be set
         params = req_context.kv_transfer_params
-        if not params or self._peer is None:
+        fetch = self._read_hints(req_context, params)
+        if not (params or fetch) or self._peer is None:
             req_context.set_state(_RequestState(started=False))
             return RequestOffloadingContext()
         try:
-            policy = self._peer.request_start(req_context.req_id, params)
+            started = self._start(req_context.req_id, params, fetch)
         except BadParamsError as exc:
             logger.warning(
                 "peerkv %s: bad kv_transfer_params in request %s, which does not use peerkv "
@@ -423,6 +434,10 @@ class PeerKVTier(SecondaryTierManager):
             logger.error("PeerKVTier: starting request %s failed: %s", req_context.req_id, exc)
             req_context.set_state(_RequestState(started=False, stores_fail=_names_decoder(params)))
             return RequestOffloadingContext()
+        if started is None:  # only a hint, which the library refused: computed locally
+            req_context.set_state(_RequestState(started=False))
+            return RequestOffloadingContext()
+        policy, params, blocks = started
         try:
             mode = self._peer.lookup_mode(req_context.req_id)
         except PeerKVError as exc:
@@ -431,6 +446,7 @@ class PeerKVTier(SecondaryTierManager):
         fixed = _MODE_ANSWERS.get(mode, LookupResult.MISS)
         source_ids = _source_kv_ids(params)
         state = _RequestState(True, req_context.req_id, fixed, source_ids)
+        state.blocks = blocks
         for kv_id in source_ids:
             self._naming.setdefault(kv_id, set()).add(req_context.req_id)
         failed_id = next((kv_id for kv_id in source_ids if kv_id in self._failed_kv_ids), None)
@@ -454,6 +470,87 @@ class PeerKVTier(SecondaryTierManager):
             return RequestOffloadingContext(policy=OffloadPolicy.REQUEST_LEVEL)
         return RequestOffloadingContext()
 
+    def _read_hints(self, req_context: ReqContext, params: Any) -> _kv_hints.Fetch | None:
+        """The request's kv.fetch hint, when it is to be pulled; every action
+        not acted on is counted by reason and logged."""
+        hints = getattr(req_context, "kv_hints", None)
+        if hints is None or self._peer is None:
+            return None
+        fetch, refused = _kv_hints.read(hints, self._hint_rows)
+        if fetch is not None and _kv_hints.names_source(params):
+            refused.append(
+                _kv_hints.Refusal(
+                    "kv_transfer_params", "its kv_transfer_params name a source, which wins over kv_hints"
+                )
+            )
+            fetch = None
+        for refusal in refused:
+            self._hint_refused(req_context.req_id, refusal)
+        return fetch
+
+    def _hint_refused(self, req_id: str, refusal: _kv_hints.Refusal) -> None:
+        self._hint_counts.ignore(refusal.reason)
+        if refusal.reason in ("bad_envelope", "bad_payload", "bad_source"):
+            # As bad kv_transfer_params: one line per request, the cause named.
+            logger.warning(
+                "peerkv %s: kv_hints of request %s not used (%s): %s",
+                self._local_id,
+                req_id,
+                refusal.reason,
+                refusal.detail,
+            )
+            return
+        # Routine for a router that sends other actions too: once per kind
+        # (an unknown type or version), a bounded number of kinds.
+        kind = refusal.detail if refusal.reason.startswith("unknown_") else ""
+        if len(self._logged_once) < 256:
+            self._logged_once_info(
+                f"hint:{refusal.reason}:{kind}",
+                "peerkv %s: kv_hints action ignored (%s): %s (request %s; logged once)",
+                self._local_id,
+                refusal.reason,
+                refusal.detail,
+                req_id,
+            )
+
+    def _start(
+        self, req_id: str, params: Any, fetch: _kv_hints.Fetch | None
+    ) -> tuple[int, Any, _kv_hints.BlockFilter | None] | None:
+        """Starts the request in the library with the hint's source added to
+        its kv_transfer_params: (policy, the params it took, the hint's block
+        filter). When the library refuses the hint's source, the request
+        starts with its own params alone, or not at all (None). Raises
+        BadParamsError only for the request's own params."""
+        if fetch is None:
+            return self._peer.request_start(req_id, params), params, None
+        merged = _kv_hints.with_source(params, fetch)
+        try:
+            policy = self._peer.request_start(req_id, merged)
+        except BadParamsError as exc:
+            hint_error = exc
+        else:
+            self._hint_counts.pulls += 1
+            return policy, merged, _kv_hints.BlockFilter(fetch.blocks)
+        if params:
+            try:
+                policy = self._peer.request_start(req_id, params)
+            except BadParamsError:
+                self._hint_counts.ignore("kv_transfer_params")
+                raise
+        else:
+            policy = None
+        self._hint_refused(
+            req_id,
+            _kv_hints.Refusal(
+                "bad_source",
+                f"kv.fetch {fetch.action_id!r}: source_control_endpoint: "
+                + _bad_params_cause(hint_error.message, req_id)
+                .removeprefix("malformed kv_transfer_params: ")
+                .removeprefix("remote_kv_source.remote_url: "),
+            ),
+        )
+        return None if policy is None else (policy, params, None)
+
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         # Called per key per step: answered from what the library told us.
         ctx, state = self._last_lookup
@@ -468,6 +565,9 @@ class PeerKVTier(SecondaryTierManager):
         # Never asked: RETRY now, sent with the step's other keys at
         # on_schedule_end; the answer comes back through get_finished_jobs.
         if self._peer is None:
+            return _MISS
+        if state.blocks is not None and not state.blocks.admits(key):
+            state.answers[key] = _MISS  # outside the hint's block list: computed locally
             return _MISS
         state.answers[key] = _RETRY
         state.unsent.append(key)
@@ -582,6 +682,9 @@ class PeerKVTier(SecondaryTierManager):
             return
         state.started = False
         state.fail()
+        if state.blocks is not None:
+            self._hint_counts.blocks_unmatched += state.blocks.unmatched()
+            state.blocks = None
         self._forget_sources(state)
         self._tracked.pop(req_context.req_id, None)
         self._last_lookup = (None, None)  # holds no finished request
@@ -865,6 +968,8 @@ class PeerKVTier(SecondaryTierManager):
             for labelvalue, histogram in series:
                 labels = (str(labelvalue),) if label else ()
                 self._replay_histogram(stats, _METRIC_PREFIX + name, histogram, labels)
+        for name, labels, value in self._hint_counts.series():
+            self._record(stats, _METRIC_PREFIX + name, "counter", value, labels)
         self._peer_series.record(stats, snapshot.get("peers"))
         return None if stats.is_empty() else stats
 
@@ -950,6 +1055,12 @@ class PeerKVTier(SecondaryTierManager):
         from the library's news, as without a tier-poll thread: the engine
         steps, and serves peers, while something is pending."""
         self._polled = False
+
+    def _logged_once_info(self, key: str, fmt: str, *args: Any) -> None:
+        if key in self._logged_once:
+            return
+        self._logged_once.add(key)
+        logger.info(fmt, *args)
 
     def _log_once(self, key: str, fmt: str, *args: Any) -> None:
         if key in self._logged_once:

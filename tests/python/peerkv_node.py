@@ -202,12 +202,14 @@ class _Node:
             with manager_lock(self.managers[name]):  # lets a step in progress end
                 stop.set()
 
-    def _ctx(self, name: str, req_id: str, params: dict | None):
+    def _ctx(self, name: str, req_id: str, params: dict | None, hints: Any = None):
         from vllm.v1.kv_offload.base import ReqContext
 
         key = (name, req_id)
         if key not in self.contexts:
             ctx = ReqContext(req_id=req_id, kv_transfer_params=params)
+            if hints is not None:
+                ctx.kv_hints = _envelope(hints)
             manager = self.managers[name]
             with manager_lock(manager):
                 policy = manager.on_new_request(ctx)
@@ -222,8 +224,10 @@ class _Node:
         with manager_lock(manager):
             manager.on_schedule_end(ScheduleEndContext(new_req_ids=list(new_req_ids), preempted_req_ids=[]))
 
-    def start(self, name: str, req_id: str, params: dict | None) -> str:
-        return self._ctx(name, req_id, params)._peerkv_test_policy
+    def start(self, name: str, req_id: str, params: dict | None, hints: Any = None) -> str:
+        """on_new_request; hints (a dict shaped like vLLM's KvHintsEnvelope)
+        become the ReqContext's kv_hints, as vLLM's scheduler sets them."""
+        return self._ctx(name, req_id, params, hints)._peerkv_test_policy
 
     def store(self, name: str, req_id: str, params: dict | None, keys: list[bytes], rows: list[bytes]) -> int:
         """The GPU->CPU store path: rows land in the primary tier, then cascade."""
@@ -439,6 +443,24 @@ class _Node:
     def shutdown(self, name: str) -> None:
         self._stop_engine_loop(name)
         self.managers.pop(name).shutdown()
+
+
+def _envelope(hints: Any) -> Any:
+    """vLLM's KvHintsEnvelope from its dict form. Its structs check no types
+    when built (only when decoded), so malformed fields reach the tier as a
+    caller could hand them to vLLM's engine API; a non-dict is passed as is."""
+    from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope
+
+    if not isinstance(hints, dict):
+        return hints
+    actions = hints.get("actions")
+    if isinstance(actions, list):
+        actions = [KvHintAction(**a) if isinstance(a, dict) else a for a in actions]
+    return KvHintsEnvelope(
+        protocol_version=hints.get("protocol_version", "0.1"),
+        message_id=hints.get("message_id", "m-1"),
+        actions=actions,
+    )
 
 
 def serve(conn) -> None:

@@ -10,7 +10,7 @@ import re
 import peerkv
 import peerkv.vllm as tier
 from conftest import REPO
-from peerkv import _peer_metrics
+from peerkv import _kv_hints, _peer_metrics
 from peerkv._options_schema import SCHEMA
 
 # Stats keys deliberately not exported to Prometheus, and why.
@@ -89,6 +89,8 @@ def _declared():
         out[name] = "histogram"
     for name, (kind, _, _, _) in _peer_metrics.definitions().items():
         out[name] = kind
+    for name, (kind, _, _) in _kv_hints.METRICS.items():  # kept by the tier, not the library
+        out[name] = kind
     return {tier._METRIC_PREFIX + name: kind for name, kind in out.items()}
 
 
@@ -125,3 +127,9 @@ def test_the_metrics_reference_lists_every_exported_metric_by_its_scraped_name()
     for name, kind in _declared().items():
         scraped = name + "_total" if kind == "counter" else name
         assert f"`{scraped}`" in text, f"docs/metrics.md does not list {scraped}"
+
+
+def test_the_metrics_reference_lists_every_reason_a_hint_is_ignored_for():
+    text = (REPO / "docs" / "metrics.md").read_text()
+    for reason in _kv_hints.IGNORED_REASONS:
+        assert f"`{reason}`" in text, f"docs/metrics.md does not list the kv_hints_ignored reason {reason}"
