@@ -50,6 +50,9 @@ type loadPart struct {
 	keys  []int // indexes into the load's keys
 	state partState
 	round uint64 // partFetching: the session's round
+	// sentAt: when its fetch was sent (the pull model's start, links.go);
+	// zero when it waited for the session's handshake (setup is apart).
+	sentAt time.Time
 }
 
 // startLoad places a load's keys on the sources that reported them and
@@ -153,8 +156,12 @@ func (t *Tier) probePart(l *pullLoad, part *loadPart) {
 	} else {
 		keys, rows := l.subset(hits)
 		t.expect(src.PeerID(), rows, true)
+		warm := src.s.Handshaked()
 		part.round = src.s.RequestBlocks(l.jobID, src.KVRequestID, keys, rows)
 		part.state = partFetching
+		if warm {
+			part.sentAt = t.now()
+		}
 	}
 	if len(misses) > 0 {
 		t.retryKeys(l, part.src, misses)
@@ -221,6 +228,9 @@ func (t *Tier) partEnded(l *pullLoad, r session.Report) {
 	t.dropPart(l, part)
 	if r.OK {
 		l.landed += len(part.keys)
+		if !part.sentAt.IsZero() {
+			t.observeFetched(r.Session, int64(len(r.Rows))*int64(t.region.RowLen), t.now().Sub(part.sentAt))
+		}
 	} else if l.failure == "" {
 		if src.down == "" {
 			src.down = fmt.Sprintf("it failed load job %d", l.jobID)

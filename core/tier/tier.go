@@ -327,6 +327,7 @@ func (t *Tier) loop() {
 					t.observeRegistered(r.s)
 				}
 				r.s.RegistrationDone(r.err)
+				t.observeReady(r.s)
 			})
 		case <-t.registerWake:
 			more := false
@@ -391,6 +392,7 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 		return
 	}
 	s.Handle(m)
+	t.observeReady(s)
 }
 
 // refuseBeforeSession refuses a connect admit turned away. A peerkv peer

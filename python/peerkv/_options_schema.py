@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "64d5a494087f83562905cb39bc75300ba81b4b022d0bb9d5165aad0814c86532"
+DIGEST = "b7923f640b4fd506c59406c6fbb3749f0e226cc193311a0d2bd329ebfb407af1"
 
 SCHEMA = json.loads(
     r"""
@@ -388,6 +388,18 @@ SCHEMA = json.loads(
   "none"
  ],
  "stats_keys": {
+  "link": [
+   "rtt_p50_s",
+   "rtt_p99_s",
+   "rtt_samples",
+   "setup_s",
+   "pull_t0_s",
+   "pull_bytes_per_s",
+   "pull_samples",
+   "pull_age_s",
+   "throughput_bytes_per_s",
+   "failures"
+  ],
   "paths": [
    "loads",
    "load_failures",
@@ -413,7 +425,8 @@ SCHEMA = json.loads(
    "last_lookup_rtt_s",
    "lookup_rtt_s",
    "last_error",
-   "last_error_age_s"
+   "last_error_age_s",
+   "link"
   ],
   "stats": [
    "local_id",
