@@ -51,7 +51,8 @@ type loadPart struct {
 	state partState
 	round uint64 // partFetching: the session's round
 	// sentAt: when its fetch was sent (the pull model's start, links.go);
-	// zero when it waited for the session's handshake (setup is apart).
+	// zero when it is no sample: it waited for the session's handshake
+	// (setup is apart), or is PD's, which may wait for the prefill.
 	sentAt time.Time
 }
 
@@ -156,10 +157,10 @@ func (t *Tier) probePart(l *pullLoad, part *loadPart) {
 	} else {
 		keys, rows := l.subset(hits)
 		t.expect(src.PeerID(), rows, true)
-		warm := src.s.Handshaked()
+		sample := l.pull.probe && src.s.Handshaked()
 		part.round = src.s.RequestBlocks(l.jobID, src.KVRequestID, keys, rows)
 		part.state = partFetching
-		if warm {
+		if sample {
 			part.sentAt = t.now()
 		}
 	}
