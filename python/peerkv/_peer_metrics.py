@@ -7,6 +7,8 @@ engine labels at most PEER_LABELS_MAX distinct peers (those it saw first
 with a finished handshake; a stranger that never completes one takes no
 label), and counts every later peer under peer="other". A peer whose
 session ended keeps its counters; its peerkv_peer_up series drops to 0.
+Each entry's "link" (round trips, setup, the fitted pull cost, failures by
+cause; docs/links.md) becomes gauges per peer and a counter by cause.
 
 Imports nothing from vLLM: the caller passes an object with vLLM's
 OffloadingConnectorStats methods (increase_counter, set_gauge,
