@@ -26,8 +26,9 @@ const (
 	FailBadFrame = "bad_frame"
 )
 
-// LinkFailureCauses are every cause a link entry counts.
-var LinkFailureCauses = []string{FailTransfer, FailAborted, FailBadFrame}
+// LinkFailureCauses are every cause a link entry counts (an array: a new
+// cause resizes the counters with it).
+var LinkFailureCauses = [...]string{FailTransfer, FailAborted, FailBadFrame}
 
 // LinkStats is one peer's link, as each "peers" entry's "link" lists it.
 type LinkStats struct {
@@ -51,7 +52,7 @@ type link struct {
 	rttNext  int
 	setup    time.Duration
 	fit      pullFit
-	failures [3]int64 // by LinkFailureCauses' order
+	failures [len(LinkFailureCauses)]int64 // by LinkFailureCauses' order
 }
 
 func (l *link) observeRTT(d time.Duration) {
@@ -61,7 +62,7 @@ func (l *link) observeRTT(d time.Duration) {
 }
 
 func (l *link) failed(cause string) {
-	if i := slices.Index(LinkFailureCauses, cause); i >= 0 {
+	if i := slices.Index(LinkFailureCauses[:], cause); i >= 0 {
 		l.failures[i]++
 	}
 }
