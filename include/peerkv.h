@@ -353,8 +353,9 @@ int32_t peerkv_drain(peerkv_handle h, char *err, size_t errlen);
  * peerkv_info): local_id, data_paths (the data paths served, e.g.
  * "shm+nixl+tcp"), sessions, lookups, hits, misses, bytes, transfers,
  * failures by cause, parked stores, pinned rows; "peers", one object per live
- * session, at most once a second (null in between; a call refused for a too
- * small buffer does not count). */
+ * session with its "link" (round trips, setup, fitted pull cost; docs/links.md),
+ * at most once a second (null in between; a call refused for a too small
+ * buffer does not count). */
 int32_t peerkv_stats(peerkv_handle h, char *buf, size_t len, size_t *needed,
                      char *err, size_t errlen);
 

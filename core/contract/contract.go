@@ -31,7 +31,8 @@ type Document struct {
 	ConnectFailureCauses []string `json:"connect_failure_causes"`
 	DataPaths            []string `json:"data_paths"`
 	// StatsKeys are the JSON keys of peerkv_stats: "stats" the top level,
-	// "paths" each data path's entry, "peers" each peer's entry. The
+	// "paths" each data path's entry, "peers" each peer's entry, "link"
+	// the link object in a peer's entry. The
 	// Python metric tables are checked against them both ways.
 	StatsKeys map[string][]string `json:"stats_keys"`
 }
@@ -68,16 +69,26 @@ func Build() Document {
 			"stats": jsonKeys(tier.Stats{}),
 			"paths": jsonKeys(tier.PathStats{}),
 			"peers": jsonKeys(tier.PeerStats{}),
+			"link":  jsonKeys(tier.LinkStats{}),
 		},
 	}
 }
 
-// jsonKeys lists the JSON keys of a struct's fields, in field order.
+// jsonKeys lists the JSON keys of a struct's fields, in field order
+// (an embedded struct's inline, as encoding/json writes them).
 func jsonKeys(v any) []string {
-	t := reflect.TypeOf(v)
+	return typeKeys(reflect.TypeOf(v))
+}
+
+func typeKeys(t reflect.Type) []string {
 	var keys []string
 	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct {
+			keys = append(keys, typeKeys(f.Type)...)
+			continue
+		}
 		if name != "" && name != "-" {
 			keys = append(keys, name)
 		}

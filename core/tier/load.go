@@ -50,6 +50,10 @@ type loadPart struct {
 	keys  []int // indexes into the load's keys
 	state partState
 	round uint64 // partFetching: the session's round
+	// sentAt: when its fetch was sent (the pull model's start, links.go);
+	// zero when it is no sample: it waited for the session's handshake
+	// (setup is apart), or is PD's, which may wait for the prefill.
+	sentAt time.Time
 }
 
 // startLoad places a load's keys on the sources that reported them and
@@ -153,8 +157,12 @@ func (t *Tier) probePart(l *pullLoad, part *loadPart) {
 	} else {
 		keys, rows := l.subset(hits)
 		t.expect(src.PeerID(), rows, true)
+		sample := l.pull.probe && src.s.Handshaked()
 		part.round = src.s.RequestBlocks(l.jobID, src.KVRequestID, keys, rows)
 		part.state = partFetching
+		if sample {
+			part.sentAt = t.now()
+		}
 	}
 	if len(misses) > 0 {
 		t.retryKeys(l, part.src, misses)
@@ -221,6 +229,9 @@ func (t *Tier) partEnded(l *pullLoad, r session.Report) {
 	t.dropPart(l, part)
 	if r.OK {
 		l.landed += len(part.keys)
+		if !part.sentAt.IsZero() {
+			t.observeFetched(r.Session, int64(len(r.Rows))*int64(t.region.RowLen), t.now().Sub(part.sentAt))
+		}
 	} else if l.failure == "" {
 		if src.down == "" {
 			src.down = fmt.Sprintf("it failed load job %d", l.jobID)

@@ -211,7 +211,6 @@ func (t *Tier) observeSnapshot(st *Stats) {
 	st.LookupRTT = t.obs.lookupRTT.snapshot()
 	st.LookupServed = t.obs.lookupServed.snapshot()
 	st.LoadSeconds = map[string]Histogram{"ok": t.obs.loadOK.snapshot(), "failed": t.obs.loadFailed.snapshot()}
-	st.Peers = t.peersSnapshot(t.now())
 }
 
 // ConnectFailureCauses are the label values of peer_connect_failures.

@@ -85,7 +85,11 @@ type Stats struct {
 }
 
 // Stats returns a snapshot.
-func (t *Tier) Stats() Stats {
+func (t *Tier) Stats() Stats { return t.snapshot(true) }
+
+// snapshot is Stats, with the per-peer list only when peers is set: it
+// costs a host step most when not due (HostStats).
+func (t *Tier) snapshot(peers bool) Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c := t.stats
@@ -118,5 +122,8 @@ func (t *Tier) Stats() Stats {
 	}
 	t.observeSnapshot(&st)
 	st.PeerConnectFailures = t.unreach.connectFailureCounts()
+	if peers {
+		st.Peers = t.peersSnapshot(t.now())
+	}
 	return st
 }

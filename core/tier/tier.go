@@ -339,6 +339,7 @@ func (t *Tier) loop() {
 					t.observeRegistered(r.s)
 				}
 				r.s.RegistrationDone(r.err)
+				t.observeReady(r.s)
 			})
 		case f := <-t.found:
 			t.locked(f)
@@ -409,6 +410,7 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 		t.heardFrom(ev.PeerID) // reachable: any back-off is over
 	}
 	s.Handle(m)
+	t.observeReady(s)
 }
 
 // refuseBeforeSession refuses a connect admit turned away. A peerkv peer

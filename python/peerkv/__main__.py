@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "check-config": "peerkv.check_config",
     "doctor": "peerkv.doctor",
     "peers": "peerkv.peers_cli",
+    "links": "peerkv.links_cli",
     "serve": "peerkv.serve_cli",
     "bench": "peerkv.bench_cli",
 }

@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "22798cc9b68e6c93aafccb9f09400fe8ed500cf229f780cde459a50b4bb90591"
+DIGEST = "31d29ee5d9b376c68c78154f3bddfb8045894e199bb5e776ef703f96006fe98e"
 
 SCHEMA = json.loads(
     r"""
@@ -396,6 +396,18 @@ SCHEMA = json.loads(
   "none"
  ],
  "stats_keys": {
+  "link": [
+   "rtt_p50_s",
+   "rtt_p99_s",
+   "rtt_samples",
+   "setup_s",
+   "pull_t0_s",
+   "pull_bytes_per_s",
+   "pull_samples",
+   "pull_age_s",
+   "throughput_bytes_per_s",
+   "failures"
+  ],
   "paths": [
    "loads",
    "load_failures",
@@ -421,7 +433,8 @@ SCHEMA = json.loads(
    "last_lookup_rtt_s",
    "lookup_rtt_s",
    "last_error",
-   "last_error_age_s"
+   "last_error_age_s",
+   "link"
   ],
   "stats": [
    "local_id",

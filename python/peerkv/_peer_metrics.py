@@ -7,6 +7,8 @@ engine labels at most PEER_LABELS_MAX distinct peers (those it saw first
 with a finished handshake; a stranger that never completes one takes no
 label), and counts every later peer under peer="other". A peer whose
 session ended keeps its counters; its peerkv_peer_up series drops to 0.
+Each entry's "link" (round trips, setup, the fitted pull cost, failures by
+cause; docs/links.md) becomes gauges per peer and a counter by cause.
 
 Imports nothing from vLLM: the caller passes an object with vLLM's
 OffloadingConnectorStats methods (increase_counter, set_gauge,
@@ -40,6 +42,27 @@ PEER_GAUGES: dict[str, tuple[str, str]] = {
     "peer_last_lookup_rtt_seconds": ("last_lookup_rtt_s", "The newest lookup round trip to the peer, in seconds."),
 }
 
+# Link gauges (docs/links.md): name -> (key in each entry's "link", documentation).
+LINK_KEY = "link"
+LINK_GAUGES: dict[str, tuple[str, str]] = {
+    "peer_rtt_p50_seconds": ("rtt_p50_s", "Median of the newest 128 lookup round trips to the peer, in seconds."),
+    "peer_rtt_p99_seconds": ("rtt_p99_s", "99th percentile of the newest 128 lookup round trips to the peer, in seconds."),
+    "peer_rtt_samples": ("rtt_samples", "Round trips peer_rtt_p50/p99 are taken from (at most 128)."),
+    "peer_setup_seconds": ("setup_s", "Setup of the live session: opened (dial or connect) until handshaked, in seconds."),
+    "peer_pull_t0_seconds": ("pull_t0_s", "Fitted fixed cost of one fetch from the peer, in seconds (T = t0 + L / bytes_per_s)."),
+    "peer_pull_bytes_per_second": ("pull_bytes_per_s", "Fitted rate of a fetch from the peer after t0, in bytes per second."),
+    "peer_pull_samples": ("pull_samples", "Completed fetches the pull model is fitted on (at most 64; below 3: t0 is 0)."),
+    "peer_pull_age_seconds": ("pull_age_s", "Age of the newest fetch in the pull model, in seconds."),
+}
+# The fetches' throughput, labelled with the data path they moved on.
+THROUGHPUT = "peer_throughput_bytes_per_second"
+THROUGHPUT_KEY = "throughput_bytes_per_s"
+THROUGHPUT_DOC = "Bytes per second of the recent fetches from the peer, sent until landed (label path: the data path)."
+# Failures with the peer, by cause (the library's fixed set).
+LINK_FAILURES = "peer_link_failures"
+LINK_FAILURES_KEY = "failures"
+LINK_FAILURES_DOC = "Failures with the peer by cause: transfer (it could not supply a fetch), aborted, bad_frame."
+
 # 1 while a handshaked session with the peer is live, on the data path it
 # uses; 0 once it ended.
 PEER_UP = "peer_up"
@@ -58,6 +81,10 @@ def definitions() -> dict[str, tuple[str, tuple[str, ...], tuple[float, ...] | N
         out[name] = ("counter", ("peer",), None, doc)
     for name, (_, doc) in PEER_GAUGES.items():
         out[name] = ("gauge", ("peer",), None, doc)
+    for name, (_, doc) in LINK_GAUGES.items():
+        out[name] = ("gauge", ("peer",), None, doc)
+    out[THROUGHPUT] = ("gauge", ("peer", "path"), None, THROUGHPUT_DOC)
+    out[LINK_FAILURES] = ("counter", ("peer", "cause"), None, LINK_FAILURES_DOC)
     out[PEER_UP] = ("gauge", ("peer", "path"), None, PEER_UP_DOC)
     out[PEER_HISTOGRAM] = ("histogram", ("peer",), PEER_HISTOGRAM_BUCKETS, PEER_HISTOGRAM_DOC)
     return out
@@ -91,6 +118,7 @@ class PeerSeries:
         up: set[tuple[str, str]] = set()
         live: set[str] = set()
         gauges: dict[tuple[str, str], float] = {}
+        throughput: dict[tuple[str, str], float] = {}
         for entry in peers:
             if not isinstance(entry, dict) or not entry.get("handshaked"):
                 continue
@@ -103,21 +131,38 @@ class PeerSeries:
                     delta = self._delta(peer, key, value)
                     if delta > 0:
                         stats.increase_counter(self._prefix + name, delta, (label,))
-            if label != OTHER_PEER:  # a gauge of many peers in one series would mean nothing
-                for name, (key, _) in PEER_GAUGES.items():
-                    value = entry.get(key)
+            link = entry.get(LINK_KEY)
+            link = link if isinstance(link, dict) else {}
+            failures = link.get(LINK_FAILURES_KEY)
+            if isinstance(failures, dict):
+                for cause, value in failures.items():
                     if isinstance(value, (int, float)):
-                        gauges[(name, label)] = value
-                up.add((label, str(entry.get("data_path", ""))))
+                        delta = self._delta(peer, LINK_FAILURES_KEY + "." + str(cause), value)
+                        if delta > 0:
+                            stats.increase_counter(self._prefix + LINK_FAILURES, delta, (label, str(cause)))
+            if label != OTHER_PEER:  # a gauge of many peers in one series would mean nothing
+                path = str(entry.get("data_path", ""))
+                for table, source in ((PEER_GAUGES, entry), (LINK_GAUGES, link)):
+                    for name, (key, _) in table.items():
+                        value = source.get(key)
+                        if isinstance(value, (int, float)):
+                            gauges[(name, label)] = value
+                value = link.get(THROUGHPUT_KEY)
+                if isinstance(value, (int, float)):
+                    throughput[(label, path)] = value
+                up.add((label, path))
             self._replay_rtt(stats, peer, label, entry.get(PEER_HISTOGRAM_KEY))
         for (name, label), value in gauges.items():
             stats.set_gauge(self._prefix + name, value, (label,))
+        for (label, path), value in throughput.items():
+            stats.set_gauge(self._prefix + THROUGHPUT, value, (label, path))
         for label, path in up:
             stats.set_gauge(self._prefix + PEER_UP, 1, (label, path))
         for label, path in self._up - up:
             stats.set_gauge(self._prefix + PEER_UP, 0, (label, path))
+            stats.set_gauge(self._prefix + THROUGHPUT, 0, (label, path))
             if not any(lbl == label for lbl, _ in up):
-                for name in PEER_GAUGES:
+                for name in (*PEER_GAUGES, *LINK_GAUGES):
                     stats.set_gauge(self._prefix + name, 0, (label,))
         self._up = up
         # Forget sessions that ended: a later session with the peer starts at 0.

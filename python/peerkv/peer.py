@@ -15,6 +15,7 @@ import json
 import struct
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Sequence
 from ctypes import byref, c_int32, c_int64, c_size_t
@@ -222,6 +223,10 @@ class Peer:
         self._answers_buf = ctypes.create_string_buffer(64 << 10)
         self._mode = c_int32()
         self._stats_buf = ctypes.create_string_buffer(4096)
+        # The newest "peers" list stats() read (the library sends it at most
+        # once a second) and when: links() answers from it in between.
+        self._peers_seen: list[Any] = []
+        self._peers_seen_at = 0.0
 
     # -- status handling ------------------------------------------------
 
@@ -524,7 +529,30 @@ class Peer:
                     self._stats_buf = ctypes.create_string_buffer(self._needed.value)
                     continue
                 self._check(rc)
-                return json.loads(self._stats_buf.value.decode())
+                doc = json.loads(self._stats_buf.value.decode())
+                if isinstance(doc.get("peers"), list):
+                    self._peers_seen, self._peers_seen_at = doc["peers"], time.monotonic()
+                return doc
+
+    def links(self) -> dict[str, dict[str, Any]]:
+        """Each live peer's link, by peer id (docs/links.md): control round
+        trips (rtt_p50_s, rtt_p99_s), session setup (setup_s), the fitted
+        pull cost T(L) = pull_t0_s + L / pull_bytes_per_s with pull_samples
+        and pull_age_s, throughput_bytes_per_s and failures by cause; with
+        "path" (the data path) and "as_of_s" (how old the library's list is,
+        at most about a second)."""
+        self.stats()
+        with self._lock:
+            peers, at = self._peers_seen, self._peers_seen_at
+        age = time.monotonic() - at
+        out: dict[str, dict[str, Any]] = {}
+        for entry in peers:
+            if isinstance(entry, dict) and isinstance(entry.get("link"), dict):
+                out[str(entry.get("peer"))] = {
+                    **entry["link"], "path": entry.get("data_path", ""),
+                    "handshaked": bool(entry.get("handshaked")), "as_of_s": age,
+                }
+        return out
 
     def take_logs(self) -> list[str]:
         """Pending library log lines, each "LEVEL message"."""

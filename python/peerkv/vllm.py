@@ -938,6 +938,11 @@ class PeerKVTier(SecondaryTierManager):
             except PeerKVError as exc:
                 logger.error("PeerKVTier: destroy: %s", exc)
 
+    def links(self) -> dict[str, dict[str, Any]]:
+        """Each live peer's link (Peer.links; docs/links.md); {} before the
+        library started."""
+        return self._peer.links() if self._peer is not None else {}
+
     def get_stats(self) -> Any:
         if self._peer is None:
             return None

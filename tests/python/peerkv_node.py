@@ -363,6 +363,9 @@ class _Node:
         tier = self.managers[name].secondary_tiers[0]
         return tier._peer.stats()
 
+    def links(self, name: str) -> dict[str, Any]:
+        return self.managers[name].secondary_tiers[0].links()
+
     def identity(self, name: str) -> dict[str, Any]:
         """What the tier's connect advertises, for tests that must match it."""
         tier = self.managers[name].secondary_tiers[0]

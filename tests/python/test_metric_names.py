@@ -36,6 +36,7 @@ NOT_EXPORTED = {
         "last_error": "a string, shown by `peerkv peers` and logged",
         "last_error_age_s": "shown with last_error by `peerkv peers`",
     },
+    "link": {},
 }
 
 
@@ -48,7 +49,10 @@ def _exported_keys():
     peers = {key for key, _ in _peer_metrics.PEER_COUNTERS.values()}
     peers |= {key for key, _ in _peer_metrics.PEER_GAUGES.values()}
     peers |= {_peer_metrics.PEER_HISTOGRAM_KEY, "data_path"}  # data_path: peer_up's path label
-    return {"stats": stats, "paths": paths, "peers": peers}
+    peers.add(_peer_metrics.LINK_KEY)
+    link = {key for key, _ in _peer_metrics.LINK_GAUGES.values()}
+    link |= {_peer_metrics.THROUGHPUT_KEY, _peer_metrics.LINK_FAILURES_KEY}
+    return {"stats": stats, "paths": paths, "peers": peers, "link": link}
 
 
 def test_every_exported_key_is_one_the_library_writes():
@@ -106,7 +110,7 @@ def _exposition_names():
     return names
 
 
-METRIC_IN_DOCS = re.compile(r"vllm:peerkv_[a-z_]+")
+METRIC_IN_DOCS = re.compile(r"vllm:peerkv_[a-z0-9_]+")  # digits: rtt_p50
 
 
 def _doc_files():

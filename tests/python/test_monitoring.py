@@ -17,7 +17,7 @@ MONITORING = REPO / "deploy" / "monitoring"
 # Labels every series has without peerkv declaring them: vLLM's own, the
 # scrape's, and a histogram bucket's bound.
 AMBIENT_LABELS = {"model_name", "engine", "instance", "job", "le"}
-METRIC = re.compile(r"\b(vllm:peerkv_[a-z_]+)(\{[^}]*\})?")
+METRIC = re.compile(r"\b(vllm:peerkv_[a-z0-9_]+)(\{[^}]*\})?")
 MATCHER = re.compile(r"([a-zA-Z_]+)\s*(?:=~|!~|!=|=)")
 GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 

@@ -223,3 +223,41 @@ def test_answer_changes_read_positions_in_order_as_a_range():
     assert list(got[1].positions) == [3, 1, 2] and got[1].results == bytes([1, 2, 2])
     assert list(got[2].positions) == [0, 1, 3] and type(got[2].positions) is not range
     assert got[3].failed and list(got[3].positions) == []
+
+
+def test_links_lists_each_live_peers_link(library):
+    """Peer.links(): per peer, the round trips, setup and pull model the
+    library keeps; answered from the newest list between the library's
+    once-a-second ones."""
+    prod_region, cons_region = bytearray(ROWS * ROW_LEN), bytearray(ROWS * ROW_LEN)
+    prod_options = _options(data_transport="tcp")
+    with peerkv.Peer(prod_region, ROWS, ROW_LEN, prod_options) as prod, \
+            peerkv.Peer(cons_region, ROWS, ROW_LEN, _options(data_transport="tcp")) as cons:
+        assert cons.links() == {}
+        keys = [bytes([7]) * KEY_LEN]
+        source = {"kv_request_id": "kv-links", "remote_host": "127.0.0.1", "remote_port": prod_options["port"]}
+        cons.request_start("c", {"remote_kv_source": source})
+        deadline = time.monotonic() + 10
+        while cons.lookup("c", keys) == [peerkv.LOOKUP_RETRY]:
+            cons.on_schedule_end()
+            item = prod.next_inbound()
+            if item is not None and item.kind == peerkv.INBOUND_EVALUATE:
+                prod.answer_inbound(item.lookup_id, [peerkv.LOOKUP_MISS])
+            assert time.monotonic() < deadline, "the lookup was never answered"
+            time.sleep(0.005)
+        prod_id = f"127.0.0.1:{prod_options['port']}"
+        deadline = time.monotonic() + 5
+        while prod_id not in cons.links():  # the library lists peers at most once a second
+            assert time.monotonic() < deadline, "the live peer never showed in links()"
+            time.sleep(0.05)
+        cons.stats()  # a host reading its stats in between gets no list; links() still has it
+        links = cons.links()
+        assert set(links) == {prod_id}
+        link = links[prod_id]
+        assert link["path"] == "tcp" and link["handshaked"]
+        assert link["setup_s"] > 0
+        assert link["rtt_samples"] >= 1 and link["rtt_p99_s"] >= link["rtt_p50_s"] > 0
+        assert link["pull_samples"] == 0 and link["pull_bytes_per_s"] == 0, "nothing fetched: no pull model"
+        assert link["failures"] == {"transfer": 0, "aborted": 0, "bad_frame": 0}
+        assert 0 <= link["as_of_s"] < 5
+        cons.request_finish("c")

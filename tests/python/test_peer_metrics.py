@@ -80,3 +80,44 @@ def test_the_lookup_rtt_histogram_is_replayed_per_peer():
     assert sorted(got) == [0.0005, 0.0005, 0.004]
     series.record(sink, [entry("10.0.0.1:5710", lookup_rtt_s=rtt)])  # nothing new
     assert len(sink.observed[(PREFIX + "peer_lookup_rtt_seconds", ("10.0.0.1:5710",))]) == 3
+
+
+def link(**fields):
+    base = {"rtt_p50_s": 0.001, "rtt_p99_s": 0.004, "rtt_samples": 9, "setup_s": 0.25, "pull_t0_s": 0.002,
+            "pull_bytes_per_s": 4.5e9, "pull_samples": 12, "pull_age_s": 3.0, "throughput_bytes_per_s": 3e9,
+            "failures": {"transfer": 0, "aborted": 0, "bad_frame": 0}}
+    base.update(fields)
+    return base
+
+
+def test_each_peers_link_is_exported_as_gauges_and_failures_by_cause():
+    series, sink = PeerSeries(PREFIX), Sink()
+    a = ("10.0.0.1:5710",)
+    series.record(sink, [entry("10.0.0.1:5710", link=link(failures={"transfer": 1, "aborted": 0, "bad_frame": 0}))])
+    assert sink.gauges[(PREFIX + "peer_rtt_p50_seconds", a)] == 0.001
+    assert sink.gauges[(PREFIX + "peer_rtt_p99_seconds", a)] == 0.004
+    assert sink.gauges[(PREFIX + "peer_setup_seconds", a)] == 0.25
+    assert sink.gauges[(PREFIX + "peer_pull_t0_seconds", a)] == 0.002
+    assert sink.gauges[(PREFIX + "peer_pull_bytes_per_second", a)] == 4.5e9
+    assert sink.gauges[(PREFIX + "peer_pull_samples", a)] == 12
+    assert sink.gauges[(PREFIX + "peer_pull_age_seconds", a)] == 3.0
+    assert sink.gauges[(PREFIX + "peer_throughput_bytes_per_second", (*a, "tcp"))] == 3e9
+    assert sink.counters[(PREFIX + "peer_link_failures", (*a, "transfer"))] == 1
+    series.record(sink, [entry("10.0.0.1:5710", link=link(failures={"transfer": 3, "aborted": 1, "bad_frame": 0}))])
+    assert sink.counters[(PREFIX + "peer_link_failures", (*a, "transfer"))] == 3
+    assert sink.counters[(PREFIX + "peer_link_failures", (*a, "aborted"))] == 1
+    assert (PREFIX + "peer_link_failures", (*a, "bad_frame")) not in sink.counters
+    # The session ends: the link's gauges drop with it, its failures stay.
+    series.record(sink, [])
+    assert sink.gauges[(PREFIX + "peer_pull_bytes_per_second", a)] == 0
+    assert sink.gauges[(PREFIX + "peer_rtt_p99_seconds", a)] == 0
+    assert sink.gauges[(PREFIX + "peer_throughput_bytes_per_second", (*a, "tcp"))] == 0
+    assert sink.counters[(PREFIX + "peer_link_failures", (*a, "transfer"))] == 3
+
+
+def test_a_peer_counted_as_other_has_failures_but_no_link_gauges():
+    series, sink = PeerSeries(PREFIX, max_labels=1), Sink()
+    failures = {"transfer": 0, "aborted": 2, "bad_frame": 0}
+    series.record(sink, [entry("10.0.0.1:5710", link=link()), entry("10.0.0.2:5710", link=link(failures=failures))])
+    assert sink.counters[(PREFIX + "peer_link_failures", (OTHER_PEER, "aborted"))] == 2
+    assert not any(labels[0] == OTHER_PEER for (name, labels) in sink.gauges)

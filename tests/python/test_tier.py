@@ -73,7 +73,8 @@ def cluster(library):
         b.close()
 
 
-_GAUGES = ("vllm:peerkv_peer_up", "vllm:peerkv_peer_session_age_seconds", "vllm:peerkv_peer_last_lookup_rtt_seconds")
+_GAUGES = ("vllm:peerkv_peer_up", "vllm:peerkv_peer_session_age_seconds", "vllm:peerkv_peer_last_lookup_rtt_seconds",
+           "vllm:peerkv_peer_rtt_", "vllm:peerkv_peer_setup_", "vllm:peerkv_peer_pull_", "vllm:peerkv_peer_throughput_")
 
 
 def _metrics_until(node, name, seen, key, timeout_s=5.0):
@@ -163,6 +164,32 @@ def test_p2p_partial_hits_load_only_hits(cluster):
     served = _metrics_until(a, "a", served, f"vllm:peerkv_peer_bytes_sent:{consumer}")
     assert served.get(f"vllm:peerkv_peer_bytes_sent:{consumer}", 0) >= 3 * ROW_BYTES, served
     assert 0 < served.get("vllm:peerkv_lookup_served_seconds_sum", 0) <= metrics["vllm:peerkv_lookup_rtt_seconds_sum"]
+
+
+def test_a_pull_fills_its_sources_link_in_metrics_and_links(cluster):
+    """The consumer's view of what a pull from its source costs
+    (docs/links.md): in PeerKVTier.links() and as per-peer gauges."""
+    a, b = cluster.a, cluster.b
+    keys, rows = random_keys(4), random_rows(4)
+    a.call("store", "a", "src-link", None, keys, rows)
+    a.call("finish", "a", "src-link")
+    got = b.call("pull", "b", "c-link", cluster.source("remote_kv_source", "a", new_kv_id()), keys, PULL_TIMEOUT_S)
+    assert got["results"] == ["HIT"] * 4
+    b.call("finish", "b", "c-link")
+    src_id = f"{HOST}:{cluster.ports['a']}"
+    links = {}
+    assert wait_until(lambda: links.update(b.call("links", "b")) or links.get(src_id, {}).get("pull_samples", 0) >= 1)
+    link = links[src_id]
+    assert link["path"] == "shm" and link["handshaked"]
+    assert link["setup_s"] > 0 and link["rtt_samples"] >= 1 and link["rtt_p99_s"] >= link["rtt_p50_s"] > 0
+    assert link["pull_bytes_per_s"] > 0 and link["throughput_bytes_per_s"] > 0 and link["pull_t0_s"] >= 0
+    src = (src_id,)
+    metrics = _metrics_until(b, "b", {}, f"vllm:peerkv_peer_pull_samples:{src}")
+    assert metrics[f"vllm:peerkv_peer_pull_samples:{src}"] >= 1, metrics
+    assert metrics.get(f"vllm:peerkv_peer_pull_bytes_per_second:{src}", 0) > 0, metrics
+    assert metrics.get(f"vllm:peerkv_peer_setup_seconds:{src}", 0) > 0, metrics
+    assert metrics.get(f"vllm:peerkv_peer_rtt_p50_seconds:{src}", 0) > 0, metrics
+    assert metrics.get(f"vllm:peerkv_peer_throughput_bytes_per_second:{src + ('shm',)}", 0) > 0, metrics
 
 
 def test_keys_asked_after_a_load_are_answered_in_their_own_places(cluster):
