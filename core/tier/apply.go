@@ -24,6 +24,9 @@ func (t *Tier) settle() {
 }
 
 func (t *Tier) apply(r session.Report) {
+	if r.Kind == session.LoadDone {
+		r = t.checkRows(r)
+	}
 	t.observeReport(r)
 	switch r.Kind {
 	case session.LoadDone:

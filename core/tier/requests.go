@@ -275,7 +275,7 @@ func (t *Tier) shutdown() error {
 	<-t.loopDone
 	<-t.outbox.done
 	<-t.reg.done
-	errs := []error{t.ctl.Close(), t.dt.Close()}
+	errs := []error{t.ctl.Close(), t.rows.Close()}
 	return errors.Join(errs...)
 }
 

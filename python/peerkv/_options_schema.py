@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "64d5a494087f83562905cb39bc75300ba81b4b022d0bb9d5165aad0814c86532"
+DIGEST = "e7442bb4ec583088ef243374b7fad37374d5f8c05e91c3bf832072a56d2a4ff9"
 
 SCHEMA = json.loads(
     r"""
@@ -55,6 +55,13 @@ SCHEMA = json.loads(
    "type": "boolean",
    "default": "true",
    "doc": "with auto: copy rows straight into peerkv peers on this host",
+   "want": "true or false"
+  },
+  {
+   "name": "verify_pulls",
+   "type": "boolean",
+   "default": "true",
+   "doc": "checksum every row pulled from or served to a peerkv peer that offers it too; a mismatch fails the load",
    "want": "true or false"
   },
   {
@@ -394,7 +401,8 @@ SCHEMA = json.loads(
    "bytes_in",
    "stores",
    "bytes_out",
-   "fallbacks"
+   "fallbacks",
+   "integrity_failures"
   ],
   "peers": [
    "peer",
@@ -452,6 +460,7 @@ SCHEMA = json.loads(
    "serve_kv_ids",
    "serve_keys_wanted",
    "poisoned",
+   "integrity_failures",
    "handshake_rejections",
    "paths",
    "lookup_rtt_s",
