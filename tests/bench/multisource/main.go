@@ -103,9 +103,14 @@ func fill(row []byte, i int) {
 // open starts a peer on 127.0.0.1 at a free port with the given
 // data_transport ("tcp": TCP only; "auto": the same-host path to a peer here).
 func (p params) open(region data.Region, transport string) (*tier.Tier, error) {
+	return p.openVerifying(region, transport, true)
+}
+
+// openVerifying is open with verify_pulls set as given.
+func (p params) openVerifying(region data.Region, transport string, verify bool) (*tier.Tier, error) {
 	return benchproc.Open(region, func(port int) string {
-		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_transport":%q,"key_len":%d,"hash_seed":"bench","load_timeout_s":120,"lookup_timeout_s":30}`,
-			port, transport, keyLen)
+		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_transport":%q,"key_len":%d,"hash_seed":"bench","load_timeout_s":120,"lookup_timeout_s":30,"verify_pulls":%t}`,
+			port, transport, keyLen, verify)
 	})
 }
 
@@ -252,7 +257,54 @@ func runConsumer(p params) error {
 	if err := c.fromSources(); err != nil {
 		return err
 	}
-	return c.sameHost()
+	if err := c.sameHost(); err != nil {
+		return err
+	}
+	return c.checksums()
+}
+
+// checksums times the same pull from one producer with verified pulls (the
+// default) and without (the consumer's verify_pulls false), alternating
+// between two consumers on one region, over TCP and over the same-host
+// path into a warm region.
+func (c *consumer) checksums() error {
+	for _, transport := range []string{"tcp", "auto"} {
+		pr, err := startProducer(transport)
+		if err != nil {
+			return err
+		}
+		defer pr.stop()
+		var consumers [2]*tier.Tier // with, without
+		for i, verify := range []bool{true, false} {
+			t, err := c.p.openVerifying(c.region, transport, verify)
+			if err != nil {
+				return err
+			}
+			defer t.Shutdown()
+			c.job++
+			if _, err := pull(t, fmt.Sprintf("checks-warm-up-%t", verify), []*producer{pr}, c.keys[:1], c.slots[:1], c.job); err != nil {
+				return fmt.Errorf("checksums warm-up: %w", err)
+			}
+			consumers[i] = t
+		}
+		var secs [2][]float64
+		for it := range c.p.iters {
+			for i, t := range consumers {
+				s, err := c.timedPull(t, fmt.Sprintf("checks-%s-%d-%d", transport, i, it), []*producer{pr}, func() { clear(c.region.Mem) })
+				if err != nil {
+					return fmt.Errorf("checksums over %s: %w", transport, err)
+				}
+				secs[i] = append(secs[i], s)
+			}
+		}
+		if st := consumers[0].Stats(); st.IntegrityFailures["mismatch"] != 0 || st.IntegrityFailures["missing"] != 0 {
+			return fmt.Errorf("checksums over %s: integrity failures %v", transport, st.IntegrityFailures)
+		}
+		with, without := benchproc.Median(secs[0]), benchproc.Median(secs[1])
+		fmt.Printf("multisource: verified pulls (CRC-32C) over %s %dx%dMiB: load %.3f s with checks, %.3f s without; with ÷ without %.2f\n",
+			map[string]string{"tcp": "TCP", "auto": "the same-host path (shm), warm region"}[transport], c.p.rows, c.p.rowMiB, with, without, with/without)
+	}
+	return nil
 }
 
 // consumer pulls the whole prompt into its region and checks every row.
