@@ -15,8 +15,8 @@ func (t *Tier) FramesDecoded() int64 {
 	return t.stats.framesDecoded
 }
 
-// BeforeCheck runs f (t.mu held) before each verified load's rows are
-// checked where they landed.
+// BeforeCheck runs f before each verified load's rows are checked where
+// they landed.
 func (t *Tier) BeforeCheck(f func(rows []uint64)) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

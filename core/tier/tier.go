@@ -57,8 +57,10 @@ type Tier struct {
 	ctl    control.Transport
 	dt     data.Transport
 	rows   *rowsum.Writer // starts dt's writes, summing those of verified pulls
+	// checked carries verified loads' checks back to the loop (verify.go).
+	checked chan checked
 	// beforeCheck, if set (tests), runs before a verified load's rows are
-	// checked, with t.mu held.
+	// checked, on the checking goroutine.
 	beforeCheck func(rows []uint64)
 	now         func() time.Time
 	env         *session.Env
@@ -151,6 +153,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		expected:     map[uint64]string{},
 		owed:         map[string]int{},
 		registered:   make(chan registration, 64),
+		checked:      make(chan checked, 64),
 		registerWake: make(chan struct{}, 1),
 		obs:          newObservations(),
 		adm:          adm,
@@ -328,6 +331,8 @@ func (t *Tier) loop() {
 					s.Complete(c)
 				}
 			})
+		case c := <-t.checked:
+			t.locked(func() { t.verdict(c) })
 		case r := <-t.registered:
 			t.locked(func() {
 				if r.err == nil {

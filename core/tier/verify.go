@@ -16,40 +16,71 @@ const (
 // IntegrityCauses lists every cause, in documentation order.
 var IntegrityCauses = []string{IntegrityMismatch, IntegrityMissing}
 
-// checkRows verifies a successful load of a verified pull where its rows
-// landed, before anything reports it: a row that differs from the sum the
-// producer took when it sent it fails the load (the keys go to another
-// source, or the request recomputes). The check holds the write guard's
-// lock, so no write of the data path runs into the rows meanwhile. A
-// failed check fences the peer, as a failed transfer does. t.mu held.
-func (t *Tier) checkRows(r session.Report) session.Report {
-	if r.Integrity == "" && (!r.OK || r.Sums == nil) {
-		return r
+// checked is a verified load's report with the outcome of its check.
+type checked struct {
+	r   session.Report
+	bad int // index of the first row that failed, -1 if none
+}
+
+// checkRows takes a session's LoadDone. A successful load of a verified
+// pull is checked where its rows landed before anything reports it, on a
+// goroutine (a large load's check takes milliseconds; the host's calls
+// must not wait for it): its report comes back through the progress loop
+// (verdict). Until then the load's rows stay owed to the peer and in no
+// one else's hands. Other reports, and a load the session already failed
+// for its sums (r.Integrity), go on at once. t.mu held.
+func (t *Tier) checkRows(r session.Report) (session.Report, bool) {
+	if r.Integrity != "" {
+		return t.integrityFailed(r, -1), true
 	}
-	peer := r.Session.PeerID()
-	if r.Integrity == "" {
-		if t.beforeCheck != nil {
-			t.beforeCheck(r.Rows)
+	if !r.OK || r.Sums == nil {
+		return r, true
+	}
+	hook := t.beforeCheck
+	go func() {
+		if hook != nil {
+			hook(r.Rows)
 		}
+		// Writers hold the guard's read lock while they copy: taking the
+		// write lock once orders this read after every copy made so far.
 		t.guardMu.Lock()
-		bad := rowsum.Mismatch(t.region, r.Rows, r.Sums)
 		t.guardMu.Unlock()
-		if bad < 0 {
-			return r
+		bad := rowsum.Mismatch(t.region, r.Rows, r.Sums)
+		select {
+		case t.checked <- checked{r, bad}:
+		case <-t.stop:
 		}
+	}()
+	return r, false
+}
+
+// verdict applies a check's outcome: the report as the session made it,
+// or failed. t.mu held (locked settles what it leads to).
+func (t *Tier) verdict(c checked) {
+	r := c.r
+	r.Sums = nil
+	if c.bad >= 0 {
+		r = t.integrityFailed(r, c.bad)
+	}
+	t.applyChecked(r)
+}
+
+// integrityFailed fails a load that did not pass (bad: its first bad row,
+// or -1 when its sums were missing): counted by cause and path, logged
+// with peer, kv id and row, and its peer fenced, as a failed transfer's is.
+func (t *Tier) integrityFailed(r session.Report, bad int) session.Report {
+	peer := r.Session.PeerID()
+	if bad >= 0 {
 		r.Integrity = IntegrityMismatch
+		t.stats.integrityMismatch++
 		t.logf("WARNING", "peer %s: kv_request_id=%s round=%d: row %d (key %d of %d) does not match the checksum the peer sent; the load fails",
 			peer, r.KVID, r.Round, r.Rows[bad], bad, len(r.Rows))
 	} else {
+		t.stats.integrityMissing++
 		t.logf("WARNING", "peer %s: kv_request_id=%s round=%d: transfer_done carries no checksum for each of its %d rows although both sides verify pulls; the load fails",
 			peer, r.KVID, r.Round, len(r.Rows))
 	}
 	r.OK, r.Fence, r.Sums = false, true, nil
-	if r.Integrity == IntegrityMismatch {
-		t.stats.integrityMismatch++
-	} else {
-		t.stats.integrityMissing++
-	}
 	t.obs.path(t.obs.pathOf(r.Session)).IntegrityFailures++
 	return r
 }

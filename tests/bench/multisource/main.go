@@ -58,6 +58,7 @@ const (
 
 type params struct {
 	rows, rowMiB, iters, sources int
+	checksOnly                   bool
 }
 
 func main() {
@@ -66,6 +67,7 @@ func main() {
 	flag.IntVar(&p.rowMiB, "row-mib", 2, "row size in MiB")
 	flag.IntVar(&p.iters, "iters", 3, "pulls per source count (median reported)")
 	flag.IntVar(&p.sources, "sources", 3, "measure 1..sources sources")
+	flag.BoolVar(&p.checksOnly, "checks-only", false, "measure only the pull time with and without verified pulls")
 	flag.Parse()
 	var err error
 	if os.Getenv(childEnv) != "" {
@@ -253,6 +255,9 @@ func runConsumer(p params) error {
 	for i := range p.rows {
 		c.keys = append(c.keys, key(i))
 		c.slots = append(c.slots, int64(i))
+	}
+	if p.checksOnly {
+		return c.checksums()
 	}
 	if err := c.fromSources(); err != nil {
 		return err
