@@ -273,6 +273,7 @@ func (t *Tier) shutdown() error {
 	}
 	close(t.stop)
 	<-t.loopDone
+	t.checking.Wait()
 	<-t.outbox.done
 	<-t.reg.done
 	errs := []error{t.ctl.Close(), t.rows.Close()}

@@ -57,8 +57,11 @@ type Tier struct {
 	ctl    control.Transport
 	dt     data.Transport
 	rows   *rowsum.Writer // starts dt's writes, summing those of verified pulls
-	// checked carries verified loads' checks back to the loop (verify.go).
-	checked chan checked
+	// checked carries verified loads' checks back to the loop (verify.go);
+	// checking counts the checks reading the region, which Shutdown waits
+	// for (the host may free the region once it returns).
+	checked  chan checked
+	checking sync.WaitGroup
 	// beforeCheck, if set (tests), runs before a verified load's rows are
 	// checked, on the checking goroutine.
 	beforeCheck func(rows []uint64)

@@ -37,7 +37,9 @@ func (t *Tier) checkRows(r session.Report) (session.Report, bool) {
 		return r, true
 	}
 	hook := t.beforeCheck
+	t.checking.Add(1)
 	go func() {
+		defer t.checking.Done()
 		if hook != nil {
 			hook(r.Rows)
 		}

@@ -159,3 +159,40 @@ func TestVerifyPullsOffOnEitherSideChecksNothing(t *testing.T) {
 		})
 	}
 }
+
+// Shutdown returns only once no check reads the region: the host may free
+// it then.
+func TestShutdownWaitsForTheChecksInFlight(t *testing.T) {
+	c := newCluster(t)
+	prod, dec := c.peer(1), c.peer(2)
+	checking, release := make(chan struct{}), make(chan struct{})
+	dec.BeforeCheck(func([]uint64) { close(checking); <-release })
+	ks := keys(0, 1)
+	_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-sd"}}`))
+	require.NoError(t, err)
+	require.NoError(t, prod.SubmitStore("p", 100, ks, []int64{10, 11}))
+	_, err = dec.StartRequest("d", pdParams("kv-sd", prod))
+	require.NoError(t, err)
+	dec.lookup("d", ks)
+	require.NoError(t, dec.SubmitLoad("d", 7, ks, []int64{40, 41}))
+	select {
+	case <-checking:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the load was never checked")
+	}
+	done := make(chan error)
+	go func() { done <- dec.Shutdown() }()
+	select {
+	case <-done:
+		t.Fatal("Shutdown returned while a check was reading the region")
+	case <-time.After(time.Second): // past its own goodbye grace (100 ms)
+	}
+	close(release)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Shutdown did not return")
+	}
+	assert.False(t, dec.waitJob(7, 5*time.Second).Success, "a load still being checked at shutdown fails")
+}

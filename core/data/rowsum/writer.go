@@ -183,11 +183,15 @@ func (w *Writer) forward() {
 	w.outbox.Finish()
 }
 
-// Close closes the transport; writes still summing complete as failed.
+// Close closes the transport; writes still summing complete as failed. It
+// returns once no goroutine of Writer reads the region (the host may free
+// it then).
 func (w *Writer) Close() error {
 	w.mu.Lock()
 	w.closed = true
 	w.mu.Unlock()
 	w.outbox.StartClosing()
-	return w.inner.Close()
+	err := w.inner.Close()
+	w.summing.Wait()
+	return err
 }

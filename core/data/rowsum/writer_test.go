@@ -88,3 +88,34 @@ func TestSummedWriteRunsInChunksAndCompletesOnce(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 }
+
+// Close returns only once no summing goroutine reads the region, and the
+// write it cut short completes failed, once.
+func TestCloseWaitsForTheSumsInFlight(t *testing.T) {
+	r := region(4, 4096)
+	f := &fakePath{done: make(chan data.Completion, 16)}
+	w := NewWriter(f, r)
+	summed, release := make(chan struct{}), make(chan struct{})
+	w.SetBeforeSend(func(string, []uint64) { close(summed); <-release })
+	id, err := w.WriteSummed("p", []uint64{0, 1}, []uint64{2, 3})
+	require.NoError(t, err)
+	<-summed
+	closed := make(chan error)
+	go func() { closed <- w.Close() }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a write was still reading the region")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	c := next(t, w)
+	assert.Equal(t, id, c.ID)
+	assert.ErrorIs(t, c.Err, data.ErrClosed)
+	assert.Zero(t, f.started(), "nothing starts once closed")
+}
