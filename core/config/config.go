@@ -118,6 +118,11 @@ type Config struct {
 	// into it. Turn it off where policy forbids sharing the region's memory
 	// with another process.
 	NoSameHostCopy bool
+	// NoVerifyPulls stops offering verified pulls ("verify_pulls": false):
+	// with it on (the default), a peerkv peer that offers them too sends
+	// the CRC-32C of each row it writes us, and a load whose rows do not
+	// match where they landed fails (docs/security.md G14).
+	NoVerifyPulls bool
 	// DataHost is the address the TCP data listener binds (default Host).
 	DataHost string
 	// DataPort is the TCP data listener port (0 = ephemeral).
@@ -335,6 +340,7 @@ type jsonConfig struct {
 	DataPort              *int     `json:"data_port"`
 	AuthSecret            *string  `json:"auth_secret"`
 	SameHostCopy          *bool    `json:"same_host_copy"`
+	VerifyPulls           *bool    `json:"verify_pulls"`
 	MaxPeers              *int     `json:"max_peers"`
 	NixlLibrary           *string  `json:"nixl_library"`
 	PythonPrefix          *string  `json:"python_prefix"`
@@ -421,6 +427,9 @@ func FromJSON(b []byte) (Config, error) {
 	str(&c.AuthSecret, j.AuthSecret)
 	if j.SameHostCopy != nil {
 		c.NoSameHostCopy = !*j.SameHostCopy
+	}
+	if j.VerifyPulls != nil {
+		c.NoVerifyPulls = !*j.VerifyPulls
 	}
 	num(&c.MaxPeers, j.MaxPeers)
 	str(&c.NixlLibrary, j.NixlLibrary)

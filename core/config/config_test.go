@@ -47,7 +47,7 @@ func TestFromJSONSetsEveryField(t *testing.T) {
 		"nixl_num_threads": 2, "handshake_timeout_s": 1.5, "lookup_timeout_s": 2, "load_timeout_s": 3,
 		"abort_ack_timeout_s": 4, "store_timeout_s": 5, "unbound_store_timeout_s": 6, "inbound_lookup_timeout_s": 7,
 		"reaped_id_retention_s": 8, "shutdown_drain_timeout_s": 9, "drain_timeout_s": 10, "tick_s": 0.005,
-		"max_frame_bytes": 1024, "max_list_items": 16, "same_host_copy": false, "python_prefix": "/srv/venv",
+		"max_frame_bytes": 1024, "max_list_items": 16, "same_host_copy": false, "verify_pulls": false, "python_prefix": "/srv/venv",
 		"idle_timeout_s": 11, "max_peers_per_host": 2, "max_requests_per_peer": 12, "max_keys_per_peer": 13,
 		"max_sources_per_request": 3, "encrypt": true, "allowed_peers": ["10.0.0.0/8", "prefill-0.svc"]}`))
 	require.NoError(t, err)
@@ -58,7 +58,7 @@ func TestFromJSONSetsEveryField(t *testing.T) {
 		AbortAckTimeout: 4 * time.Second, StoreTimeout: 5 * time.Second, UnboundStoreTimeout: 6 * time.Second,
 		InboundLookupTimeout: 7 * time.Second, ReapedIDRetention: 8 * time.Second, ShutdownDrainTimeout: 9 * time.Second,
 		DrainTimeout: 10 * time.Second, Tick: 5 * time.Millisecond, MaxFrameBytes: 1024, MaxListItems: 16,
-		NoSameHostCopy: true, PythonPrefix: "/srv/venv", IdleTimeout: 11 * time.Second, MaxPeersPerHost: 2,
+		NoSameHostCopy: true, NoVerifyPulls: true, PythonPrefix: "/srv/venv", IdleTimeout: 11 * time.Second, MaxPeersPerHost: 2,
 		MaxRequestsPerPeer: 12, MaxKeysPerPeer: 13, MaxSourcesPerRequest: 3, Encrypt: true,
 		AllowedPeers: []string{"10.0.0.0/8", "prefill-0.svc"}}, c)
 	assert.Equal(t, "127.0.0.1:6000", c.LocalID())

@@ -59,6 +59,7 @@ var Options = []Option{
 	{Name: "data_transport", Type: TypeString, Enum: []string{DataAuto, "nixl", "tcp"}, Default: DataAuto,
 		Doc: "auto: same-host copy, NIXL when it loads and TCP, chosen per peer; nixl: NIXL only; tcp: TCP only"},
 	{Name: "same_host_copy", Type: TypeBoolean, Default: "true", Doc: "with auto: copy rows straight into peerkv peers on this host"},
+	{Name: "verify_pulls", Type: TypeBoolean, Default: "true", Doc: "checksum every row pulled from or served to a peerkv peer that offers it too; a mismatch fails the load"},
 	{Name: "data_host", Type: TypeString, Default: "host", Doc: "address the TCP data listener binds"},
 	{Name: "data_port", Type: TypeInteger, Min: bound(0), Max: bound(65535), Default: "0", Doc: "TCP data listener port (0: ephemeral)"},
 	{Name: "nixl_backends", Type: TypeStringList, Default: `["UCX"]`, Doc: "NIXL backends"},

@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -85,10 +86,15 @@ type (
 		RoundSeq     uint64   `codec:"round_seq"`
 	}
 	wireTransferDone struct {
-		Type        Type   `codec:"type"`
-		KVRequestID string `codec:"kv_request_id"`
-		Success     bool   `codec:"success"`
-		RoundSeq    uint64 `codec:"round_seq"`
+		Type        Type         `codec:"type"`
+		KVRequestID string       `codec:"kv_request_id"`
+		Success     bool         `codec:"success"`
+		RoundSeq    uint64       `codec:"round_seq"`
+		PeerKV      *wireRowSums `codec:"peerkv,omitempty"`
+	}
+	// wireRowSums packs the row checksums as 4 big-endian bytes each.
+	wireRowSums struct {
+		CRC32C []byte `codec:"crc32c"`
 	}
 	wireProof struct {
 		Type   Type   `codec:"type"`
@@ -213,9 +219,18 @@ func toWire(m Message) (wire any, size int, err error) {
 		}
 		return &wireFetch{TypeFetch, v.KVRequestID, keys, idx, v.RoundSeq}, header + len(v.KVRequestID) + n + 9*len(idx), nil
 	case *TransferDone:
-		if v != nil {
-			return &wireTransferDone{TypeTransferDone, v.KVRequestID, v.Success, v.RoundSeq}, header + len(v.KVRequestID), nil
+		if v == nil {
+			break
 		}
+		w := &wireTransferDone{TypeTransferDone, v.KVRequestID, v.Success, v.RoundSeq, nil}
+		if v.RowSums != nil {
+			packed := make([]byte, 4*len(v.RowSums))
+			for i, sum := range v.RowSums {
+				binary.BigEndian.PutUint32(packed[4*i:], sum)
+			}
+			w.PeerKV = &wireRowSums{packed}
+		}
+		return w, 2*header + len(v.KVRequestID) + 4*len(v.RowSums), nil
 	case *AbortFetch:
 		if v != nil {
 			return &wireRound{TypeAbortFetch, v.KVRequestID, v.RoundSeq}, header + len(v.KVRequestID), nil

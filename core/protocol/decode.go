@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -411,7 +412,46 @@ func (f *parsed) transferDone() (Message, error) {
 	if m.RoundSeq, err = f.uint(fRoundSeq, 0); err != nil {
 		return nil, err
 	}
+	if f.at[fPeerKV] != 0 {
+		if m.RowSums, err = f.rowSums(); err != nil {
+			return nil, err
+		}
+	}
 	return &m, nil
+}
+
+// rowSums reads transfer_done's "peerkv" map: "crc32c", 4 bytes per row,
+// at most MaxListItems rows. Other keys are ignored; absent reads as nil.
+func (f *parsed) rowSums() ([]uint32, error) {
+	t, _ := f.value(fPeerKV)
+	if t.Kind != kindMap {
+		return nil, f.fail(fPeerKV, "expected map, got %s", t.describe())
+	}
+	var sums []uint32
+	for range t.Len {
+		k, _ := f.r.next()
+		v, _ := f.r.next()
+		if k.Kind != kindStr || string(k.Bytes) != VerifyCRC32C {
+			_ = f.r.skip(k, 2) // scan already checked the nesting
+			_ = f.r.skip(v, 2)
+			continue
+		}
+		path := CapabilitiesKey + "." + VerifyCRC32C
+		if sums != nil {
+			return nil, f.failPath(path, "duplicate key")
+		}
+		if v.Kind != kindBin {
+			return nil, f.failPath(path, "expected bin, got %s", v.describe())
+		}
+		if len(v.Bytes)%4 != 0 || len(v.Bytes)/4 > f.limits.MaxListItems {
+			return nil, f.failPath(path, "%d bytes: not 4 per row, or over %d rows", len(v.Bytes), f.limits.MaxListItems)
+		}
+		sums = make([]uint32, len(v.Bytes)/4)
+		for i := range sums {
+			sums[i] = binary.BigEndian.Uint32(v.Bytes[4*i:])
+		}
+	}
+	return sums, nil
 }
 
 func (f *parsed) proof() (Message, error) {

@@ -199,7 +199,7 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 			return f.failPath(path, "expected %s, got %s", want, v.describe())
 		}
 		switch name {
-		case "version", "data_transport", "data_addr", "nonce", "same_host", "data_token":
+		case "version", "data_transport", "data_addr", "nonce", "same_host", "data_token", "verify":
 			if seen[name] {
 				return nil, f.failPath(path, "duplicate key")
 			}
@@ -211,7 +211,7 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 				return nil, bad("non-negative int")
 			}
 			c.Version = v.Uint
-		case "data_transport", "data_addr", "same_host", "data_token":
+		case "data_transport", "data_addr", "same_host", "data_token", "verify":
 			if v.Kind != kindStr {
 				return nil, bad("str")
 			}
@@ -225,6 +225,8 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 				c.DataAddr = string(v.Bytes)
 			case "same_host":
 				c.SameHost = string(v.Bytes)
+			case "verify":
+				c.Verify = string(v.Bytes)
 			default:
 				c.DataToken = string(v.Bytes)
 			}

@@ -63,7 +63,14 @@ type Capabilities struct {
 	// DataToken keys the MAC of the receiving peer's TCP data connections
 	// to us (see data.Grants); absent without the TCP path.
 	DataToken string `codec:"data_token,omitempty"`
+	// Verify names the row checksum this peer computes and checks
+	// (VerifyCRC32C), or "" (absent) when it offers none. Only when both
+	// connects offer the same one does transfer_done carry row checksums.
+	Verify string `codec:"verify,omitempty"`
 }
+
+// VerifyCRC32C is the only row checksum: CRC-32C (Castagnoli) of each row.
+const VerifyCRC32C = "crc32c"
 
 // Connect is the first message on a connection, sent by both sides.
 type Connect struct {
@@ -125,6 +132,10 @@ type TransferDone struct {
 	KVRequestID string
 	Success     bool
 	RoundSeq    uint64
+	// RowSums, when non-nil, is the CRC-32C of each row written, parallel
+	// to the fetch's block_indexes; encoded under CapabilitiesKey, sent
+	// only to a peer that negotiated Capabilities.Verify.
+	RowSums []uint32
 }
 
 // AbortFetch cancels one fetch round.

@@ -318,14 +318,19 @@ func (c *consumer) onLookupResp(m *protocol.LookupResp) {
 }
 
 func (c *consumer) onTransferDone(m *protocol.TransferDone) {
-	c.finishLoad(m.KVRequestID, m.RoundSeq, m.Success, "transfer_done")
+	c.finishLoad(m.KVRequestID, m.RoundSeq, m.Success, "transfer_done", m.RowSums)
 }
 
 func (c *consumer) onAbortAck(m *protocol.AbortAck) {
-	c.finishLoad(m.KVRequestID, m.RoundSeq, false, "abort_ack")
+	c.finishLoad(m.KVRequestID, m.RoundSeq, false, "abort_ack", nil)
 }
 
-func (c *consumer) finishLoad(id string, round uint64, ok bool, via string) {
+// IntegrityMissing is the integrity failure of a successful transfer_done
+// that lacks a checksum for each row of its load although both sides
+// offered verified pulls.
+const IntegrityMissing = "missing"
+
+func (c *consumer) finishLoad(id string, round uint64, ok bool, via string, sums []uint32) {
 	r := c.requests[id]
 	var l *load
 	if r != nil {
@@ -341,9 +346,17 @@ func (c *consumer) finishLoad(id string, round uint64, ok bool, via string) {
 		c.s.env.Logf("WARNING", "peer %s could not supply kv_request_id=%s round=%d; the request recomputes locally",
 			c.s.peerID, id, round)
 	}
+	integrity := ""
+	if !c.s.Verifies() || !ok {
+		sums = nil
+	} else if len(sums) != len(l.rows) {
+		// The owner logs it (rate-limited) and counts it.
+		ok, sums, integrity = false, nil, IntegrityMissing
+	}
 	// A failed load fails its own request only. A failed transfer may have
 	// been cut mid-part with rows still in flight to us: fence those too.
-	c.s.report(Report{Kind: LoadDone, JobID: l.jobID, OK: ok, KVID: id, Round: round, Rows: l.rows, Fence: !ok && via == "transfer_done"})
+	c.s.report(Report{Kind: LoadDone, JobID: l.jobID, OK: ok, KVID: id, Round: round, Rows: l.rows,
+		Fence: !ok && via == "transfer_done", Sums: sums, Integrity: integrity})
 	c.prune(id)
 }
 

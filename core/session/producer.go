@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/core/data/rowsum"
 	"github.com/peerkv/peerkv/core/protocol"
 )
 
@@ -15,6 +16,8 @@ type transfer struct {
 	round uint64
 	r     *round
 	rows  int
+	dst   []uint64      // the consumer's rows it writes (for their sums)
+	sums  []uint32      // its source rows' sums, when taken at the start
 	jobs  map[int64]int // job -> rows it contributes
 }
 
@@ -132,6 +135,9 @@ func (p *producer) onFetch(m *protocol.Fetch) error {
 	}
 	rd := p.round(m.KVRequestID, m.RoundSeq)
 	rd.fetch(p.s.env.Now(), len(m.Keys))
+	if p.s.Verifies() {
+		rd.verify(m.BlockIndexes)
+	}
 	if bad := p.badFetch(m); bad != "" {
 		p.s.env.Logf("ERROR", "peer %s: fetch kv_request_id=%s round=%d rejected: %s",
 			p.s.peerID, m.KVRequestID, m.RoundSeq, bad)
@@ -266,7 +272,7 @@ func (s *Session) FinishProducer(kvID string) {
 }
 
 func (p *producer) write(kvID string, seq uint64, r *round, local, remote []uint64, jobs map[int64]int) {
-	id, err := p.s.env.Data.Write(p.s.peerID, local, remote)
+	id, sums, err := p.s.startWrite(local, remote)
 	if err != nil {
 		p.s.env.Logf("ERROR", "peer %s: data write for kv_request_id=%s round=%d failed to start: %v",
 			p.s.peerID, kvID, seq, err)
@@ -282,11 +288,43 @@ func (p *producer) write(kvID string, seq uint64, r *round, local, remote []uint
 			sj.carried++
 		}
 	}
-	p.transfers[id] = &transfer{kvID: kvID, round: seq, r: r, rows: len(local), jobs: jobs}
+	p.transfers[id] = &transfer{kvID: kvID, round: seq, r: r, rows: len(local), dst: remote, sums: sums, jobs: jobs}
 }
 
-// TransferComplete applies a data-path completion.
+// startWrite starts a data-path write of local rows src into the peer's
+// rows dst, summing the source rows when the session verifies pulls: on
+// Rows' goroutine (the sums come with the completion), or here, returned,
+// when the owner gave no Rows.
+func (s *Session) startWrite(src, dst []uint64) (uint64, []uint32, error) {
+	switch {
+	case s.env.Rows != nil && s.Verifies():
+		id, err := s.env.Rows.WriteSummed(s.peerID, src, dst)
+		return id, nil, err
+	case s.env.Rows != nil:
+		id, err := s.env.Rows.Write(s.peerID, src, dst)
+		return id, nil, err
+	}
+	var sums []uint32
+	if s.Verifies() {
+		for _, r := range src {
+			if r >= s.env.Region.NumRows() {
+				return 0, nil, fmt.Errorf("%w: source row %d", data.ErrRowOutOfRange, r)
+			}
+		}
+		sums = rowsum.Rows(s.env.Region, src)
+	}
+	id, err := s.env.Data.Write(s.peerID, src, dst)
+	return id, sums, err
+}
+
+// TransferComplete applies a data-path completion without row sums.
 func (s *Session) TransferComplete(id uint64, err error) {
+	s.Complete(data.Completion{ID: id, Err: err})
+}
+
+// Complete applies a data-path completion.
+func (s *Session) Complete(c data.Completion) {
+	id, err := c.ID, c.Err
 	p := &s.producer
 	t := p.transfers[id]
 	if t == nil {
@@ -312,6 +350,11 @@ func (s *Session) TransferComplete(id uint64, err error) {
 		p.releaseUncarried(r, false)
 	} else if r.live() {
 		r.remaining -= t.rows
+		sums := c.Sums
+		if sums == nil {
+			sums = t.sums
+		}
+		r.landed(t.dst, sums)
 	}
 	if r.inflight > 0 {
 		return
@@ -366,7 +409,11 @@ func (p *producer) finalize(kvID string, seq uint64, sendDone bool) {
 	clear(r.jobs)
 	r.dropKeys()
 	if sendDone && r.fetchSeen && r.state != roundAborting {
-		p.s.send(&protocol.TransferDone{KVRequestID: kvID, Success: ok, RoundSeq: seq})
+		done := &protocol.TransferDone{KVRequestID: kvID, Success: ok, RoundSeq: seq}
+		if ok && r.fetchRows != nil {
+			done.RowSums = r.rowSums()
+		}
+		p.s.send(done)
 	}
 	if !r.live() {
 		r.fetchSeen = true // keep the tombstone; a repeated fetch is a protocol error

@@ -46,6 +46,13 @@ type Report struct {
 	Lookup  *InboundLookup
 	// Fence: see LoadDone.
 	Fence bool
+	// Sums (LoadDone, OK, verified pulls): the producer's checksum of each
+	// row, parallel to Rows; the owner checks the rows where they landed
+	// before it reports the load successful. Integrity names why the
+	// session failed a load the producer reported successful (e.g.
+	// IntegrityMissing), "" otherwise.
+	Sums      []uint32
+	Integrity string
 }
 
 func (s *Session) report(r Report) {

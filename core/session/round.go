@@ -45,6 +45,41 @@ type round struct {
 	jobs      map[int64]struct{}
 	remaining int // rows of the fetch still to write
 	inflight  int // data-path writes running
+
+	// Verified pulls: the fetch's rows (non-nil only when the session
+	// verifies) and the checksum of each row written so far.
+	fetchRows []uint64
+	sums      map[uint64]uint32
+}
+
+// verify makes the round collect row checksums for its transfer_done.
+func (r *round) verify(rows []uint64) {
+	r.fetchRows = rows
+	r.sums = make(map[uint64]uint32, len(rows))
+}
+
+// landed records the sums of rows a transfer wrote (parallel to dst).
+func (r *round) landed(dst []uint64, sums []uint32) {
+	if r.sums == nil || len(sums) != len(dst) {
+		return
+	}
+	for i, row := range dst {
+		r.sums[row] = sums[i]
+	}
+}
+
+// rowSums lists the sums in the fetch's order, or nil when a row has none
+// (a transfer that carried none): the consumer then fails the load.
+func (r *round) rowSums() []uint32 {
+	out := make([]uint32, len(r.fetchRows))
+	for i, row := range r.fetchRows {
+		sum, ok := r.sums[row]
+		if !ok {
+			return nil
+		}
+		out[i] = sum
+	}
+	return out
 }
 
 func newRound() *round {

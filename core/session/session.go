@@ -20,6 +20,7 @@ import (
 
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/core/data/rowsum"
 	"github.com/peerkv/peerkv/core/protocol"
 )
 
@@ -29,7 +30,11 @@ type Env struct {
 	Cfg     config.Config
 	Region  data.Region
 	Data    data.Transport
-	Now     func() time.Time
+	// Rows, when set, starts the data path's writes (summed ones for
+	// verified pulls) and delivers their completions; without it writes
+	// go to Data and are summed on the caller's thread (tests).
+	Rows *rowsum.Writer
+	Now  func() time.Time
 	// Send encodes and queues one message to peerID.
 	Send func(peerID string, m protocol.Message) error
 	// Report queues one Report for the owner to apply after the call.
@@ -583,6 +588,9 @@ func (s *Session) sendConnect() {
 		HashSeed:          s.env.Cfg.HashSeed,
 	}
 	caps := &protocol.Capabilities{Version: capabilitiesVersion, Nonce: []byte{}}
+	if !s.env.Cfg.NoVerifyPulls {
+		caps.Verify = protocol.VerifyCRC32C
+	}
 	if s.env.Cfg.AuthSecret != "" {
 		caps.Nonce = s.nonce
 	} else {
@@ -598,6 +606,13 @@ func (s *Session) sendConnect() {
 	}
 	c.PeerKV = caps
 	s.sendNow(c)
+}
+
+// Verifies reports whether this session's pulls are verified: both sides
+// offered the same row checksum in their connects.
+func (s *Session) Verifies() bool {
+	return !s.env.Cfg.NoVerifyPulls && s.peer != nil && s.peer.PeerKV != nil &&
+		s.peer.PeerKV.Verify == protocol.VerifyCRC32C
 }
 
 // grant mints what our data paths grant this session's peer alone.

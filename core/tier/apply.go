@@ -24,6 +24,17 @@ func (t *Tier) settle() {
 }
 
 func (t *Tier) apply(r session.Report) {
+	if r.Kind == session.LoadDone {
+		var now bool
+		if r, now = t.checkRows(r); !now {
+			return // its report comes back checked (verify.go)
+		}
+	}
+	t.applyChecked(r)
+}
+
+// applyChecked applies a report that needs no (more) check.
+func (t *Tier) applyChecked(r session.Report) {
 	t.observeReport(r)
 	switch r.Kind {
 	case session.LoadDone:

@@ -31,3 +31,15 @@ func StubResolver(addrs map[string][]string) (restore func()) {
 	}
 	return func() { resolveHost = prev }
 }
+
+// BeforeCheck runs f before each verified load's rows are checked where
+// they landed.
+func (t *Tier) BeforeCheck(f func(rows []uint64)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.beforeCheck = f
+}
+
+// BeforeSend runs f after each summed write's sums were taken and before
+// its transfer starts.
+func (t *Tier) BeforeSend(f func(peerID string, src []uint64)) { t.rows.SetBeforeSend(f) }

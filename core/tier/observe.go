@@ -78,6 +78,9 @@ type PathStats struct {
 	// Fallbacks counts peers served on this path although they offered a
 	// faster one that failed to register (its reason is in the log).
 	Fallbacks int64 `json:"fallbacks"`
+	// IntegrityFailures counts fetch rounds on this path whose rows failed
+	// the verified-pull check (also in LoadFailures).
+	IntegrityFailures int64 `json:"integrity_failures"`
 }
 
 // observations holds the by-cause and by-path counters and histograms;

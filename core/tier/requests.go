@@ -273,10 +273,11 @@ func (t *Tier) shutdown() error {
 	}
 	close(t.stop)
 	<-t.loopDone
+	t.checking.Wait()
 	<-t.outbox.done
 	<-t.lanes.done
 	<-t.reg.done
-	errs := []error{t.ctl.Close(), t.dt.Close()}
+	errs := []error{t.ctl.Close(), t.rows.Close()}
 	return errors.Join(errs...)
 }
 

@@ -11,6 +11,7 @@ type counters struct {
 	unboundExpired, badParams                     int64
 	sessionsRefused, sessionsEvicted              int64
 	kvIDsMinted, loadsSpread, sourceFailovers     int64
+	integrityMismatch, integrityMissing           int64
 }
 
 // Stats is a snapshot of the peer's counters and gauges.
@@ -65,6 +66,9 @@ type Stats struct {
 	// Poisoned says why the peer stopped after an internal error ("" if not).
 	Poisoned string `json:"poisoned,omitempty"`
 
+	// IntegrityFailures counts loads of verified pulls that failed their
+	// check, by cause (IntegrityCauses); by data path in Paths.
+	IntegrityFailures map[string]int64 `json:"integrity_failures"`
 	// HandshakeRejections counts failed handshakes by cause (RejectionCauses).
 	HandshakeRejections map[string]int64 `json:"handshake_rejections"`
 	// PeerConnectFailures counts connects to peers that never came up, by
@@ -118,7 +122,8 @@ func (t *Tier) snapshot(peers bool) Stats {
 		BytesIn: c.bytesIn, BytesOut: c.bytesOut, UnboundExpired: c.unboundExpired, BadParams: c.badParams,
 		SessionsRefused: c.sessionsRefused, SessionsEvicted: c.sessionsEvicted, KVIDsMinted: c.kvIDsMinted, LoadsSpread: c.loadsSpread,
 		SourceFailovers: c.sourceFailovers, DataPeers: t.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
-		Poisoned: poisoned,
+		Poisoned:          poisoned,
+		IntegrityFailures: map[string]int64{IntegrityMismatch: c.integrityMismatch, IntegrityMissing: c.integrityMissing},
 	}
 	t.observeSnapshot(&st)
 	st.PeerConnectFailures = t.unreach.connectFailureCounts()

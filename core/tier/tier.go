@@ -10,6 +10,7 @@ import (
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/control"
 	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/core/data/rowsum"
 	"github.com/peerkv/peerkv/core/params"
 	"github.com/peerkv/peerkv/core/protocol"
 	"github.com/peerkv/peerkv/core/session"
@@ -55,9 +56,18 @@ type Tier struct {
 	region data.Region
 	ctl    control.Transport
 	dt     data.Transport
-	now    func() time.Time
-	env    *session.Env
-	logs   *logRing
+	rows   *rowsum.Writer // starts dt's writes, summing those of verified pulls
+	// checked carries verified loads' checks back to the loop (verify.go);
+	// checking counts the checks reading the region, which Shutdown waits
+	// for (the host may free the region once it returns).
+	checked  chan checked
+	checking sync.WaitGroup
+	// beforeCheck, if set (tests), runs before a verified load's rows are
+	// checked, on the checking goroutine.
+	beforeCheck func(rows []uint64)
+	now         func() time.Time
+	env         *session.Env
+	logs        *logRing
 	// limiter rate-limits log lines per cause (logs.go); it has its own
 	// lock, as data paths log from their goroutines.
 	limiter logLimiter
@@ -153,6 +163,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		expected:     map[uint64]string{},
 		owed:         map[string]int{},
 		registered:   make(chan registration, 64),
+		checked:      make(chan checked, 64),
 		registerWake: make(chan struct{}, 1),
 		found:        make(chan func(), maxDiagnoses),
 		obs:          newObservations(),
@@ -167,12 +178,14 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		return nil, err
 	}
 	t.dt = dt
+	t.rows = rowsum.NewWriter(dt, region)
 	t.logf("INFO", "data paths %s (TCP listener %q)", dt.Name(), dt.DataAddr())
 	t.env = &session.Env{
 		LocalID:        deps.Control.LocalID(),
 		Cfg:            cfg,
 		Region:         region,
 		Data:           dt,
+		Rows:           t.rows,
 		Now:            now,
 		Send:           t.sessionSend,
 		Report:         func(r session.Report) { t.pending = append(t.pending, r) },
@@ -310,7 +323,7 @@ func (t *Tier) loop() {
 	tick := time.NewTicker(t.cfg.Tick)
 	defer tick.Stop()
 	events := t.ctl.Events()
-	completions := t.dt.Completions()
+	completions := t.rows.Completions()
 	for {
 		select {
 		case <-t.stop:
@@ -330,9 +343,11 @@ func (t *Tier) loop() {
 			}
 			t.locked(func() {
 				if s := t.sessions[c.PeerID]; s != nil {
-					s.TransferComplete(c.ID, c.Err)
+					s.Complete(c)
 				}
 			})
+		case c := <-t.checked:
+			t.locked(func() { t.verdict(c) })
 		case r := <-t.registered:
 			t.locked(func() {
 				if r.err == nil {

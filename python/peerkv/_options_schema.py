@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "31d29ee5d9b376c68c78154f3bddfb8045894e199bb5e776ef703f96006fe98e"
+DIGEST = "29fcea7cc5d5ab016cd1f39dec04887c9128f4e95ab89b1a1efde7663e294c07"
 
 SCHEMA = json.loads(
     r"""
@@ -55,6 +55,13 @@ SCHEMA = json.loads(
    "type": "boolean",
    "default": "true",
    "doc": "with auto: copy rows straight into peerkv peers on this host",
+   "want": "true or false"
+  },
+  {
+   "name": "verify_pulls",
+   "type": "boolean",
+   "default": "true",
+   "doc": "checksum every row pulled from or served to a peerkv peer that offers it too; a mismatch fails the load",
    "want": "true or false"
   },
   {
@@ -414,7 +421,8 @@ SCHEMA = json.loads(
    "bytes_in",
    "stores",
    "bytes_out",
-   "fallbacks"
+   "fallbacks",
+   "integrity_failures"
   ],
   "peers": [
    "peer",
@@ -473,6 +481,7 @@ SCHEMA = json.loads(
    "serve_kv_ids",
    "serve_keys_wanted",
    "poisoned",
+   "integrity_failures",
    "handshake_rejections",
    "peer_connect_failures",
    "paths",

@@ -164,6 +164,13 @@ _LABELLED_METRICS: dict[str, tuple[str, str | None, str, str]] = {
         "Connects to peers that never came up, by cause (refused, unreachable, unresolvable, timeout, "
         "encrypt_mismatch, closed: the peer closed it before the handshake).",
     ),
+    "integrity_failures": (
+        "integrity_failures",
+        None,
+        "cause",
+        "Verified pulls that failed their row check, by cause (mismatch: a landed row differs from "
+        "the producer's checksum; missing: transfer_done carried no checksum for each row).",
+    ),
     "data_path_loads": ("paths", "loads", "path", "Fetch rounds pulled from peers, by data path."),
     "data_path_load_failures": ("paths", "load_failures", "path", "Fetch rounds that failed, by data path."),
     "data_path_bytes_received": ("paths", "bytes_in", "path", "KV bytes pulled from peers, by data path."),
@@ -174,6 +181,12 @@ _LABELLED_METRICS: dict[str, tuple[str, str | None, str, str]] = {
         "fallbacks",
         "path",
         "Peers served on this data path although a faster one they offered failed (reason in the log).",
+    ),
+    "data_path_integrity_failures": (
+        "paths",
+        "integrity_failures",
+        "path",
+        "Verified pulls whose rows failed their check, by data path.",
     ),
 }
 

@@ -18,13 +18,17 @@
 // started engine), each against single-thread memcpy of the same bytes into
 // an equally warm or cold region, measured in the same run. Every producer
 // is refused the calls in noptrace.Refused (ptrace, process_vm_writev, ...),
-// as an engine is toward its sibling under Yama's ptrace_scope=1:
+// as an engine is toward its sibling under Yama's ptrace_scope=1. Last, the
+// same prompt from one producer with verified pulls and without (two
+// consumers on one region, in turn), over TCP and over the same-host path
+// (-checks-only runs only that part):
 //
 //	multisource: 512x2MiB from 1 source: 2.10 GB/s (load 0.51 s) x1.00
 //	multisource: 512x2MiB from 2 sources: 3.50 GB/s (load 0.31 s) x1.67
 //	multisource: 512x2MiB from 3 sources: 3.90 GB/s (load 0.28 s) x1.86
 //	multisource: same host (shm) 512x2MiB, warm region: 14.2 GB/s (load 0.076 s); memcpy 13.9 GB/s; time ÷ memcpy 0.98; the producer is refused ptrace, process_vm_readv, process_vm_writev, process_madvise, pidfd_getfd
 //	multisource: same host (shm) 512x2MiB, cold region: 1.90 GB/s (load 0.565 s); memcpy 0.95 GB/s; time ÷ memcpy 0.50; the producer is refused ptrace, process_vm_readv, process_vm_writev, process_madvise, pidfd_getfd
+//	multisource: verified pulls (CRC-32C) over TCP 512x2MiB: load 0.962 s with checks, 0.671 s without; with ÷ without 1.43
 package main
 
 import (
@@ -58,6 +62,7 @@ const (
 
 type params struct {
 	rows, rowMiB, iters, sources int
+	checksOnly                   bool
 }
 
 func main() {
@@ -66,6 +71,7 @@ func main() {
 	flag.IntVar(&p.rowMiB, "row-mib", 2, "row size in MiB")
 	flag.IntVar(&p.iters, "iters", 3, "pulls per source count (median reported)")
 	flag.IntVar(&p.sources, "sources", 3, "measure 1..sources sources")
+	flag.BoolVar(&p.checksOnly, "checks-only", false, "measure only the pull time with and without verified pulls")
 	flag.Parse()
 	var err error
 	if os.Getenv(childEnv) != "" {
@@ -103,9 +109,14 @@ func fill(row []byte, i int) {
 // open starts a peer on 127.0.0.1 at a free port with the given
 // data_transport ("tcp": TCP only; "auto": the same-host path to a peer here).
 func (p params) open(region data.Region, transport string) (*tier.Tier, error) {
+	return p.openVerifying(region, transport, true)
+}
+
+// openVerifying is open with verify_pulls set as given.
+func (p params) openVerifying(region data.Region, transport string, verify bool) (*tier.Tier, error) {
 	return benchproc.Open(region, func(port int) string {
-		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_transport":%q,"key_len":%d,"hash_seed":"bench","load_timeout_s":120,"lookup_timeout_s":30}`,
-			port, transport, keyLen)
+		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_transport":%q,"key_len":%d,"hash_seed":"bench","load_timeout_s":120,"lookup_timeout_s":30,"verify_pulls":%t}`,
+			port, transport, keyLen, verify)
 	})
 }
 
@@ -249,10 +260,60 @@ func runConsumer(p params) error {
 		c.keys = append(c.keys, key(i))
 		c.slots = append(c.slots, int64(i))
 	}
+	if p.checksOnly {
+		return c.checksums()
+	}
 	if err := c.fromSources(); err != nil {
 		return err
 	}
-	return c.sameHost()
+	if err := c.sameHost(); err != nil {
+		return err
+	}
+	return c.checksums()
+}
+
+// checksums times the same pull from one producer with verified pulls (the
+// default) and without (the consumer's verify_pulls false), alternating
+// between two consumers on one region, over TCP and over the same-host
+// path into a warm region.
+func (c *consumer) checksums() error {
+	for _, transport := range []string{"tcp", "auto"} {
+		pr, err := startProducer(transport)
+		if err != nil {
+			return err
+		}
+		defer pr.stop()
+		var consumers [2]*tier.Tier // with, without
+		for i, verify := range []bool{true, false} {
+			t, err := c.p.openVerifying(c.region, transport, verify)
+			if err != nil {
+				return err
+			}
+			defer t.Shutdown()
+			c.job++
+			if _, err := pull(t, fmt.Sprintf("checks-warm-up-%t", verify), []*producer{pr}, c.keys[:1], c.slots[:1], c.job); err != nil {
+				return fmt.Errorf("checksums warm-up: %w", err)
+			}
+			consumers[i] = t
+		}
+		var secs [2][]float64
+		for it := range c.p.iters {
+			for i, t := range consumers {
+				s, err := c.timedPull(t, fmt.Sprintf("checks-%s-%d-%d", transport, i, it), []*producer{pr}, func() { clear(c.region.Mem) })
+				if err != nil {
+					return fmt.Errorf("checksums over %s: %w", transport, err)
+				}
+				secs[i] = append(secs[i], s)
+			}
+		}
+		if st := consumers[0].Stats(); st.IntegrityFailures["mismatch"] != 0 || st.IntegrityFailures["missing"] != 0 {
+			return fmt.Errorf("checksums over %s: integrity failures %v", transport, st.IntegrityFailures)
+		}
+		with, without := benchproc.Median(secs[0]), benchproc.Median(secs[1])
+		fmt.Printf("multisource: verified pulls (CRC-32C) over %s %dx%dMiB: load %.3f s with checks, %.3f s without; with ÷ without %.2f\n",
+			map[string]string{"tcp": "TCP", "auto": "the same-host path (shm), warm region"}[transport], c.p.rows, c.p.rowMiB, with, without, with/without)
+	}
+	return nil
 }
 
 // consumer pulls the whole prompt into its region and checks every row.

@@ -1,0 +1,197 @@
+package rowsum
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/peerkv/peerkv/core/data"
+)
+
+// Writer starts a transport's writes, summing the source rows of those
+// that ask for it off the caller's thread (the caller may be the host's
+// scheduler thread). A summed write runs in chunks: each chunk's rows are
+// summed, then its transfer starts while the next chunk is summed, so the
+// sums cover what each row held when its send began (a row changed while
+// its transfer runs fails the check) and summing overlaps the copy. It
+// numbers transfers itself; read completions from Writer, not from the
+// transport.
+type Writer struct {
+	inner  data.Transport
+	region data.Region
+	outbox *data.Outbox
+
+	mu      sync.Mutex
+	next    uint64
+	started map[uint64]*transfer // the transport's id -> the write it is part of
+	closed  bool
+	summing sync.WaitGroup
+
+	// beforeSend, if set (tests), runs after each chunk's sums and before
+	// its transfer starts.
+	beforeSend func(peerID string, src []uint64)
+}
+
+// transfer is one write as its caller sees it; a summed one may be several
+// of the transport's. Its fields change under Writer.mu.
+type transfer struct {
+	peerID  string
+	id      uint64
+	sums    []uint32 // nil for a write without sums
+	pending int      // the transport's transfers not yet completed
+	issued  bool     // every chunk started, or the write gave up starting more
+	err     error    // the first failure
+}
+
+// chunkBytes is how many bytes of rows a summed write sums before it
+// starts their transfer: large enough that a transfer's fixed costs stay
+// small, small enough that the first transfer starts within milliseconds.
+const chunkBytes = 32 << 20
+
+// NewWriter wraps inner, whose local rows are region's.
+func NewWriter(inner data.Transport, region data.Region) *Writer {
+	w := &Writer{inner: inner, region: region, outbox: data.NewOutbox(1024), started: map[uint64]*transfer{}}
+	go w.forward()
+	return w
+}
+
+// Write starts a transfer as the transport would, without sums.
+func (w *Writer) Write(peerID string, src, dst []uint64) (uint64, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return 0, data.ErrClosed
+	}
+	innerID, err := w.inner.Write(peerID, src, dst)
+	if err != nil {
+		return 0, err
+	}
+	w.next++
+	w.started[innerID] = &transfer{peerID: peerID, id: w.next, pending: 1, issued: true}
+	return w.next, nil
+}
+
+// WriteSummed starts a transfer whose completion carries the CRC-32C of
+// each source row (Completion.Sums), summed on a goroutine of its own,
+// chunk by chunk, each chunk's transfer starting once its rows are summed.
+// Failures after it returned arrive as its completion.
+func (w *Writer) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
+	rows := w.region.NumRows()
+	for _, r := range src {
+		if r >= rows {
+			return 0, fmt.Errorf("%w: source row %d of %d", data.ErrRowOutOfRange, r, rows)
+		}
+	}
+	if len(src) != len(dst) {
+		return 0, fmt.Errorf("rowsum: %d source rows for %d destination rows", len(src), len(dst))
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return 0, data.ErrClosed
+	}
+	w.next++
+	t := &transfer{peerID: peerID, id: w.next, sums: make([]uint32, len(src))}
+	hook := w.beforeSend
+	w.summing.Add(1)
+	go func() {
+		defer w.summing.Done()
+		step := max(1, int(chunkBytes/max(1, w.region.RowLen)))
+		for off := 0; off < len(src); off += step {
+			end := min(off+step, len(src))
+			copy(t.sums[off:end], Rows(w.region, src[off:end]))
+			if hook != nil {
+				hook(peerID, src[off:end])
+			}
+			if !w.start(t, src[off:end], dst[off:end]) {
+				break
+			}
+		}
+		w.mu.Lock()
+		t.issued = true
+		done := t.pending == 0
+		w.mu.Unlock()
+		if done {
+			w.complete(t)
+		}
+	}()
+	return t.id, nil
+}
+
+// start starts one chunk's transfer, unless Writer closed; false when it
+// did not (t.err says why).
+func (w *Writer) start(t *transfer, src, dst []uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	err := data.ErrClosed
+	if !w.closed {
+		var innerID uint64
+		if innerID, err = w.inner.Write(t.peerID, src, dst); err == nil {
+			t.pending++
+			w.started[innerID] = t
+			return true
+		}
+	}
+	if t.err == nil {
+		t.err = err
+	}
+	return false
+}
+
+// complete delivers t's one completion.
+func (w *Writer) complete(t *transfer) {
+	c := data.Completion{PeerID: t.peerID, ID: t.id, Err: t.err}
+	if t.err == nil {
+		c.Sums = t.sums
+	}
+	w.outbox.Send(c)
+}
+
+// SetBeforeSend makes every later summed write call f after each chunk's
+// sums and before its transfer starts: tests change a source row there.
+func (w *Writer) SetBeforeSend(f func(peerID string, src []uint64)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.beforeSend = f
+}
+
+// Completions delivers each write's outcome once, under Writer's ids.
+func (w *Writer) Completions() <-chan data.Completion { return w.outbox.C() }
+
+// forward applies the transport's completions until it closes them.
+func (w *Writer) forward() {
+	for c := range w.inner.Completions() {
+		w.mu.Lock()
+		t := w.started[c.ID]
+		delete(w.started, c.ID)
+		done := false
+		if t != nil {
+			t.pending--
+			if c.Err != nil && t.err == nil {
+				t.err = c.Err
+			}
+			done = t.issued && t.pending == 0
+		}
+		w.mu.Unlock()
+		if done {
+			w.complete(t)
+		}
+	}
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+	w.summing.Wait()
+	w.outbox.Finish()
+}
+
+// Close closes the transport; writes still summing complete as failed. It
+// returns once no goroutine of Writer reads the region (the host may free
+// it then).
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+	w.outbox.StartClosing()
+	err := w.inner.Close()
+	w.summing.Wait()
+	return err
+}

@@ -1,0 +1,121 @@
+package rowsum
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/peerkv/peerkv/core/data"
+)
+
+// fakePath records writes and completes them when the test says.
+type fakePath struct {
+	data.Transport
+	mu     sync.Mutex
+	writes [][]uint64
+	fail   int // the write (1-based) that fails to start, 0 none
+	done   chan data.Completion
+}
+
+func (f *fakePath) Write(peerID string, src, dst []uint64) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.writes = append(f.writes, src)
+	if len(f.writes) == f.fail {
+		return 0, errors.New("no room")
+	}
+	return uint64(len(f.writes)), nil
+}
+
+func (f *fakePath) Completions() <-chan data.Completion { return f.done }
+func (f *fakePath) Close() error                        { close(f.done); return nil }
+
+func (f *fakePath) started() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.writes)
+}
+
+func next(t *testing.T, w *Writer) data.Completion {
+	t.Helper()
+	select {
+	case c := <-w.Completions():
+		return c
+	case <-time.After(10 * time.Second):
+		t.Fatal("no completion")
+		return data.Completion{}
+	}
+}
+
+// A summed write over several chunks completes once, after every chunk's
+// transfer, with every row's sum in order; a chunk that fails fails it.
+func TestSummedWriteRunsInChunksAndCompletesOnce(t *testing.T) {
+	const rowLen = 8 << 20 // 4 rows a chunk
+	r := region(10, rowLen)
+	f := &fakePath{done: make(chan data.Completion, 16)}
+	w := NewWriter(f, r)
+	defer w.Close()
+	src := []uint64{9, 8, 7, 6, 5, 4, 3, 2, 1}
+	id, err := w.WriteSummed("p", src, []uint64{0, 1, 2, 3, 4, 5, 6, 7, 8})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return f.started() == 3 }, 10*time.Second, time.Millisecond)
+	assert.Equal(t, [][]uint64{{9, 8, 7, 6}, {5, 4, 3, 2}, {1}}, f.writes)
+	for i := 1; i <= 3; i++ {
+		f.done <- data.Completion{PeerID: "p", ID: uint64(i)}
+	}
+	c := next(t, w)
+	assert.Equal(t, id, c.ID)
+	require.NoError(t, c.Err)
+	assert.Equal(t, Rows(r, src), c.Sums)
+
+	f.fail = 5 // the second chunk of the next write
+	id, err = w.WriteSummed("p", src, []uint64{0, 1, 2, 3, 4, 5, 6, 7, 8})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return f.started() == 5 }, 10*time.Second, time.Millisecond)
+	f.done <- data.Completion{PeerID: "p", ID: 4}
+	c = next(t, w)
+	assert.Equal(t, id, c.ID)
+	assert.ErrorContains(t, c.Err, "no room")
+	assert.Nil(t, c.Sums)
+	assert.Equal(t, 5, f.started(), "no chunk starts after one failed")
+	select {
+	case c := <-w.Completions():
+		t.Fatalf("a second completion: %+v", c)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// Close returns only once no summing goroutine reads the region, and the
+// write it cut short completes failed, once.
+func TestCloseWaitsForTheSumsInFlight(t *testing.T) {
+	r := region(4, 4096)
+	f := &fakePath{done: make(chan data.Completion, 16)}
+	w := NewWriter(f, r)
+	summed, release := make(chan struct{}), make(chan struct{})
+	w.SetBeforeSend(func(string, []uint64) { close(summed); <-release })
+	id, err := w.WriteSummed("p", []uint64{0, 1}, []uint64{2, 3})
+	require.NoError(t, err)
+	<-summed
+	closed := make(chan error)
+	go func() { closed <- w.Close() }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a write was still reading the region")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	c := next(t, w)
+	assert.Equal(t, id, c.ID)
+	assert.ErrorIs(t, c.Err, data.ErrClosed)
+	assert.Zero(t, f.started(), "nothing starts once closed")
+}

@@ -1,0 +1,88 @@
+package tier
+
+import (
+	"github.com/peerkv/peerkv/core/data/rowsum"
+	"github.com/peerkv/peerkv/core/session"
+)
+
+// Integrity failure causes (stats integrity_failures, the metric's cause
+// label): a landed row whose checksum is not the producer's, or a
+// successful transfer_done without a checksum for each row.
+const (
+	IntegrityMismatch = "mismatch"
+	IntegrityMissing  = session.IntegrityMissing
+)
+
+// IntegrityCauses lists every cause, in documentation order.
+var IntegrityCauses = []string{IntegrityMismatch, IntegrityMissing}
+
+// checked is a verified load's report with the outcome of its check.
+type checked struct {
+	r   session.Report
+	bad int // index of the first row that failed, -1 if none
+}
+
+// checkRows takes a session's LoadDone. A successful load of a verified
+// pull is checked where its rows landed before anything reports it, on a
+// goroutine (a large load's check takes milliseconds; the host's calls
+// must not wait for it): its report comes back through the progress loop
+// (verdict). Until then the load's rows stay owed to the peer and in no
+// one else's hands. Other reports, and a load the session already failed
+// for its sums (r.Integrity), go on at once. t.mu held.
+func (t *Tier) checkRows(r session.Report) (session.Report, bool) {
+	if r.Integrity != "" {
+		return t.integrityFailed(r, -1), true
+	}
+	if !r.OK || r.Sums == nil {
+		return r, true
+	}
+	hook := t.beforeCheck
+	t.checking.Add(1)
+	go func() {
+		defer t.checking.Done()
+		if hook != nil {
+			hook(r.Rows)
+		}
+		// Writers hold the guard's read lock while they copy: taking the
+		// write lock once orders this read after every copy made so far.
+		t.guardMu.Lock()
+		t.guardMu.Unlock()
+		bad := rowsum.Mismatch(t.region, r.Rows, r.Sums)
+		select {
+		case t.checked <- checked{r, bad}:
+		case <-t.stop:
+		}
+	}()
+	return r, false
+}
+
+// verdict applies a check's outcome: the report as the session made it,
+// or failed. t.mu held (locked settles what it leads to).
+func (t *Tier) verdict(c checked) {
+	r := c.r
+	r.Sums = nil
+	if c.bad >= 0 {
+		r = t.integrityFailed(r, c.bad)
+	}
+	t.applyChecked(r)
+}
+
+// integrityFailed fails a load that did not pass (bad: its first bad row,
+// or -1 when its sums were missing): counted by cause and path, logged
+// with peer, kv id and row, and its peer fenced, as a failed transfer's is.
+func (t *Tier) integrityFailed(r session.Report, bad int) session.Report {
+	peer := r.Session.PeerID()
+	if bad >= 0 {
+		r.Integrity = IntegrityMismatch
+		t.stats.integrityMismatch++
+		t.logf("WARNING", "peer %s: kv_request_id=%s round=%d: row %d (key %d of %d) does not match the checksum the peer sent; the load fails",
+			peer, r.KVID, r.Round, r.Rows[bad], bad, len(r.Rows))
+	} else {
+		t.stats.integrityMissing++
+		t.logf("WARNING", "peer %s: kv_request_id=%s round=%d: transfer_done carries no checksum for each of its %d rows although both sides verify pulls; the load fails",
+			peer, r.KVID, r.Round, len(r.Rows))
+	}
+	r.OK, r.Fence, r.Sums = false, true, nil
+	t.obs.path(t.obs.pathOf(r.Session)).IntegrityFailures++
+	return r
+}
