@@ -1,7 +1,5 @@
 package tier
 
-import "math/bits"
-
 // sourceSet is a set of a pull's sources by index (params.MaxSources <= 64).
 type sourceSet uint64
 
@@ -9,7 +7,6 @@ func (s sourceSet) with(i int) sourceSet          { return s | 1<<i }
 func (s sourceSet) has(i int) bool                { return s&(1<<i) != 0 }
 func (s sourceSet) without(o sourceSet) sourceSet { return s &^ o }
 func (s sourceSet) empty() bool                   { return s == 0 }
-func (s sourceSet) count() int                    { return bits.OnesCount64(uint64(s)) }
 
 // spreadChunk is how many rows one source takes in a row before the next
 // source holding the same keys takes the following ones. A load shorter

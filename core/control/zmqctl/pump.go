@@ -74,14 +74,14 @@ type pump struct {
 	// peer's may not have seen the last one end yet. Pruned as it expires.
 	closed map[string]time.Time
 
-	epfd                    int
-	epoll                   *os.File // owns epfd once set: Go's poller watches it
-	epollConn               syscall.RawConn
-	fds                     map[int32]fdTarget
-	events                  []unix.EpollEvent
-	ready                   []fdTarget // monitors and DEALERs that polled ready
-	wakeFd                  int
-	routerArmed, routerMore bool
+	epfd       int
+	epoll      *os.File // owns epfd once set: Go's poller watches it
+	epollConn  syscall.RawConn
+	fds        map[int32]fdTarget
+	events     []unix.EpollEvent
+	ready      []fdTarget // monitors and DEALERs that polled ready
+	wakeFd     int
+	routerMore bool
 
 	in                 *inbound // the ROUTER's connections
 	routerMonitorReady bool

@@ -306,7 +306,7 @@ func runSetup(p params, procs, per int) (*setup, error) {
 		}
 		rest, ok := strings.CutPrefix(line, word+" ")
 		if !ok {
-			return "", fmt.Errorf("child %d said %q, expected %s ...", i, line, word)
+			return "", fmt.Errorf("child %d said %q, expected %q and its value", i, line, word)
 		}
 		return rest, nil
 	}
