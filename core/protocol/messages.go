@@ -63,6 +63,11 @@ type Capabilities struct {
 	// DataToken keys the MAC of the receiving peer's TCP data connections
 	// to us (see data.Grants); absent without the TCP path.
 	DataToken string `codec:"data_token,omitempty"`
+	// Epoch names this start of the sender (random, fixed for the life of
+	// its node): a connect under an identity we hold a session with and a
+	// different epoch is a restarted peer, whose old session ends at once.
+	// Absent (0) from peers before it.
+	Epoch uint64 `codec:"epoch,omitempty"`
 }
 
 // Connect is the first message on a connection, sent by both sides.

@@ -161,6 +161,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 	t.logf("INFO", "data paths %s (TCP listener %q)", dt.Name(), dt.DataAddr())
 	t.env = &session.Env{
 		LocalID:        deps.Control.LocalID(),
+		Epoch:          newEpoch(),
 		Cfg:            cfg,
 		Region:         region,
 		Data:           dt,
@@ -383,6 +384,9 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 	}
 	if !t.fromSource(s, ev) {
 		return
+	}
+	if err == nil && t.replaceRestarted(s, m) {
+		s = t.openSession(ev.PeerID, ev.Addr, false)
 	}
 	t.observeFrame(s, m, err)
 	if err != nil {
@@ -644,7 +648,13 @@ func (t *Tier) reapDead() bool {
 		t.dropInbound(s)
 		t.reg.remove(id)
 		t.dropOutbox(id)
-		t.ctl.Disconnect(id)
+		if s.RejectCause() == session.CauseTimeout {
+			// Never take this connection back: the handshake got no answer
+			// on it (say, one the peer's ROUTER never reads).
+			t.redial(id)
+		} else {
+			t.ctl.Disconnect(id)
+		}
 		t.stats.sessionsClosed++
 	}
 	return reaped
