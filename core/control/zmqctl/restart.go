@@ -64,7 +64,7 @@ func (p *pump) yieldSilent(now time.Time, idle time.Duration) time.Duration {
 	if now.Before(p.in.nextSilentCheck) {
 		return p.in.nextSilentCheck.Sub(now)
 	}
-	p.pruneHeardEnded(now)
+	p.pruneYieldedEnded(now)
 	waiting := map[netip.Addr]bool{}
 	next := idle
 	for _, c := range p.in.unheard {
@@ -107,7 +107,7 @@ func (p *pump) yieldedGone(c *inboundConn, now time.Time) {
 		p.in.yieldedEnded = map[netip.Addr]time.Time{}
 	}
 	if len(p.in.yieldedEnded) >= p.t.opts.MaxInboundConns {
-		p.pruneHeardEnded(now)
+		p.pruneYieldedEnded(now)
 		if len(p.in.yieldedEnded) >= p.t.opts.MaxInboundConns {
 			clear(p.in.yieldedEnded) // bounded; only a stuck connection's early shut is lost
 		}
@@ -120,8 +120,8 @@ func (p *pump) yieldedGone(c *inboundConn, now time.Time) {
 	}
 }
 
-// pruneHeardEnded forgets ends older than any unheard connection can be.
-func (p *pump) pruneHeardEnded(now time.Time) {
+// pruneYieldedEnded forgets ends older than any unheard connection can be.
+func (p *pump) pruneYieldedEnded(now time.Time) {
 	for a, at := range p.in.yieldedEnded {
 		if now.Sub(at) > unheardHardFactor*p.t.opts.UnheardTimeout {
 			delete(p.in.yieldedEnded, a)
