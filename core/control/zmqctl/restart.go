@@ -29,7 +29,7 @@ import (
 //
 // A live peer keeps its connection whoever dials under its identity: its
 // connection is not silent, and only connections from the silent one's own
-// address are shut with it (docs/security.md, D6).
+// address are shut with it (docs/security.md, G18).
 
 // stuckAfter is how long a connection may stay unheard while the ROUTER had
 // nothing else to read before it counts as a duplicate identity's (peers
