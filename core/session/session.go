@@ -403,9 +403,10 @@ func (s *Session) failHandshake(cause string) {
 // the peer's connect another one means the peer holds no session with us:
 // it restarted (its epoch differs), or it is a peer that names no epoch
 // (stock vLLM, or an older peerkv), whose fresh connect is all a restart
-// looks like on its wire. The same epoch again is the same incarnation
-// sending a duplicate connect: a protocol error, as before (and what stops
-// two ends from replacing each other's sessions back and forth).
+// looks like on its wire, once our handshake with it is over. The same
+// epoch again is the same incarnation sending a duplicate connect: a
+// protocol error, as before (and what stops two ends from replacing each
+// other's sessions back and forth).
 func (s *Session) Restarted(c *protocol.Connect) (bool, string) {
 	if s.dead || s.seen == nil {
 		return false, "" // no connect seen yet: this one is the handshake's
@@ -416,6 +417,11 @@ func (s *Session) Restarted(c *protocol.Connect) (bool, string) {
 	}
 	switch {
 	case epoch == 0 && s.peerEpoch == 0:
+		// Only once the handshake is over: before, a stock peer's connect
+		// is the one our own refusal drew (see RefuseQuietly), not a restart.
+		if !s.Handshaked() {
+			return false, ""
+		}
 		return true, "it sent a new connect (a peer without restart epochs: a new session on its side)"
 	case epoch != s.peerEpoch:
 		return true, fmt.Sprintf("it restarted (epoch %016x, was %016x)", epoch, s.peerEpoch)

@@ -386,7 +386,13 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 		return
 	}
 	if err == nil && t.replaceRestarted(s, m) {
+		// As for any new session a connect opens (above).
+		quiet := m.(*protocol.Connect).PeerKV == nil && t.refused.take(ev.PeerID, t.now())
 		s = t.openSession(ev.PeerID, ev.Addr, false)
+		t.refused.owes(ev.PeerID)
+		if quiet {
+			s.RefuseQuietly()
+		}
 	}
 	t.observeFrame(s, m, err)
 	if err != nil {
