@@ -60,6 +60,16 @@ type Transport interface {
 	Close() error
 }
 
+// Redialer is a Transport that can drop its connection to a peer at once
+// so that the next Send or Connect dials a fresh one, instead of taking
+// back the one Disconnect leaves lingering: for a connection that got no
+// answer (a handshake that timed out on it) or leads to a peer's previous
+// incarnation (the peer restarted). Frames not yet sent on it are dropped;
+// no EventPeerDown follows.
+type Redialer interface {
+	Redial(peerID string)
+}
+
 // Handing is a Transport that can call a function for each event on its
 // own goroutine instead of sending it to Events: a frame then reaches its
 // consumer with no goroutine hand-off, which on a loaded host is a thread

@@ -407,3 +407,18 @@ func TestDisconnectCarriesRefusedFieldNamesOnlyToPeerKV(t *testing.T) {
 		assert.ErrorIs(t, err, ErrMalformed, name)
 	}
 }
+
+// The epoch a peerkv peer names its start with survives the round trip, and
+// a wrong type is refused like any other capability of the wrong type.
+func TestConnectCarriesEpoch(t *testing.T) {
+	frame, err := Encode(&Connect{PeerID: "a:1", NumBlocks: 1, BlockLen: 1,
+		PeerKV: &Capabilities{Version: 2, Nonce: []byte{}, Epoch: 1<<63 + 5}})
+	require.NoError(t, err)
+	m, err := Decode(frame, Limits{})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1<<63+5), m.(*Connect).PeerKV.Epoch)
+
+	_, err = Decode(build(t, validConnect(kv{"peerkv", map[string]any{"version": 2, "epoch": "x"}})...), Limits{})
+	require.ErrorIs(t, err, ErrMalformed)
+	assert.Contains(t, err.Error(), "peerkv.epoch")
+}

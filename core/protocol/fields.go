@@ -199,18 +199,22 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 			return f.failPath(path, "expected %s, got %s", want, v.describe())
 		}
 		switch name {
-		case "version", "data_transport", "data_addr", "nonce", "same_host", "data_token", "verify":
+		case "version", "data_transport", "data_addr", "nonce", "same_host", "data_token", "verify", "epoch":
 			if seen[name] {
 				return nil, f.failPath(path, "duplicate key")
 			}
 			seen[name] = true
 		}
 		switch name {
-		case "version":
+		case "version", "epoch":
 			if v.Kind != kindInt || v.Neg {
 				return nil, bad("non-negative int")
 			}
-			c.Version = v.Uint
+			if name == "epoch" {
+				c.Epoch = v.Uint
+			} else {
+				c.Version = v.Uint
+			}
 		case "data_transport", "data_addr", "same_host", "data_token", "verify":
 			if v.Kind != kindStr {
 				return nil, bad("str")

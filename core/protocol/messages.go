@@ -67,6 +67,11 @@ type Capabilities struct {
 	// (VerifyCRC32C), or "" (absent) when it offers none. Only when both
 	// connects offer the same one does transfer_done carry row checksums.
 	Verify string `codec:"verify,omitempty"`
+	// Epoch names this start of the sender (random, fixed for the life of
+	// its node): a connect under an identity we hold a session with and a
+	// different epoch is a restarted peer, whose old session ends at once.
+	// Absent (0) from peers before it.
+	Epoch uint64 `codec:"epoch,omitempty"`
 }
 
 // VerifyCRC32C is the only row checksum: CRC-32C (Castagnoli) of each row.

@@ -27,9 +27,12 @@ import (
 // Env is what a session needs from its owner.
 type Env struct {
 	LocalID string
-	Cfg     config.Config
-	Region  data.Region
-	Data    data.Transport
+	// Epoch names this start of the node (random, never 0): it goes out in
+	// every connect, so a peer tells our restart from a duplicate connect.
+	Epoch  uint64
+	Cfg    config.Config
+	Region data.Region
+	Data   data.Transport
 	// Rows, when set, starts the data path's writes (summed ones for
 	// verified pulls) and delivers their completions; without it writes
 	// go to Data and are summed on the caller's thread (tests).
@@ -113,6 +116,7 @@ type Session struct {
 	// quietRefusal: refuse a stock peer without a goodbye (see RefuseQuietly).
 	quietRefusal bool
 	seen         *PeerConnect // the peer's connect as it arrived, before our checks
+	peerEpoch    uint64       // the epoch in the peer's connect (0: none sent)
 
 	consumer consumer
 	producer producer
@@ -427,6 +431,39 @@ func (s *Session) failHandshake(cause string) {
 	}
 }
 
+// Restarted reports whether c, a connect under this session's peer id,
+// comes from a new start (incarnation) of the peer rather than from the
+// one this session has spoken with, and says how it tells. A peer sends
+// connect only from a session it just opened, so once the session has seen
+// the peer's connect another one means the peer holds no session with us:
+// it restarted (its epoch differs), or it is a peer that names no epoch
+// (stock vLLM, or an older peerkv), whose fresh connect is all a restart
+// looks like on its wire, once our handshake with it is over. The same
+// epoch again is the same incarnation sending a duplicate connect: a
+// protocol error, as before (and what stops two ends from replacing each
+// other's sessions back and forth).
+func (s *Session) Restarted(c *protocol.Connect) (bool, string) {
+	if s.dead || s.seen == nil {
+		return false, "" // no connect seen yet: this one is the handshake's
+	}
+	var epoch uint64
+	if c.PeerKV != nil {
+		epoch = c.PeerKV.Epoch
+	}
+	switch {
+	case epoch == 0 && s.peerEpoch == 0:
+		// Only once the handshake is over: before, a stock peer's connect
+		// is the one our own refusal drew (see RefuseQuietly), not a restart.
+		if !s.Handshaked() {
+			return false, ""
+		}
+		return true, "it sent a new connect (a peer without restart epochs: a new session on its side)"
+	case epoch != s.peerEpoch:
+		return true, fmt.Sprintf("it restarted (epoch %016x, was %016x)", epoch, s.peerEpoch)
+	}
+	return false, ""
+}
+
 func (s *Session) onConnect(c *protocol.Connect) error {
 	if s.state != awaitingPeerConnect {
 		return errors.New("duplicate connect")
@@ -435,6 +472,7 @@ func (s *Session) onConnect(c *protocol.Connect) error {
 		ConfigFingerprint: c.ConfigFingerprint, HashSeed: c.HashSeed, PeerKV: c.PeerKV != nil}
 	if c.PeerKV != nil {
 		s.seen.CapsVersion, s.seen.DataTransport = c.PeerKV.Version, c.PeerKV.DataTransport
+		s.peerEpoch = c.PeerKV.Epoch
 	}
 	if err := s.checkFields(c); err != nil || s.dead {
 		return err
@@ -587,7 +625,7 @@ func (s *Session) sendConnect() {
 		ConfigFingerprint: s.env.Cfg.ConfigFingerprint,
 		HashSeed:          s.env.Cfg.HashSeed,
 	}
-	caps := &protocol.Capabilities{Version: capabilitiesVersion, Nonce: []byte{}}
+	caps := &protocol.Capabilities{Version: capabilitiesVersion, Nonce: []byte{}, Epoch: s.env.Epoch}
 	if !s.env.Cfg.NoVerifyPulls {
 		caps.Verify = protocol.VerifyCRC32C
 	}

@@ -182,6 +182,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 	t.logf("INFO", "data paths %s (TCP listener %q)", dt.Name(), dt.DataAddr())
 	t.env = &session.Env{
 		LocalID:        deps.Control.LocalID(),
+		Epoch:          newEpoch(),
 		Cfg:            cfg,
 		Region:         region,
 		Data:           dt,
@@ -414,6 +415,15 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 	}
 	if !t.fromSource(s, ev) {
 		return
+	}
+	if err == nil && t.replaceRestarted(s, m) {
+		// As for any new session a connect opens (above).
+		quiet := m.(*protocol.Connect).PeerKV == nil && t.refused.take(ev.PeerID, t.now())
+		s = t.openSession(ev.PeerID, ev.Addr, false)
+		t.refused.owes(ev.PeerID)
+		if quiet {
+			s.RefuseQuietly()
+		}
 	}
 	t.observeFrame(s, m, err)
 	if err != nil {
@@ -689,7 +699,13 @@ func (t *Tier) reapDead() bool {
 		t.dropInbound(s)
 		t.reg.remove(id)
 		t.dropOutbox(id)
-		t.ctl.Disconnect(id)
+		if s.RejectCause() == session.CauseTimeout {
+			// Never take this connection back: the handshake got no answer
+			// on it (say, one the peer's ROUTER never reads).
+			t.redial(id)
+		} else {
+			t.ctl.Disconnect(id)
+		}
 		t.stats.sessionsClosed++
 	}
 	return reaped

@@ -289,9 +289,14 @@ func (a *Attacker) ConnectMsg(id string) *protocol.Connect {
 	return &protocol.Connect{
 		PeerID: id, AgentMetadata: []byte{}, BaseAddr: 0, NumBlocks: NumRows, BlockLen: RowLen,
 		ConfigFingerprint: Fingerprint, HashSeed: HashSeed,
-		PeerKV: &protocol.Capabilities{Version: 2, DataTransport: "tcp", DataAddr: a.Sink.Addr(), Nonce: []byte{}},
+		PeerKV: &protocol.Capabilities{Version: 2, DataTransport: "tcp", DataAddr: a.Sink.Addr(), Nonce: []byte{},
+			Epoch: attackerEpoch},
 	}
 }
+
+// attackerEpoch is the attacker's start, as a peerkv peer names its own:
+// its connects come from one incarnation, so a second one is a duplicate.
+const attackerEpoch = 0x5eed
 
 // Pump reads every frame that arrived, waiting up to wait for the first.
 func (a *Attacker) Pump(wait time.Duration) {

@@ -56,6 +56,22 @@ func (h *Hub) Transport(localID string) *Transport {
 	return t
 }
 
+// RestartSilently starts a new transport under localID in place of the
+// live one, as a process restarted after a crash whose end no peer saw
+// (power lost, a partition): the old transport stops (its Events close) but
+// nobody is told, and frames to localID reach the new one from now on.
+func (h *Hub) RestartSilently(localID string) *Transport {
+	t := newTransport(h, localID)
+	h.mu.Lock()
+	old := h.peers[localID]
+	h.peers[localID] = t
+	h.mu.Unlock()
+	if old != nil {
+		old.stop()
+	}
+	return t
+}
+
 // Kill makes peerID vanish like a crashed process: its transport stops
 // (Events closed) and every transport connected to it gets EventPeerDown.
 func (h *Hub) Kill(peerID string) {

@@ -169,6 +169,24 @@ func TestRestartedPeerReplacesOldOne(t *testing.T) {
 	assert.Equal(t, []byte("to the new one"), next(t, fresh).Frame)
 }
 
+// A restart nobody saw: the old transport stops, no peer is told, and
+// frames to the id reach the new one.
+func TestSilentRestartTellsNoOne(t *testing.T) {
+	hub := NewHub()
+	a := hub.Transport("a:1")
+	defer a.Close()
+	old := hub.Transport("b:1")
+	require.NoError(t, a.Connect("b:1"))
+	fresh := hub.RestartSilently("b:1")
+	defer fresh.Close()
+
+	_, open := <-old.Events()
+	assert.False(t, open)
+	quiet(t, a)
+	require.NoError(t, a.Send("b:1", []byte("to the new one")))
+	assert.Equal(t, []byte("to the new one"), next(t, fresh).Frame)
+}
+
 func TestConcurrentSendersKeepPerSenderOrder(t *testing.T) {
 	hub := NewHub()
 	dst := hub.Transport("dst:1")

@@ -138,15 +138,22 @@ func (t *Transport) peerDown(peerID string, err error) {
 }
 
 func (t *Transport) shutdown() {
+	if t.stop() {
+		t.hub.leave(t)
+	}
+}
+
+// stop closes t, telling no one; it reports whether t was open.
+func (t *Transport) stop() bool {
 	t.mu.Lock()
 	already := t.closed
 	t.closed = true
 	t.mu.Unlock()
 	if !already {
 		t.inbox.close()
-		t.hub.leave(t)
 	}
 	<-t.done
+	return !already
 }
 
 // deliver moves inbox events to the Events channel, blocking on a slow

@@ -56,10 +56,14 @@
 // A peer that died without closing its socket is reaped by the ZMTP
 // heartbeat (interval 5 s, timeout 10 s, no TTL, on the ROUTER and every
 // DEALER; Options says why not vLLM's 2 s and TTL). In plaintext a
-// restarted peer whose new connection arrived before that is unheard on it
-// until that connection ends (a peerkv peer's handshake with us times out,
-// and a later one dials anew). The sender's identity must equal the string
-// the receiver dialed, or the receiver sees its replies as a new peer.
+// restarted peer whose new connection arrived before that would be unheard
+// on it, so a silent connection yields to a new one from its own address
+// (restart.go): a live peer answers our PINGs and is never silent that
+// long, so no dialer takes a live peer's place. Redial drops a DEALER for
+// good (a handshake that timed out on it, a peer that restarted), where
+// Disconnect lets the next Send take it back. The sender's identity must
+// equal the string the receiver dialed, or the receiver sees its replies as
+// a new peer.
 //
 // # Peer loss
 //

@@ -36,6 +36,7 @@ type inboundConn struct {
 	accepted time.Time
 	heard    bool // libzmq gave us a frame from it: the ROUTER reads it
 	shut     bool // we shut it down; its disconnect is on the way
+	yielded  bool // shut as silent for a new connection from its address (restart.go)
 }
 
 // inbound counts the ROUTER's connections, per host, per network and in
@@ -68,6 +69,10 @@ type inbound struct {
 	// come in order from its I/O thread).
 	handshakeFailed zmq.Event
 	logs            rateLimiter
+	// nextSilentCheck paces yieldSilent; yieldedEnded is when a connection
+	// from each address that yielded last ended (restart.go).
+	nextSilentCheck time.Time
+	yieldedEnded    map[netip.Addr]time.Time
 }
 
 func newInbound() *inbound {
@@ -281,11 +286,20 @@ func (p *pump) inboundGone(fd int) {
 		return
 	}
 	in.forget(c)
+	if c.yielded {
+		p.yieldedGone(c, time.Now()) // restart.go
+	}
 	p.t.counters.inboundConns.Store(int64(len(in.conns)))
 }
 
 // heard marks the connection a frame came in on as read by libzmq.
 func (p *pump) heard(fd int) {
+	if _, known := p.in.conns[fd]; !known && fd >= 0 {
+		// Its accept may still wait in the monitor: read it first, or the
+		// connection would count as unheard for good (and an idle peer's
+		// connection be shut as one libzmq never reads).
+		p.readRouterMonitor()
+	}
 	if c := p.in.unheard[fd]; c != nil {
 		c.heard = true
 		delete(p.in.unheard, fd)

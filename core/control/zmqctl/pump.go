@@ -82,6 +82,8 @@ type pump struct {
 	ready      []fdTarget // monitors and DEALERs that polled ready
 	wakeFd     int
 	routerMore bool
+	// silentCheck is when yieldSilent wants to look again (restart.go).
+	silentCheck time.Duration
 
 	in                 *inbound // the ROUTER's connections
 	routerMonitorReady bool
@@ -287,6 +289,7 @@ func (p *pump) run() {
 		now := time.Now()
 		p.expireDeadlines(now)
 		p.expireUnheard(now)
+		p.silentCheck = p.yieldSilent(now, idlePoll)
 		timeout := p.pollTimeout(now)
 		t.mu.Unlock()
 		locked = false
@@ -417,6 +420,7 @@ func (p *pump) pollTimeout(now time.Time) time.Duration {
 		return 0
 	}
 	timeout := p.unheardTimeout(now, idlePoll)
+	timeout = min(timeout, p.silentCheck)
 	for pc := range p.timed {
 		if !pc.deadline.IsZero() {
 			timeout = min(timeout, pc.deadline.Sub(now))
@@ -504,6 +508,11 @@ func (p *pump) runCommands(batch []command) {
 			if pc := p.peers[c.peerID]; pc != nil && !pc.parked() {
 				p.park(pc)
 				p.t.log.Info("peer disconnected on request", "peer", c.peerID)
+			}
+		case cmdRedial:
+			if pc := p.peers[c.peerID]; pc != nil {
+				p.forget(pc, 0)
+				p.t.log.Info("peer connection dropped for a fresh dial", "peer", c.peerID)
 			}
 		}
 	}

@@ -41,6 +41,7 @@ type Transport struct {
 var (
 	_ control.Transport = (*Transport)(nil)
 	_ control.Handing   = (*Transport)(nil)
+	_ control.Redialer  = (*Transport)(nil)
 )
 
 type commandKind int
@@ -49,6 +50,7 @@ const (
 	cmdConnect commandKind = iota + 1
 	cmdSend
 	cmdDisconnect
+	cmdRedial
 )
 
 // queuedFrames is what waits for one peer in front of libzmq: frames
@@ -179,6 +181,14 @@ func (t *Transport) Send(peerID string, frame []byte) error {
 // reported after Disconnect.
 func (t *Transport) Disconnect(peerID string) {
 	_ = t.enqueue(cmdDisconnect, peerID, nil)
+}
+
+// Redial closes the DEALER to peerID at once (linger 0, parked or not),
+// so the next Send or Connect opens a fresh connection (after the usual
+// settle: see Identity rules) instead of taking this one back. Nothing
+// about the peer is reported.
+func (t *Transport) Redial(peerID string) {
+	_ = t.enqueue(cmdRedial, peerID, nil)
 }
 
 func (t *Transport) enqueue(kind commandKind, peerID string, frame []byte) error {
