@@ -47,9 +47,8 @@ type consumerRequest struct {
 	// unsent are the keys added to probes since the last lookup went out:
 	// always its newest entries (probeUnsent unless answered early).
 	unsent     [][]byte
-	unsentAt   time.Time // when the first of unsent was asked
-	round      uint64    // next fetch round
-	probed     bool
+	unsentAt   time.Time    // when the first of unsent was asked
+	round      uint64       // next fetch round
 	lookupOpen bool         // the peer holds lookup state no fetch has closed
 	asked      []askedBatch // oldest first
 	loads      map[uint64]*load
@@ -118,7 +117,6 @@ func (c *consumer) prune(id string) {
 func (s *Session) RegisterLookup(kvRequestID string, key []byte) (hit, known bool) {
 	c := &s.consumer
 	r := c.request(kvRequestID)
-	r.probed = true
 	switch p, seen := r.probes.get(key); {
 	case p == probeHit:
 		return true, true

@@ -304,7 +304,7 @@ func (t *Tier) admitJob(jobID int64, isLoad bool, rows []uint64) (*job, error) {
 	if _, dup := t.jobs[jobID]; dup {
 		return nil, fmt.Errorf("%w: job %d is already in flight", ErrDuplicate, jobID)
 	}
-	j := &job{isLoad: isLoad, at: t.now(), rows: len(rows)}
+	j := &job{isLoad: isLoad, at: t.now()}
 	t.jobs[jobID] = j
 	return j, nil
 }

@@ -42,7 +42,6 @@ type request struct {
 type job struct {
 	isLoad bool
 	at     time.Time
-	rows   int
 	load   *pullLoad // loads from a source: its parts and deadline
 }
 
