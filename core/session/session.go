@@ -153,7 +153,8 @@ func (s *Session) PinSource(addr string) {
 	}
 }
 
-// Ready reports whether the peer acked our connect (we may send freely).
+// Ready reports whether the handshake is over: the peer acked our connect
+// and we acked its (we may send freely).
 func (s *Session) Ready() bool { return s.sendReady && s.state == acked && !s.dead }
 
 // LastActivity is when the peer last sent us something or we sent it work.
@@ -164,9 +165,6 @@ func (s *Session) Dialed() bool { return s.dialed }
 
 // OpenedAt is when the session started.
 func (s *Session) OpenedAt() time.Time { return s.openedAt }
-
-// Handshaked reports whether both sides acked each other.
-func (s *Session) Handshaked() bool { return s.Ready() }
 
 // Dead reports whether the session ended; the owner then calls Close.
 func (s *Session) Dead() bool { return s.dead }
@@ -299,7 +297,7 @@ func (s *Session) dispatch(m protocol.Message) error {
 	case *protocol.Connect:
 		return s.onConnect(msg)
 	case *protocol.Disconnect:
-		if s.Handshaked() {
+		if s.Ready() {
 			s.orderly = true
 			s.markDead("it closed the session")
 		} else {
@@ -454,7 +452,7 @@ func (s *Session) Restarted(c *protocol.Connect) (bool, string) {
 	case epoch == 0 && s.peerEpoch == 0:
 		// Only once the handshake is over: before, a stock peer's connect
 		// is the one our own refusal drew (see RefuseQuietly), not a restart.
-		if !s.Handshaked() {
+		if !s.Ready() {
 			return false, ""
 		}
 		return true, "it sent a new connect (a peer without restart epochs: a new session on its side)"
@@ -752,7 +750,7 @@ func (s *Session) busy() {
 
 func (s *Session) protocolError(reason string) {
 	s.env.Logf("ERROR", "peer %s: protocol error: %s; disconnecting", s.peerID, reason)
-	if !s.Handshaked() {
+	if !s.Ready() {
 		s.failHandshake(CauseProtocol)
 	}
 	s.deathLogged = !s.dead

@@ -90,7 +90,7 @@ func quantile(sorted []float64, q float64) float64 {
 // observeReady records s's setup time the first time it is found
 // handshaked; t.mu held. Called after each frame and registration.
 func (t *Tier) observeReady(s *session.Session) {
-	if p := t.obs.peers[s]; p != nil && p.link.setup == 0 && s.Handshaked() {
+	if p := t.obs.peers[s]; p != nil && p.link.setup == 0 && s.Ready() {
 		p.link.setup = max(t.now().Sub(s.OpenedAt()), time.Nanosecond)
 	}
 }

@@ -157,7 +157,7 @@ func (t *Tier) probePart(l *pullLoad, part *loadPart) {
 	} else {
 		keys, rows := l.subset(hits)
 		t.expect(src.PeerID(), rows, true)
-		sample := l.pull.probe && src.s.Handshaked()
+		sample := l.pull.probe && src.s.Ready()
 		part.round = src.s.RequestBlocks(l.jobID, src.KVRequestID, keys, rows)
 		part.state = partFetching
 		if sample {

@@ -171,7 +171,7 @@ func (t *Tier) peersSnapshot(now time.Time) []PeerStats {
 	for s, p := range t.obs.peers {
 		v := p.PeerStats
 		v.DataPath = t.obs.pathOf(s)
-		v.Handshaked = s.Handshaked()
+		v.Handshaked = s.Ready()
 		v.Dialed = s.Dialed()
 		v.AgeSeconds = now.Sub(s.OpenedAt()).Seconds()
 		v.LookupRTT = p.rtt.snapshot()

@@ -286,7 +286,7 @@ func (t *Tier) sessionSend(peerID string, m protocol.Message) error {
 	if _, bye := m.(*protocol.Disconnect); bye {
 		t.dropOutbox(peerID) // the session ends: what waited for it is moot
 		s := t.sessions[peerID]
-		if s != nil && !s.Dialed() && !s.Handshaked() && !t.closed { // at shutdown nothing can loop
+		if s != nil && !s.Dialed() && !s.Ready() && !t.closed { // at shutdown nothing can loop
 			if seen, ok := s.Seen(); ok && !seen.PeerKV && !t.refused.goodbyeNow(peerID, t.now()) {
 				return nil // owed: sent at the end of the pace
 			}
@@ -492,7 +492,7 @@ func (t *Tier) admit(peerID, addr string) string {
 		if s.Source() == addr {
 			fromAddr++
 		}
-		if !s.Handshaked() && !s.Dialed() {
+		if !s.Ready() && !s.Dialed() {
 			handshaking++
 		}
 	}
@@ -530,7 +530,7 @@ const handshakeGrace = time.Second
 func (t *Tier) countHandshaking() int {
 	n := 0
 	for _, s := range t.sessions {
-		if !s.Handshaked() && !s.Dialed() {
+		if !s.Ready() && !s.Dialed() {
 			n++
 		}
 	}
@@ -543,7 +543,7 @@ func (t *Tier) evictStalledHandshake(now time.Time, why string) {
 	var oldest *session.Session
 	for _, s := range t.sessions {
 		// Sessions we dialed carry our own loads: never ours to give up.
-		if s.Dead() || s.Handshaked() || s.Dialed() || now.Sub(s.OpenedAt()) < handshakeGrace {
+		if s.Dead() || s.Ready() || s.Dialed() || now.Sub(s.OpenedAt()) < handshakeGrace {
 			continue
 		}
 		if oldest == nil || s.OpenedAt().Before(oldest.OpenedAt()) {
