@@ -115,6 +115,9 @@ var knownGaps = map[string]string{
 		"(core/tier/lanes.go) a newcomer's pull succeeds (0.4-5 s) and host calls mostly stay within the bound, but the " +
 		"node still grows by 200-290 MiB under -race, most of it the sessionless flood's frames libzmq holds " +
 		"(32 connections x 2 frames x 2.5 MiB) added to the rest",
+	"all-at-once/auth": "with a secret only the attacks that need no session run, yet under -race on 2 cores " +
+		"the slowest host call is 20-65 ms (a tier lock hold while the floods' frames are screened and lookups " +
+		"served; not yet profiled) against the 50 ms bound, growth 130-210 MiB; the pull succeeds in 2.7-4.3 s",
 }
 
 func underAttack(t *testing.T, attack string, rows int, drivers ...attackDriver) {
