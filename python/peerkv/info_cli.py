@@ -23,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
+def _newer(version: str) -> bool:
+    from peerkv import _compat
+
+    return _compat.is_newer_than_tested(version)
+
+
 def _vllm() -> dict[str, Any]:
     from importlib import metadata
 
@@ -40,8 +46,14 @@ def _vllm() -> dict[str, Any]:
         found["why"] = "vLLM is not installed in this Python environment"
     else:
         found["supported"] = _compat.is_supported(found["version"])
-        if not found["supported"]:
-            found["why"] = f"peerkv supports vLLM {_compat.supported_versions_text()}"
+        tested = _compat.supported_versions_text()
+        if _compat.is_newer_than_tested(found["version"]):
+            found["why"] = (
+                f"newer than the tested {tested}: the tier loads, with a warning, "
+                "only if the vLLM API it uses is unchanged (checked at import)"
+            )
+        elif not found["supported"]:
+            found["why"] = f"peerkv supports vLLM {tested}"
     for ep in metadata.entry_points(group="vllm.general_plugins"):
         if ep.value.startswith("peerkv."):
             found["plugin"] = f"{ep.name} = {ep.value}"
@@ -84,7 +96,12 @@ def _text(info: dict[str, Any]) -> str:
                 "package were built from different sources"
             )
     if vllm["version"]:
-        state = "supported" if vllm["supported"] else f"NOT supported: {vllm.get('why')}"
+        if vllm["supported"]:
+            state = "supported"
+        elif _newer(vllm["version"]):
+            state = f"untested: {vllm.get('why')}"
+        else:
+            state = f"NOT supported: {vllm.get('why')}"
         lines.append(f"vLLM            {vllm['version']} ({vllm.get('distribution')}; {state})")
     else:
         lines.append(f"vLLM            none: {vllm.get('why')}")

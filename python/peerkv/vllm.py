@@ -41,7 +41,7 @@ except ImportError as exc:  # pragma: no cover - bare environments
     raise ImportError("peerkv.vllm needs vLLM: pip install 'peerkv[vllm]'") from exc
 from peerkv import _compat
 
-_compat.check_vllm_version()  # an unsupported vLLM: a clear ImportError, not a missing name
+_compat.check_vllm_version()  # before vLLM's tier API: a clear ImportError naming what changed, not a missing name
 from vllm.v1.kv_offload.base import (
     LookupResult,
     OffloadingCounterMetadata,

