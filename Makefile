@@ -305,7 +305,7 @@ ifeq ($(origin PEERKV_CMAKE),undefined)
 PEERKV_CMAKE = $(or $(shell ls -d $(abspath $(WHEEL_TOOLS))/bin/cmake 2>/dev/null),cmake)
 endif
 
-.PHONY: wheel-tools wheel-lib wheel sdist test-wheel test-sdist print-wheel-plat FORCE
+.PHONY: wheel-tools wheel-lib wheel sdist release release-sums test-wheel test-sdist print-wheel-plat FORCE
 
 wheel-tools: $(WHEEL_TOOLS_STAMP) ## the wheel build tools (ziglang, cmake, auditwheel, build) in .cache/wheel-tools
 
@@ -370,6 +370,27 @@ sdist: $(WHEEL_TOOLS_STAMP) ## dist/peerkv-VERSION.tar.gz: Go sources, Makefile,
 	rm -f $(SDIST_FILE)
 	$(WHEEL_TOOLS_PY) -m build --sdist --no-isolation --outdir $(DIST) . >/dev/null
 	@echo "sdist: $(SDIST_FILE) ($$(du -h $(SDIST_FILE) | cut -f1))"
+
+# What a release ships: the wheel, the sdist and dist/SHA256SUMS (the
+# `sha256sum` format, which `sha256sum --check` reads), then how to install
+# them. No package index has peerkv: these files are how it is handed out.
+RELEASE_SUMS := $(DIST)/SHA256SUMS
+
+release: wheel sdist ## dist/: the wheel, the sdist and SHA256SUMS, then how to install them
+	@$(MAKE) --no-print-directory release-sums
+
+# Checksums of this version's wheel and sdist only (older builds left in
+# dist/ are not part of the release), checked right after writing.
+release-sums:
+	@for f in $(WHEEL_FILE) $(SDIST_FILE); do \
+		test -f "$$f" || { echo "release: $$f is missing (make wheel sdist builds it)"; exit 1; }; done
+	cd $(DIST) && sha256sum $(notdir $(WHEEL_FILE)) $(notdir $(SDIST_FILE)) >SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS
+	@cd $(DIST) && sha256sum --check --quiet SHA256SUMS
+	@echo "release: $(WHEEL_FILE), $(SDIST_FILE) and $(RELEASE_SUMS):"
+	@sed 's/^/    /' $(RELEASE_SUMS)
+	@echo "Install (docs/packaging.md, docs/container.md for an image):"
+	@echo "    cd $(DIST) && sha256sum --check SHA256SUMS"
+	@echo "    pip install '$(notdir $(WHEEL_FILE))[vllm]'    # or without [vllm] into an environment that has vLLM 0.32/0.33"
 
 # The wheel in a venv per CPython on a view of this machine without Go, a C
 # compiler or libzmq (tests/wheel: mount namespace; needs root or user

@@ -38,7 +38,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 try:
     from vllm.logger import init_logger
 except ImportError as exc:  # pragma: no cover - bare environments
-    raise ImportError("peerkv.vllm needs vLLM: pip install 'peerkv[vllm]'") from exc
+    raise ImportError(
+        "peerkv.vllm needs vLLM 0.32.x or 0.33.x in this environment (pip install 'vllm>=0.32,<0.34')"
+    ) from exc
 from peerkv import _compat
 
 _compat.check_vllm_version()  # before vLLM's tier API: a clear ImportError naming what changed, not a missing name
