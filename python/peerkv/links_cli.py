@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.error
-import urllib.request
 from typing import Any
+
+from ._metrics_cli import add_endpoint_arguments, note_up, peer_samples, read_metrics, table
 
 HELP = "show what a pull from each of an engine's peers costs: round trips, setup, fitted t0 and rate (from /metrics)"
 EPILOG = """examples:
@@ -27,8 +27,7 @@ EPILOG = """examples:
 exit status: 0 the endpoint was read (with or without peers), 1 it could not be read
 """
 
-PREFIX = "vllm:peerkv_peer_"
-# Gauges of the link, by series suffix after PREFIX. With several of vLLM's
+# Gauges of the link, by series suffix after the per-peer prefix. With several of vLLM's
 # engine labels a peer shows its worst engine's value: the highest time, the
 # lowest rate (RATES), the fewest samples.
 LINK_GAUGES = ("rtt_p50_seconds", "rtt_p99_seconds", "rtt_samples", "setup_seconds", "pull_t0_seconds",
@@ -37,36 +36,27 @@ RATES = ("pull_bytes_per_second", "throughput_bytes_per_second", "pull_samples",
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="the engine's metrics URL, e.g. http://HOST:8000/metrics")
+    add_endpoint_arguments(parser)
     parser.add_argument("--bytes", type=int, default=0, metavar="L",
                         help="also print each peer's predicted pull time for L bytes: t0 + L / rate")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the endpoint (default 5)")
-    parser.add_argument("--output", choices=("text", "json"), default="text", help="text (default) or json")
 
 
 def collect(text: str) -> dict[str, dict[str, Any]]:
     """Per peer: up and path, the link gauges, failures by cause."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     peers: dict[str, dict[str, Any]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.name.startswith(PREFIX) or "peer" not in sample.labels:
-                continue
-            field = sample.name[len(PREFIX):]
-            row = peers.setdefault(sample.labels["peer"], {"up": 0, "path": "", "failures": {}})
-            if field == "up":
-                if sample.value >= 1:
-                    row["up"], row["path"] = 1, sample.labels.get("path", "")
-            elif field == "link_failures_total":
-                cause = sample.labels.get("cause", "")
-                row["failures"][cause] = row["failures"].get(cause, 0) + sample.value
-            elif field in LINK_GAUGES:
-                if field == "throughput_bytes_per_second" and sample.value == 0:
-                    continue  # a path the peer no longer uses
-                old = row.get(field)
-                worse = min if field in RATES else max
-                row[field] = sample.value if old is None else worse(old, sample.value)
+    for peer, field, sample in peer_samples(text):
+        row = peers.setdefault(peer, {"up": 0, "path": "", "failures": {}})
+        if field == "up":
+            note_up(row, sample)
+        elif field == "link_failures_total":
+            cause = sample.labels.get("cause", "")
+            row["failures"][cause] = row["failures"].get(cause, 0) + sample.value
+        elif field in LINK_GAUGES:
+            if field == "throughput_bytes_per_second" and sample.value == 0:
+                continue  # a path the peer no longer uses
+            old = row.get(field)
+            worse = min if field in RATES else max
+            row[field] = sample.value if old is None else worse(old, sample.value)
     return {peer: row for peer, row in peers.items() if any(f in row for f in LINK_GAUGES) or row["failures"]}
 
 
@@ -106,25 +96,15 @@ def _render(peers: dict[str, dict[str, Any]], size: int) -> str:
         if size:
             line.append(_ms(predict(row, size)))
         rows.append(line)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return table(rows)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.bytes < 0:
         print(f"peerkv links: --bytes must be 0 or more, got {args.bytes}", file=sys.stderr)
         return 1
-    try:
-        import prometheus_client.parser  # noqa: F401
-    except ImportError:
-        print("peerkv links: needs prometheus_client: pip install prometheus_client (vLLM brings it)", file=sys.stderr)
-        return 1
-    try:
-        with urllib.request.urlopen(args.url, timeout=args.timeout) as resp:
-            text = resp.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        why = getattr(exc, "reason", exc)
-        print(f"peerkv links: cannot read {args.url}: {why}", file=sys.stderr)
+    text = read_metrics("links", args.url, args.timeout)
+    if text is None:
         return 1
     peers = collect(text)
     if args.output == "json":

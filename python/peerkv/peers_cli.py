@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import urllib.error
-import urllib.request
 from typing import Any
+
+from ._metrics_cli import add_endpoint_arguments, note_up, peer_samples, read_metrics, table
 
 HELP = "show an engine's per-peer lookups, loads, bytes and round trips (from its /metrics)"
 EPILOG = """examples:
@@ -25,8 +24,7 @@ EPILOG = """examples:
 exit status: 0 the endpoint was read (with or without peers), 1 it could not be read
 """
 
-PREFIX = "vllm:peerkv_peer_"
-# Columns: (heading, series suffix after PREFIX, how a value is printed).
+# Columns: (heading, series suffix after the per-peer prefix, how a value is printed).
 COLUMNS = (
     ("lookups", "lookups_sent", "{:.0f}"),
     ("answered", "lookups_answered", "{:.0f}"),
@@ -40,27 +38,19 @@ COLUMNS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="the engine's metrics URL, e.g. http://HOST:8000/metrics")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the endpoint (default 5)")
-    parser.add_argument("--output", choices=("text", "json"), default="text", help="text (default) or json")
+    add_endpoint_arguments(parser)
 
 
 def collect(text: str) -> dict[str, dict[str, Any]]:
     """Per peer (summed over vLLM's engine labels): every peer series."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     peers: dict[str, dict[str, Any]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.name.startswith(PREFIX) or "peer" not in sample.labels:
-                continue
-            field = sample.name[len(PREFIX):].removesuffix("_total")
-            row = peers.setdefault(sample.labels["peer"], {"up": 0, "path": ""})
-            if field == "up":
-                if sample.value >= 1:
-                    row["up"], row["path"] = 1, sample.labels.get("path", "")
-                continue
-            row[field] = row.get(field, 0) + sample.value
+    for peer, field, sample in peer_samples(text):
+        field = field.removesuffix("_total")
+        row = peers.setdefault(peer, {"up": 0, "path": ""})
+        if field == "up":
+            note_up(row, sample)
+            continue
+        row[field] = row.get(field, 0) + sample.value
     for row in peers.values():
         count, total = row.get("lookup_rtt_seconds_count", 0), row.get("lookup_rtt_seconds_sum", 0)
         row["mean_lookup_rtt_s"] = total / count if count else None
@@ -79,22 +69,12 @@ def _render(peers: dict[str, dict[str, Any]]) -> str:
              f"{rtt * 1000:.2f}" if rtt is not None else "-"]
             + [fmt.format(row.get(key, 0)) for _, key, fmt in COLUMNS]
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return table(rows)
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        import prometheus_client.parser  # noqa: F401
-    except ImportError:
-        print("peerkv peers: needs prometheus_client: pip install prometheus_client (vLLM brings it)", file=sys.stderr)
-        return 1
-    try:
-        with urllib.request.urlopen(args.url, timeout=args.timeout) as resp:
-            text = resp.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        why = getattr(exc, "reason", exc)
-        print(f"peerkv peers: cannot read {args.url}: {why}", file=sys.stderr)
+    text = read_metrics("peers", args.url, args.timeout)
+    if text is None:
         return 1
     peers = collect(text)
     if args.output == "json":
