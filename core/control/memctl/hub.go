@@ -45,15 +45,22 @@ func NewHub() *Hub {
 // transport already has that id it is killed first, as a restarted process
 // would replace it.
 func (h *Hub) Transport(localID string) *Transport {
-	t := newTransport(h, localID)
-	h.mu.Lock()
-	old := h.peers[localID]
-	h.peers[localID] = t
-	h.mu.Unlock()
+	t, old := h.replace(localID)
 	if old != nil {
 		old.shutdown()
 	}
 	return t
+}
+
+// replace puts a new transport under localID and returns the one it
+// replaced, if any.
+func (h *Hub) replace(localID string) (t, old *Transport) {
+	t = newTransport(h, localID)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old = h.peers[localID]
+	h.peers[localID] = t
+	return t, old
 }
 
 // RestartSilently starts a new transport under localID in place of the
@@ -61,11 +68,7 @@ func (h *Hub) Transport(localID string) *Transport {
 // (power lost, a partition): the old transport stops (its Events close) but
 // nobody is told, and frames to localID reach the new one from now on.
 func (h *Hub) RestartSilently(localID string) *Transport {
-	t := newTransport(h, localID)
-	h.mu.Lock()
-	old := h.peers[localID]
-	h.peers[localID] = t
-	h.mu.Unlock()
+	t, old := h.replace(localID)
 	if old != nil {
 		old.stop()
 	}
