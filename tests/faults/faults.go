@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/peerkv/peerkv/core/control"
+	"github.com/peerkv/peerkv/core/control/eventq"
 	"github.com/peerkv/peerkv/core/protocol"
 )
 
@@ -78,7 +79,7 @@ type swapKey struct {
 type Wire struct {
 	inner  control.Transport
 	events chan control.Event
-	inq    *queue
+	inq    *eventq.Queue
 	stop   chan struct{}
 	wg     sync.WaitGroup
 	once   sync.Once
@@ -102,7 +103,7 @@ func Wrap(inner control.Transport, seed uint64) *Wire {
 	w := &Wire{
 		inner:   inner,
 		events:  make(chan control.Event),
-		inq:     newQueue(),
+		inq:     eventq.New(),
 		stop:    make(chan struct{}),
 		rng:     rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		swapped: map[swapKey]*frame{},
@@ -204,7 +205,7 @@ func (w *Wire) Close() error {
 		w.mu.Unlock()
 		close(w.stop)
 		err = w.inner.Close()
-		w.inq.close()
+		w.inq.Close()
 		w.wg.Wait()
 	})
 	return err
@@ -213,13 +214,13 @@ func (w *Wire) Close() error {
 // read applies the rules to inbound frames.
 func (w *Wire) read() {
 	defer w.wg.Done()
-	defer w.inq.close() // the inner transport ended (Close or a kill)
+	defer w.inq.Close() // the inner transport ended (Close or a kill)
 	for ev := range w.inner.Events() {
 		w.mu.Lock()
 		if ev.Kind == control.EventFrame {
 			_ = w.handle(frame{dir: In, ev: ev})
 		} else {
-			w.inq.push(ev)
+			w.inq.Push(ev)
 		}
 		w.mu.Unlock()
 	}
@@ -229,7 +230,7 @@ func (w *Wire) deliver() {
 	defer w.wg.Done()
 	defer close(w.events)
 	for {
-		ev, ok := w.inq.pop()
+		ev, ok := w.inq.Pop()
 		if !ok {
 			return
 		}
@@ -321,7 +322,7 @@ func (w *Wire) emit(f frame) error {
 	if f.dir == Out {
 		return w.inner.Send(f.ev.PeerID, f.ev.Frame)
 	}
-	w.inq.push(f.ev)
+	w.inq.Push(f.ev)
 	return nil
 }
 

@@ -111,7 +111,7 @@ func (h *Hub) route(from, to string, frame []byte) (delivered bool, err error) {
 	}
 	// Appending under h.mu keeps frames from concurrent senders in the
 	// order their Send calls were routed.
-	return dst.inbox.push(control.Event{Kind: control.EventFrame, PeerID: from, Addr: hostOf(from), Frame: frame}), nil
+	return dst.inbox.Push(control.Event{Kind: control.EventFrame, PeerID: from, Addr: hostOf(from), Frame: frame}), nil
 }
 
 // InjectFrom delivers frame to peer to as if fromID sent it over a
@@ -124,7 +124,7 @@ func (h *Hub) InjectFrom(to, fromID, addr string, frame []byte) bool {
 	if dst == nil {
 		return false
 	}
-	return dst.inbox.push(control.Event{Kind: control.EventFrame, PeerID: fromID, Addr: addr, Frame: bytes.Clone(frame)})
+	return dst.inbox.Push(control.Event{Kind: control.EventFrame, PeerID: fromID, Addr: addr, Frame: bytes.Clone(frame)})
 }
 
 // hostOf stands in for the source address zmqctl reads from the kernel:

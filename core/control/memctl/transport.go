@@ -6,13 +6,14 @@ import (
 	"sync"
 
 	"github.com/peerkv/peerkv/core/control"
+	"github.com/peerkv/peerkv/core/control/eventq"
 )
 
 // Transport is one peer on a Hub; it implements control.Transport.
 type Transport struct {
 	hub     *Hub
 	localID string
-	inbox   *inbox
+	inbox   *eventq.Queue
 	events  chan control.Event
 	done    chan struct{} // closed when the delivery goroutine exits
 
@@ -37,7 +38,7 @@ func newTransport(h *Hub, localID string) *Transport {
 	t := &Transport{
 		hub:       h,
 		localID:   localID,
-		inbox:     newInbox(),
+		inbox:     eventq.New(),
 		events:    make(chan control.Event),
 		done:      make(chan struct{}),
 		handed:    make(chan struct{}),
@@ -62,7 +63,7 @@ func (t *Transport) Hand(h func(control.Event)) {
 	t.handOnce.Do(func() {
 		t.hand = h
 		close(t.handed)
-		if !t.inbox.push(control.Event{}) { // the marker: Kind 0
+		if !t.inbox.Push(control.Event{}) { // the marker: Kind 0
 			return
 		}
 		select {
@@ -133,7 +134,7 @@ func (t *Transport) peerDown(peerID string, err error) {
 	delete(t.connected, peerID)
 	t.mu.Unlock()
 	if wasConnected {
-		t.inbox.push(control.Event{Kind: control.EventPeerDown, PeerID: peerID, Err: err})
+		t.inbox.Push(control.Event{Kind: control.EventPeerDown, PeerID: peerID, Err: err})
 	}
 }
 
@@ -150,7 +151,7 @@ func (t *Transport) stop() bool {
 	t.closed = true
 	t.mu.Unlock()
 	if !already {
-		t.inbox.close()
+		t.inbox.Close()
 	}
 	<-t.done
 	return !already
@@ -162,7 +163,7 @@ func (t *Transport) deliver() {
 	defer close(t.done)
 	defer close(t.events)
 	for {
-		ev, ok := t.inbox.pop()
+		ev, ok := t.inbox.Pop()
 		if !ok {
 			return
 		}
@@ -180,7 +181,7 @@ func (t *Transport) deliver() {
 		case <-t.handed:
 			t.hand(ev)
 		case t.events <- ev:
-		case <-t.inbox.closed:
+		case <-t.inbox.Closed():
 			return
 		}
 	}
