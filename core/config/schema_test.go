@@ -1,7 +1,10 @@
 package config
 
 import (
+	"fmt"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -129,4 +132,53 @@ func TestSuggestIsDeterministic(t *testing.T) {
 		assert.Equal(t, "a_timeout_s", Suggest("c_timeout_s", known), "ties go to the first in sorted order")
 	}
 	assert.Equal(t, "", Suggest("x", nil))
+}
+
+// The defaults the schema documents (and Python's check-config and the docs
+// print) are the defaults FromJSON applies: giving an option its documented
+// default changes nothing. A constant changed on one side only fails here.
+func TestDocumentedDefaultsAreTheAppliedOnes(t *testing.T) {
+	// Defaults that are not a value of the option's type: computed at open,
+	// or a reference to another option.
+	notAValue := map[string]string{
+		"advertise_host":     "follows host",
+		"data_host":          "follows host",
+		"allowed_peers":      "any peer: no list",
+		"max_frame_bytes":    "derived from the region",
+		"max_list_items":     "derived from the region",
+		"go_max_procs":       "derived from the CPUs",
+		"config_fingerprint": "derived from the engine",
+		"hash_seed":          "derived from the engine",
+		"key_len":            "derived from the engine",
+	}
+	base, err := FromJSON([]byte(`{}`))
+	require.NoError(t, err)
+	checked := 0
+	for _, o := range Options {
+		if _, ok := notAValue[o.Name]; ok {
+			continue
+		}
+		var lit string
+		switch o.Type {
+		case TypeString:
+			if o.Default == "" {
+				continue // "": none, the option is unset
+			}
+			lit = strconv.Quote(o.Default)
+		case TypeStringList:
+			lit = o.Default // written as JSON
+		default:
+			lit = o.Default // integers, seconds and booleans are written as JSON literals
+		}
+		got, err := FromJSON([]byte(fmt.Sprintf(`{%q: %s}`, o.Name, lit)))
+		if !assert.NoError(t, err, "%s: its documented default %q is not a value it accepts; if it is computed, list it in notAValue", o.Name, o.Default) {
+			continue
+		}
+		assert.Equal(t, base, got, "%s: documented default %q differs from the default FromJSON applies", o.Name, o.Default)
+		checked++
+	}
+	for name := range notAValue {
+		assert.True(t, slices.ContainsFunc(Options, func(o Option) bool { return o.Name == name }), "notAValue names %s, which is no option", name)
+	}
+	assert.Greater(t, checked, 20, "most defaults are plain values")
 }
