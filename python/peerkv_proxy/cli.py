@@ -74,10 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connect-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="upstream connect timeout (default %(default)s)")
     parser.add_argument("--health-interval", type=float, default=5.0, metavar="SECONDS",
-                        help="GET /health of every engine this often; a failed check or a refused connection "
-                             "ejects an engine until a check passes (default %(default)s)")
-    parser.add_argument("--health-timeout", type=float, default=2.0, metavar="SECONDS",
+                        help="GET /health of every engine this often (default %(default)s)")
+    parser.add_argument("--health-timeout", type=float, default=5.0, metavar="SECONDS",
                         help="a health check not answered in this time fails (default %(default)s)")
+    parser.add_argument("--health-failures", type=int, default=2, metavar="N",
+                        help="failed checks in a row that eject an engine until a check passes; a leg that "
+                             "cannot connect ejects it at once (default %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
                         help="on SIGINT/SIGTERM, wait this long for requests in flight (default %(default)s)")
     parser.add_argument("--no-peerkv-headers", dest="peerkv_headers", action="store_false",
@@ -100,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         peerkv_headers=args.peerkv_headers,
         health_interval_s=args.health_interval,
         health_timeout_s=args.health_timeout,
+        health_failures=args.health_failures,
     )
 
 

@@ -1,7 +1,7 @@
 """Which engines the proxy sends to: a background check of each engine's
 `GET /health` (vLLM's liveness endpoint), and ejection on a refused
-connection, so a dead engine stops getting requests within one request or
-one check interval and gets them again once a check passes.
+connection, so a dead engine stops getting requests within one request (or
+`failures` check intervals) and gets them again once a check passes.
 """
 
 from __future__ import annotations
@@ -21,18 +21,20 @@ class _State:
     healthy: bool = True  # until the first check says otherwise: a proxy started first still routes
     cause: str | None = None  # why it was ejected
     since: float = 0.0  # time.time() of the last change
+    failed_checks: int = 0  # consecutive
 
 
 class EnginePool:
     """The health of every configured engine. One owner (the proxy server)
     starts and stops its checker thread; request threads read and eject."""
 
-    def __init__(self, endpoints: list[Endpoint], interval_s: float, timeout_s: float) -> None:
-        if interval_s <= 0 or timeout_s <= 0:
-            raise ValueError("health check interval and timeout must be positive")
+    def __init__(self, endpoints: list[Endpoint], interval_s: float, timeout_s: float, failures: int) -> None:
+        if interval_s <= 0 or timeout_s <= 0 or failures < 1:
+            raise ValueError("health check interval and timeout must be positive, failures at least 1")
         self.endpoints = list(dict.fromkeys(endpoints))
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.failures = failures  # consecutive failed checks that eject (a busy engine may miss one)
         now = time.time()
         self._states = {ep: _State(since=now) for ep in self.endpoints}
         self._lock = threading.Lock()
@@ -108,7 +110,14 @@ class EnginePool:
             if ep not in results:
                 continue  # still running past its own timeout: leave the state as it is
             cause = results[ep]
-            self._set(ep, cause is None, cause)
+            with self._lock:
+                state = self._states[ep]
+                state.failed_checks = 0 if cause is None else state.failed_checks + 1
+                failed = state.failed_checks
+            if cause is None:
+                self._set(ep, True, None)
+            elif failed >= self.failures:
+                self._set(ep, False, f"{cause} ({failed} checks in a row)" if failed > 1 else cause)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="peerkv-proxy-health", daemon=True)

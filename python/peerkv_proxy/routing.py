@@ -172,7 +172,8 @@ class ProxyConfig:
     prefix_cache_size: int = 65536
     peerkv_headers: bool = True  # x-peerkv-* response headers (they show kv_request_id to the client)
     health_interval_s: float = 5.0  # GET /health of every engine this often
-    health_timeout_s: float = 2.0  # a check not answered in this time fails
+    health_timeout_s: float = 5.0  # a check not answered in this time fails
+    health_failures: int = 2  # consecutive failed checks that eject an engine
 
     def __post_init__(self) -> None:
         if not self.engines:
@@ -185,6 +186,8 @@ class ProxyConfig:
             raise ConfigError("timeouts must be positive")
         if self.health_interval_s <= 0 or self.health_timeout_s <= 0:
             raise ConfigError("--health-interval and --health-timeout must be positive")
+        if self.health_failures < 1:
+            raise ConfigError("--health-failures must be at least 1")
         if self.prefix_chunk_chars <= 0 or self.prefix_cache_size <= 0:
             raise ConfigError("--prefix-chunk-chars and --prefix-cache-size must be positive")
         self.by_address: dict[tuple[str, int], Endpoint] = {}

@@ -78,7 +78,7 @@ class ProxyServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         self.config = config
         self.pool = EnginePool(config.engines + config.prefillers, config.health_interval_s,
-                               config.health_timeout_s)
+                               config.health_timeout_s, config.health_failures)
         self.orchestrator = Orchestrator(config, self.pool)
         self.stopping = False
         self._inflight = 0

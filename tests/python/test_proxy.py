@@ -28,6 +28,7 @@ import pytest
 from conftest import REPO
 import peerkv_proxy as proxy
 from peerkv_proxy import ConfigError, ProxyConfig, ProxyServer, parse_endpoint
+from peerkv_proxy.health import EnginePool
 
 WAIT = 5.0  # bound on every wait for another thread
 
@@ -670,6 +671,22 @@ def test_an_ejected_engine_is_checked_and_comes_back(engines, start_proxy):
     _wait_for_health(server, b.url, healthy=True)
     targets = {request(server, "/v1/completions", completion())[1][proxy.RESP_TARGET] for _ in range(4)}
     assert targets == {a.url, b.url}
+
+
+def test_one_missed_check_does_not_eject_a_busy_engine(engines):
+    (a,) = engines(1)
+    pool = EnginePool([parse_endpoint(a.url)], interval_s=60, timeout_s=2.0, failures=2)
+    (ep,) = pool.endpoints
+    a.health_status = 503
+    pool.check_all()
+    assert pool.healthy(ep)  # one failure: still in the pool
+    pool.check_all()
+    assert not pool.healthy(ep) and "answered 503 (2 checks in a row)" in pool.cause(ep)
+    a.health_status = 200
+    pool.check_all()
+    assert pool.healthy(ep) and pool.cause(ep) is None
+    pool.eject(ep, "unreachable: connection refused")  # a leg that cannot connect: at once
+    assert not pool.healthy(ep)
 
 
 def test_health_is_503_when_no_engine_is_healthy(engines, start_proxy):
