@@ -13,6 +13,8 @@ result:
   one wheel serves every CPython; PLATFORM is the Makefile's WHEEL_PLAT
   (manylinux_2_28_x86_64), or for a prebuilt library PEERKV_WHEEL_PLAT
   (default linux_<machine>: nothing is known of its portability);
+- build_py empties the build directory's copy of each package first, so a
+  module deleted since the last build is not packaged from a stale copy;
 - sdist adds libzmq's Debian source (third_party/libzmq/) so the sdist builds
   offline of Debian.
 
@@ -31,6 +33,7 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
 ROOT = Path(__file__).resolve().parent
@@ -92,6 +95,19 @@ class BuildGoLibrary(build_ext):
         shutil.copyfile(HEADER, target.parent / HEADER.name)
 
 
+class FreshBuildPy(build_py):
+    """Copies the packages into an emptied build_lib: the build directory
+    outlives a checkout's changes, and a module deleted or moved since the
+    last build (peerkv/proxy.py, now peerkv_proxy) must not ship again."""
+
+    def run(self) -> None:
+        for package in self.packages or ():
+            stale = Path(self.build_lib, *package.split("."))
+            if stale.is_dir():
+                shutil.rmtree(stale)
+        super().run()
+
+
 class Py3Wheel(bdist_wheel):
     """py3-none-<platform>: no CPython ABI is involved (ctypes only)."""
 
@@ -112,7 +128,8 @@ setup(
     # A placeholder extension makes the wheel platform-specific (platlib);
     # BuildGoLibrary replaces its compilation with the Makefile's Go build.
     ext_modules=[Extension("peerkv.libpeerkv", sources=[])],
-    cmdclass={"build_ext": BuildGoLibrary, "bdist_wheel": Py3Wheel, "sdist": SdistWithLibzmq},
+    cmdclass={"build_py": FreshBuildPy, "build_ext": BuildGoLibrary, "bdist_wheel": Py3Wheel,
+              "sdist": SdistWithLibzmq},
     # Keep setuptools' scratch out of build/, which holds the Makefile's outputs.
     options={"build": {"build_base": ".cache/setuptools-build"}},
 )

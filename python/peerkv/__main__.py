@@ -13,7 +13,7 @@ import sys
 
 # name -> module.
 SUBCOMMANDS = {
-    "proxy": "peerkv.proxy",
+    "proxy": "peerkv_proxy.cli",  # its own package: vLLM workers never import it
     "info": "peerkv.info_cli",
     "check-config": "peerkv.check_config",
     "doctor": "peerkv.doctor",

@@ -4,7 +4,7 @@ The snippets are read from the docs themselves (any fenced block holding
 `--kv-transfer-config '...'`), so a doc edit is checked by the next run.
 Each one goes through `peerkv check-config` as written (--elsewhere: its
 addresses are other machines'), and then, with this machine's substitutions
-(loopback host, free ports, a small primary tier, a secret file that
+(loopback host, free control and data ports, a small primary tier, a secret file that
 exists), through check-config on this machine and through vLLM's real
 OffloadingSpecFactory -> TieringOffloadingSpec -> manager in a node process,
 which must hold a PeerKVTier. A snippet that cannot run here (elided with
@@ -100,6 +100,8 @@ def _for_this_machine(doc: dict, secret_file: Path) -> dict:
                 if key in tier:
                     tier[key] = "127.0.0.1"
             tier["port"] = control_port()
+            if "data_port" in tier:  # a fixed one, as a NetworkPolicy needs, would collide here
+                tier["data_port"] = control_port()
             if "auth_secret_file" in tier:
                 tier["auth_secret_file"] = str(secret_file)
     return doc

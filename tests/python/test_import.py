@@ -49,3 +49,20 @@ defs = TieringOffloadingSpec.build_metric_definitions(extra)
 assert "vllm:peerkv_sessions" in defs
 """
     assert "OK" in _run(extra)
+
+
+def test_the_runtime_package_holds_no_proxy_and_never_imports_it():
+    """`peerkv proxy` lives in its own package (peerkv_proxy): what vLLM
+    imports in every process (the plugin, the tier, the package) leaves it
+    out of sys.modules, and the runtime package has no proxy module at all."""
+    extra = """
+import importlib.util
+from peerkv import vllm_plugin
+assert vllm_plugin.register()
+from peerkv.vllm import PeerKVTier
+import peerkv.config, peerkv.check_config
+assert importlib.util.find_spec("peerkv.proxy") is None, "peerkv.proxy is still in the runtime package"
+loaded = sorted(m for m in sys.modules if m.split(".")[0] == "peerkv_proxy" or m == "peerkv.proxy")
+assert not loaded, loaded
+"""
+    assert "OK" in _run(extra)

@@ -1,5 +1,6 @@
-"""`peerkv proxy`: kv_transfer_params on each leg, dispatch order, allowlist,
-prefix routing, streaming relay, errors and the command line.
+"""`peerkv proxy` (the peerkv_proxy package): kv_transfer_params on each leg,
+dispatch order, allowlist, prefix routing, streaming relay, engine health and
+ejection, errors and the command line.
 
 The engines are fake: stdlib HTTP servers on 127.0.0.1 that record what they
 receive and answer as vLLM's OpenAI server does. No library, no vLLM.
@@ -25,8 +26,9 @@ from typing import Any, Callable
 import pytest
 
 from conftest import REPO
-from peerkv import proxy
-from peerkv.proxy import ConfigError, ProxyConfig, ProxyServer, parse_endpoint
+import peerkv_proxy as proxy
+from peerkv_proxy import ConfigError, ProxyConfig, ProxyServer, parse_endpoint
+from peerkv_proxy.health import EnginePool
 
 WAIT = 5.0  # bound on every wait for another thread
 
@@ -49,6 +51,8 @@ class FakeEngine:
         self.requests: list[Received] = []
         self.answered: list[float] = []
         self.status = 200
+        self.health_status = 200  # what GET /health answers (the proxy's checks; not recorded)
+        self.health_checks = 0
         self.before_answer: Callable[[Received], None] | None = None
         self.stream: Callable[[BaseHTTPRequestHandler, Received], None] | None = None
         self.got_request = threading.Event()
@@ -86,6 +90,13 @@ class FakeEngine:
             return [r.body for r in self.requests if r.method == "POST"]
 
     def _serve(self, h: BaseHTTPRequestHandler) -> None:
+        if h.command == "GET" and h.path == "/health":
+            with self._lock:
+                self.health_checks += 1
+            h.send_response(self.health_status)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         length = int(h.headers.get("Content-Length") or 0)
         raw = h.rfile.read(length) if length else b""
         body = json.loads(raw) if raw else None
@@ -612,6 +623,99 @@ def test_backend_down_is_502_naming_the_backend(start_proxy):
         server.stop(1.0)
 
 
+def _health(server: ProxyServer) -> tuple[int, dict[str, Any]]:
+    status, _, data = request(server, "/health", method="GET")
+    return status, json.loads(data)
+
+
+def _wait_for_health(server: ProxyServer, url: str, healthy: bool) -> dict[str, Any]:
+    """The /health body once `url` shows `healthy` (bounded by WAIT)."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        _, body = _health(server)
+        (entry,) = [e for e in body["engines"] + body["prefillers"] if e["url"] == url]
+        if entry["healthy"] == healthy or time.monotonic() > deadline:
+            assert entry["healthy"] == healthy, body
+            return body
+        time.sleep(0.05)
+
+
+def test_a_dead_engine_is_ejected_and_requests_go_to_the_live_one(engines, start_proxy, caplog):
+    a, b = engines(2)
+    b.close()  # b's port now refuses connections
+    server = start_proxy([a, b], kv={b: "127.0.0.1:5711"})
+    with caplog.at_level(logging.WARNING, logger="peerkv.proxy"):
+        for _ in range(6):
+            status, headers, _ = request(server, "/v1/completions", completion())
+            assert status == 200
+            assert headers[proxy.RESP_TARGET] == a.url
+        wait_for_log(caplog, f"engine {b.url} ejected from the pool")
+    assert len(a.bodies()) == 6
+    status, body = _health(server)
+    assert status == 200 and body["status"] == "ok"
+    assert [(e["url"], e["healthy"]) for e in body["engines"]] == [(a.url, True), (b.url, False)]
+    assert "connection refused" in body["engines"][1]["cause"]
+
+
+def test_an_ejected_engine_is_checked_and_comes_back(engines, start_proxy):
+    a, b = engines(2)
+    b.health_status = 503  # alive, but vLLM says it is not healthy
+    server = start_proxy([a, b], kv={b: "127.0.0.1:5711"}, health_interval_s=0.1, health_timeout_s=1.0)
+    body = _wait_for_health(server, b.url, healthy=False)
+    assert "answered 503" in body["engines"][1]["cause"]
+    for _ in range(4):
+        status, headers, _ = request(server, "/v1/completions", completion())
+        assert status == 200 and headers[proxy.RESP_TARGET] == a.url
+    assert not b.bodies()
+    b.health_status = 200
+    _wait_for_health(server, b.url, healthy=True)
+    targets = {request(server, "/v1/completions", completion())[1][proxy.RESP_TARGET] for _ in range(4)}
+    assert targets == {a.url, b.url}
+
+
+def test_one_missed_check_does_not_eject_a_busy_engine(engines):
+    (a,) = engines(1)
+    pool = EnginePool([parse_endpoint(a.url)], interval_s=60, timeout_s=2.0, failures=2)
+    (ep,) = pool.endpoints
+    a.health_status = 503
+    pool.check_all()
+    assert pool.healthy(ep)  # one failure: still in the pool
+    pool.check_all()
+    assert not pool.healthy(ep) and "answered 503 (2 checks in a row)" in pool.cause(ep)
+    a.health_status = 200
+    pool.check_all()
+    assert pool.healthy(ep) and pool.cause(ep) is None
+    pool.eject(ep, "unreachable: connection refused")  # a leg that cannot connect: at once
+    assert not pool.healthy(ep)
+
+
+def test_health_is_503_when_no_engine_is_healthy(engines, start_proxy):
+    a, b = engines(2)
+    a.health_status = b.health_status = 500
+    server = start_proxy([a], prefillers=[b], kv={b: "127.0.0.1:5711"}, health_interval_s=0.1, health_timeout_s=1.0)
+    _wait_for_health(server, a.url, healthy=False)
+    body = _wait_for_health(server, b.url, healthy=False)
+    status, _ = _health(server)
+    assert status == 503 and body["status"] == "unavailable"
+    assert [e["url"] for e in body["prefillers"]] == [b.url]
+    a.health_status = 200
+    _wait_for_health(server, a.url, healthy=True)
+    assert _health(server)[0] == 200  # the pool is up with one decode engine, prefillers or not
+
+
+def test_a_dead_prefiller_is_ejected_and_requests_decode_locally(engines, start_proxy):
+    a, p = engines(2)
+    p.close()
+    server = start_proxy([a], prefillers=[p], kv={p: "127.0.0.1:5711"})
+    modes = [request(server, "/v1/completions", completion())[1][proxy.RESP_MODE] for _ in range(3)]
+    # The first request may find it refused (pd-fallback) or already ejected by the first check;
+    # after that it is not tried again until a check passes.
+    assert modes[0] in ("pd-fallback", "local") and modes[1:] == ["local", "local"], modes
+    assert all("kv_transfer_params" not in body for body in a.bodies())
+    _, body = _health(server)
+    assert body["prefillers"][0]["healthy"] is False
+
+
 def test_silent_backend_is_504_after_the_timeout(engines, start_proxy):
     (a,) = engines(1)
     release = threading.Event()
@@ -658,12 +762,15 @@ def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(REPO / "python"))
 
 
-def test_cli_help():
-    out = subprocess.run([sys.executable, "-m", "peerkv", "proxy", "--help"], capture_output=True, text=True,
+@pytest.mark.parametrize("command", [["peerkv", "proxy"], ["peerkv_proxy"]], ids=["peerkv proxy", "peerkv_proxy"])
+def test_cli_help(command):
+    out = subprocess.run([sys.executable, "-m", *command, "--help"], capture_output=True, text=True,
                          timeout=60, env=_env())
     assert out.returncode == 0, out.stderr
-    for flag in ("--listen", "--engine", "--prefiller", "--p2p-connector-port", "--order", "--route"):
+    for flag in ("--listen", "--engine", "--prefiller", "--p2p-connector-port", "--order", "--route",
+                 "--health-interval", "--health-timeout"):
         assert flag in out.stdout
+    assert "test/dev orchestrator (not llm-d)" in " ".join(out.stdout.split())
 
 
 def test_cli_serves_and_stops_on_sigterm(engines):

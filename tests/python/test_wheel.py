@@ -26,6 +26,9 @@ def test_prebuilt_wheel_is_py3_none_linux_and_importable_without_vllm(library, t
     assert {"peerkv/libpeerkv.so", "peerkv/peerkv.h", "peerkv/vllm.py", "peerkv/_lib.py", "peerkv/py.typed",
             f"peerkv-{version}.dist-info/licenses/LICENSE",
             f"peerkv-{version}.dist-info/licenses/THIRD_PARTY_NOTICES.md"} <= names
+    # The proxy is its own package beside the runtime one, which vLLM's workers import.
+    assert {"peerkv_proxy/__init__.py", "peerkv_proxy/cli.py", "peerkv_proxy/health.py"} <= names
+    assert not [n for n in names if n.startswith("peerkv/") and "proxy" in n], sorted(names)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     subprocess.run(
@@ -42,3 +45,8 @@ def test_prebuilt_wheel_is_py3_none_linux_and_importable_without_vllm(library, t
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "(1, 1)"
+    out = subprocess.run(
+        [str(venv / "bin" / "peerkv"), "proxy", "--help"], capture_output=True, text=True, timeout=60,
+        cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0 and "--health-interval" in out.stdout, out.stderr
