@@ -75,7 +75,7 @@ type peerDeps struct {
 	onLoop func(f func())
 }
 
-func newPeerSet(d peerDeps, adm admission) *peerSet {
+func newPeerSet(d peerDeps, adm admission, reg *registry) *peerSet {
 	return &peerSet{
 		peerDeps: d,
 		sessions: map[string]*session.Session{},
@@ -83,6 +83,7 @@ func newPeerSet(d peerDeps, adm admission) *peerSet {
 		paths:    map[*session.Session]string{},
 		stats:    map[*session.Session]*peerStats{},
 		adm:      adm,
+		reg:      reg,
 	}
 }
 

@@ -72,9 +72,8 @@ func newPeerBench(t *testing.T, mutate func(*config.Config)) *peerBench {
 		send:     env.Send,
 		settle:   b.settle,
 		onLoop:   func(f func()) { f() },
-	}, adm)
+	}, adm, newRegistry(registryDeps{})) // the registry does not run: its ops stay queued for the test to read
 	env.Busy = b.set.busy
-	b.set.reg = newRegistry(registryDeps{}) // not run: its ops stay queued for the test to read
 	return b
 }
 

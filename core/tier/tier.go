@@ -178,14 +178,14 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		Busy:           func(s *session.Session) { t.peers.busy(s) },
 		Keys:           &session.KeyBudget{},
 	}
+	reg := newRegistry(registryDeps{
+		dt: dt, stop: t.stop, registered: t.registered, crashed: t.crashed, logPath: t.logPath,
+	})
 	t.peers = newPeerSet(peerDeps{
 		cfg: cfg, env: t.env, now: now, ctl: deps.Control, logf: t.logf, peerInfo: t.peerInfo,
 		send: t.send, settle: t.settle, onLoop: t.onLoop,
-	}, adm)
-	t.peers.reg = newRegistry(registryDeps{
-		dt: dt, stop: t.stop, registered: t.registered, crashed: t.crashed, logPath: t.logPath,
-	})
-	go t.peers.reg.run()
+	}, adm, reg)
+	go reg.run()
 	if h, ok := deps.Control.(control.Handing); ok {
 		h.Hand(t.handle) // frames are taken on the transport's goroutine; Events then only closes
 	}
