@@ -69,11 +69,12 @@ type Tier struct {
 	notify  notifier // the host's notification fd; see notify.go
 	news    news     // what the host has to collect, read without a call; see news.go
 
-	mu            sync.Mutex
-	closed        bool
-	poisoned      error // set once a goroutine of ours panicked
-	requests      map[string]*request
-	peers         *peerSet // sessions and what is kept per peer (peerset.go)
+	mu       sync.Mutex
+	closed   bool
+	poisoned error // set once a goroutine of ours panicked
+	requests map[string]*request
+	// peers holds the sessions and what is kept per peer (peerset.go).
+	peers         *peerSet
 	jobs          map[int64]*job
 	finished      []JobResult
 	serving       map[string]*serveKV // PD kv ids this peer serves as a prefiller
