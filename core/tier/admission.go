@@ -36,7 +36,7 @@ const whyNotAllowed = "its address is not in allowed_peers"
 // interval; the next line says how many it stood for.
 const refusalLogEvery = 10 * time.Second
 
-// admission is the tier's part of the rule; guarded by t.mu.
+// admission is the tier's part of the rule; peerSet holds it.
 type admission struct {
 	allow    config.PeerList
 	dials    everyLog
@@ -69,8 +69,8 @@ func (l *everyLog) take(now time.Time) (bool, int) {
 	return true, n
 }
 
-func (t *Tier) logRefused(l *everyLog, format string, args ...any) {
-	ok, more := l.take(t.now())
+func (p *peerSet) logRefused(l *everyLog, format string, args ...any) {
+	ok, more := l.take(p.now())
 	if !ok {
 		return
 	}
@@ -78,31 +78,46 @@ func (t *Tier) logRefused(l *everyLog, format string, args ...any) {
 	if more > 0 {
 		msg += fmt.Sprintf(" (and %d more refused since the last such line)", more)
 	}
-	t.logf("WARNING", "%s", msg)
+	p.logf("WARNING", "%s", msg)
 }
 
-// mayDial is nil when peerID may be dialed, else errNotAllowed, counted
-// and logged.
-func (t *Tier) mayDial(peerID string) error {
-	if t.adm.allow.AllowsPeerID(peerID) {
+// refusedConnect logs a connect refused by allowed_peers, rate-limited.
+func (p *peerSet) refusedConnect(peerID, addr, why string) {
+	p.logRefused(&p.adm.connects, "refusing peer %s (from %s): %s", peerID, addr, why)
+}
+
+// mayDial is nil when peerID may be dialed, else errNotAllowed, logged;
+// the caller counts it.
+func (p *peerSet) mayDial(peerID string) error {
+	if p.adm.allow.AllowsPeerID(peerID) {
 		return nil
 	}
-	t.obs.rejections[CauseNotAllowed]++
-	t.logRefused(&t.adm.dials, "not dialing %s: %v; requests naming it are served locally", peerID, errNotAllowed)
+	p.logRefused(&p.adm.dials, "not dialing %s: %v; requests naming it are served locally", peerID, errNotAllowed)
 	return fmt.Errorf("%w: %s", errNotAllowed, peerID)
 }
 
-// allowedData drops a peer's TCP data address when it is outside
-// allowed_peers: the writer would dial it, and the peer chose it.
-func (t *Tier) allowedData(s *session.Session, info data.PeerInfo) data.PeerInfo {
-	if info.DataAddr == "" || t.adm.allow.AllowsPeerID(info.DataAddr) {
-		return info
+// register starts the data path's registration of s's peer, dropping its
+// TCP data address when it is outside allowed_peers (the writer would dial
+// it, and the peer chose it); it reports whether it dropped it, for the
+// caller to count.
+func (p *peerSet) register(s *session.Session, info data.PeerInfo) (refused bool) {
+	if info.DataAddr != "" && !p.adm.allow.AllowsPeerID(info.DataAddr) {
+		p.logRefused(&p.adm.dials, "not dialing %s, the TCP data address peer %s gave: %v; the TCP path is off for it",
+			info.DataAddr, s.PeerID(), errNotAllowed)
+		info.DataAddr = ""
+		refused = true
 	}
-	t.obs.rejections[CauseNotAllowed]++
-	t.logRefused(&t.adm.dials, "not dialing %s, the TCP data address peer %s gave: %v; the TCP path is off for it",
-		info.DataAddr, s.PeerID(), errNotAllowed)
-	info.DataAddr = ""
-	return info
+	p.reg.add(s, info)
+	return refused
+}
+
+// notAllowedAtAccept counts the connections the transport refused by
+// address before any connect of theirs reached us.
+func (p *peerSet) notAllowedAtAccept() uint64 {
+	if p.adm.atAccept == nil {
+		return 0
+	}
+	return p.adm.atAccept()
 }
 
 // networkOf groups source addresses: IPv4 by /24, IPv6 by /64; anything
@@ -119,70 +134,4 @@ func networkOf(addr string) string {
 	}
 	p, _ := a.Prefix(bits)
 	return p.String()
-}
-
-// makeRoom frees a slot when every one is taken, by ending the least useful
-// session that dialed us from the most crowded network, if that network
-// holds more sessions than one address may (max_peers_per_host: a network
-// within one address's quota never yields, so a stranger cannot churn a
-// real cluster's sessions) and at least two more than the newcomer's (from
-// addr; a peer we dial counts as a network of none), so the two never trade
-// a slot back and forth. It reports whether a slot was freed.
-func (t *Tier) makeRoom(addr string, dialing bool) bool {
-	counts := map[string]int{}
-	for _, s := range t.sessions {
-		if !s.Dead() && !s.Dialed() { // the sessions we dialed carry our own loads
-			counts[networkOf(s.Source())]++
-		}
-	}
-	mine := 0
-	if !dialing {
-		mine = counts[networkOf(addr)]
-	}
-	crowded, most := "", 0
-	for n, c := range counts {
-		if c > most || (c == most && n < crowded) {
-			crowded, most = n, c
-		}
-	}
-	if most <= t.cfg.MaxPeersPerHost || most < mine+2 {
-		return false
-	}
-	var victim *session.Session
-	quietSince := t.now().Add(-evictableQuiet)
-	for _, s := range t.sessions {
-		if s.Dead() || s.Dialed() || networkOf(s.Source()) != crowded {
-			continue
-		}
-		// A session heard from just now is never the one to go (a
-		// stranger's newcomer must not cut a pull under way); among the
-		// rest, one with nothing in flight goes first (lessUseful).
-		if s.LastActivity().After(quietSince) {
-			continue
-		}
-		if victim == nil || lessUseful(s, victim) {
-			victim = s
-		}
-	}
-	if victim == nil {
-		return false
-	}
-	t.stats.sessionsEvicted++
-	victim.CloseOrderly(fmt.Sprintf("evicted: every session slot is taken (max_peers), %d by peers from %s, "+
-		"and a peer from a less crowded network needs one", most, crowded))
-	t.settle()
-	return true
-}
-
-// evictableQuiet: how long a session must have been quiet before makeRoom
-// may end it for a newcomer.
-const evictableQuiet = 250 * time.Millisecond
-
-// lessUseful orders eviction candidates: one with nothing in flight before
-// one with work, then the longest quiet first.
-func lessUseful(a, b *session.Session) bool {
-	if aw, bw := a.HasPendingWork(), b.HasPendingWork(); aw != bw {
-		return bw
-	}
-	return a.LastActivity().Before(b.LastActivity())
 }

@@ -17,7 +17,7 @@ func (t *Tier) settle() {
 		if len(t.pending) > 0 {
 			continue
 		}
-		if !t.reapDead() {
+		if ended, _ := t.teardown(endReaped); ended == 0 {
 			return
 		}
 	}
@@ -52,7 +52,7 @@ func (t *Tier) applyChecked(r session.Report) {
 			}
 		}
 	case session.Ended:
-		t.ended = append(t.ended, r.Session)
+		t.peers.endedSession(r.Session)
 	case session.ProbesAnswered:
 		t.probesAnswered(r.Session, r.KVID)
 	case session.FetchArrived:

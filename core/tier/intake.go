@@ -64,7 +64,7 @@ func (t *Tier) onPeerDown(ev control.Event) {
 	if ev.Kind != control.EventPeerDown {
 		return
 	}
-	s := t.sessions[ev.PeerID]
+	s := t.peers.session(ev.PeerID)
 	if s == nil {
 		return
 	}
@@ -82,7 +82,7 @@ func (t *Tier) onPeerDown(ev control.Event) {
 // map look-up whatever the frame holds.
 func (t *Tier) screen(ev control.Event, typ protocol.Type, peekErr error) bool {
 	t.stats.framesIn++
-	s := t.sessions[ev.PeerID]
+	s := t.peers.session(ev.PeerID)
 	if s == nil {
 		if peekErr != nil || typ != protocol.TypeConnect {
 			t.dropSessionless(ev.PeerID, describeType(typ, peekErr))

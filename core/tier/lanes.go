@@ -77,7 +77,7 @@ func (ln *lane) bytes() int { return ln.waiting + ln.inflight }
 // top of this file) and reports whether it took ev (queued, or dropped with
 // its session). Called with t.mu held, after screen let ev through.
 func (t *Tier) toLane(ev control.Event) bool {
-	s := t.sessions[ev.PeerID]
+	s := t.peers.session(ev.PeerID)
 	if s == nil {
 		return false // a connect: handled at once
 	}
@@ -214,7 +214,7 @@ func (t *Tier) takeFromLane() bool {
 	t.locked(func() {
 		t.lanes.bytes -= ln.inflight
 		ln.inflight = 0
-		if ln.dropped || t.sessions[ev.PeerID] != ln.s {
+		if ln.dropped || t.peers.session(ev.PeerID) != ln.s {
 			return // its session ended meanwhile
 		}
 		t.stats.framesDecoded++

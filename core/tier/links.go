@@ -90,7 +90,7 @@ func quantile(sorted []float64, q float64) float64 {
 // observeReady records s's setup time the first time it is found
 // handshaked; t.mu held. Called after each frame and registration.
 func (t *Tier) observeReady(s *session.Session) {
-	if p := t.obs.peers[s]; p != nil && p.link.setup == 0 && s.Ready() {
+	if p := t.peers.statsOf(s); p != nil && p.link.setup == 0 && s.Ready() {
 		p.link.setup = max(t.now().Sub(s.OpenedAt()), time.Nanosecond)
 	}
 }
@@ -98,7 +98,7 @@ func (t *Tier) observeReady(s *session.Session) {
 // observeFetched feeds one completed fetch from s's peer to its pull
 // model: bytes landed, sent until its report; t.mu held.
 func (t *Tier) observeFetched(s *session.Session, bytes int64, took time.Duration) {
-	if p := t.obs.peers[s]; p != nil {
+	if p := t.peers.statsOf(s); p != nil {
 		p.link.fit.add(t.now(), bytes, took)
 	}
 }

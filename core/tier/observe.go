@@ -94,11 +94,7 @@ type observations struct {
 	lookupServed *histogram
 	loadOK       *histogram
 	loadFailed   *histogram
-	// sessionPath is the data path each live session's peer was registered
-	// on, so work is attributed to it even after the data path forgot it.
-	sessionPath map[*session.Session]string
-	// peers is each live session's per-peer view (peerstats.go).
-	peers map[*session.Session]*peerStats
+	// The per-session path and per-peer entries are peerSet's.
 	// peersDelivered: when the host last got the per-peer list (HostStats).
 	peersDelivered time.Time
 }
@@ -111,8 +107,6 @@ func newObservations() observations {
 		lookupServed: newHistogram(LookupRTTBuckets),
 		loadOK:       newHistogram(LoadSecondsBuckets),
 		loadFailed:   newHistogram(LoadSecondsBuckets),
-		sessionPath:  map[*session.Session]string{},
-		peers:        map[*session.Session]*peerStats{},
 	}
 }
 
@@ -125,21 +119,13 @@ func (o *observations) path(name string) *PathStats {
 	return p
 }
 
-// pathOf is the data path s's peer uses (NoPath before registration).
-func (o *observations) pathOf(s *session.Session) string {
-	if p, ok := o.sessionPath[s]; ok {
-		return p
-	}
-	return NoPath
-}
-
 // observeReport attributes a session's report to its data path; called by
 // apply, with t.mu held.
 func (t *Tier) observeReport(r session.Report) {
 	t.observePeerReport(r)
 	switch r.Kind {
 	case session.LoadDone:
-		p := t.obs.path(t.obs.pathOf(r.Session))
+		p := t.obs.path(t.peers.pathOf(r.Session))
 		if r.OK {
 			p.Loads++
 			p.BytesIn += int64(len(r.Rows)) * int64(t.region.RowLen)
@@ -148,7 +134,7 @@ func (t *Tier) observeReport(r session.Report) {
 		}
 	case session.StoreDone:
 		if r.OK && r.Bytes > 0 {
-			p := t.obs.path(t.obs.pathOf(r.Session))
+			p := t.obs.path(t.peers.pathOf(r.Session))
 			p.Stores++
 			p.BytesOut += r.Bytes
 		}
@@ -171,19 +157,10 @@ func (t *Tier) observeRegistered(s *session.Session) {
 	if name == "" {
 		name = NoPath
 	}
-	t.obs.sessionPath[s] = name
+	t.peers.setPath(s, name)
 	if refused != "" {
 		t.obs.path(name).Fallbacks++
-		t.obs.peerFailed(s, t.now(), "data path %s; not faster ones: %s", name, refused)
-	}
-}
-
-// observeEnded counts how a reaped session ended; t.mu held.
-func (t *Tier) observeEnded(s *session.Session) {
-	delete(t.obs.sessionPath, s)
-	delete(t.obs.peers, s)
-	if c := s.RejectCause(); c != "" {
-		t.obs.rejections[c]++
+		t.peers.failed(s, "data path %s; not faster ones: %s", name, refused)
 	}
 }
 
@@ -202,10 +179,8 @@ func (t *Tier) observeSnapshot(st *Stats) {
 	for c, n := range t.obs.rejections {
 		st.HandshakeRejections[c] = n
 	}
-	if t.adm.atAccept != nil {
-		if n := t.adm.atAccept(); n > 0 {
-			st.HandshakeRejections[CauseNotAllowed] += int64(n)
-		}
+	if n := t.peers.notAllowedAtAccept(); n > 0 {
+		st.HandshakeRejections[CauseNotAllowed] += int64(n)
 	}
 	st.Paths = make(map[string]PathStats, len(t.obs.paths))
 	for name, p := range t.obs.paths {

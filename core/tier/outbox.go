@@ -117,7 +117,7 @@ func (t *Tier) sendDeferred() bool {
 		}
 		if err != nil {
 			t.dropOutbox(peerID)
-			if s := t.sessions[peerID]; s != nil {
+			if s := t.peers.session(peerID); s != nil {
 				s.Kill(fmt.Sprintf("send of %s failed: %v", head.MsgType(), err))
 			}
 		}

@@ -1,7 +1,6 @@
 package tier
 
 import (
-	"fmt"
 	"sort"
 	"time"
 
@@ -11,7 +10,7 @@ import (
 
 // The per-peer view: what an operator needs to tell which peer is slow or
 // failing. One entry per live session, created with the session
-// (openSession) and deleted where it ends (observeEnded, shutdown), so
+// (peerSet.open) and deleted where it ends (peerSet.forget), so
 // there are never more entries than max_peers, and a peer that went is
 // gone from the view.
 
@@ -81,24 +80,12 @@ type peerStats struct {
 	link        link
 }
 
-// peerOpened creates s's entry; t.mu held.
-func (o *observations) peerOpened(s *session.Session) {
-	o.peers[s] = &peerStats{PeerStats: PeerStats{Peer: s.PeerID()}, rtt: newHistogram(LookupRTTBuckets)}
-}
-
-// peerFailed records what last went wrong with s's peer; t.mu held.
-func (o *observations) peerFailed(s *session.Session, now time.Time, format string, args ...any) {
-	if p := o.peers[s]; p != nil {
-		p.LastError, p.lastErrorAt = fmt.Sprintf(format, args...), now
-	}
-}
-
 // observeSent counts what we send a peer; t.mu held.
 func (t *Tier) observeSent(peerID string, m protocol.Message) {
 	if _, ok := m.(*protocol.Lookup); !ok {
 		return
 	}
-	if p := t.obs.peers[t.sessions[peerID]]; p != nil {
+	if p := t.peers.statsOf(t.peers.session(peerID)); p != nil {
 		p.LookupsSent++
 	}
 }
@@ -106,14 +93,14 @@ func (t *Tier) observeSent(peerID string, m protocol.Message) {
 // observeFrame counts a peer's frame before its session handles it; t.mu held.
 func (t *Tier) observeFrame(s *session.Session, m protocol.Message, err error) {
 	if err != nil {
-		t.obs.peerFailed(s, t.now(), "malformed frame: %v", err)
-		if p := t.obs.peers[s]; p != nil {
+		t.peers.failed(s, "malformed frame: %v", err)
+		if p := t.peers.statsOf(s); p != nil {
 			p.link.failed(FailBadFrame)
 		}
 		return
 	}
 	resp, ok := m.(*protocol.LookupResp)
-	p := t.obs.peers[s]
+	p := t.peers.statsOf(s)
 	if !ok || p == nil {
 		return
 	}
@@ -129,7 +116,7 @@ func (t *Tier) observeFrame(s *session.Session, m protocol.Message, err error) {
 // lookupAnswered times one of our lookups, overall and for its peer; t.mu held.
 func (t *Tier) lookupAnswered(s *session.Session, rtt time.Duration) {
 	t.obs.lookupRTT.observe(rtt.Seconds())
-	if p := t.obs.peers[s]; p != nil {
+	if p := t.peers.statsOf(s); p != nil {
 		p.LookupsAnswered++
 		p.LastLookupRTT = rtt.Seconds()
 		p.rtt.observe(rtt.Seconds())
@@ -139,7 +126,7 @@ func (t *Tier) lookupAnswered(s *session.Session, rtt time.Duration) {
 
 // observePeerReport attributes a load or store report to its peer; t.mu held.
 func (t *Tier) observePeerReport(r session.Report) {
-	p := t.obs.peers[r.Session]
+	p := t.peers.statsOf(r.Session)
 	if p == nil {
 		return
 	}
@@ -152,11 +139,11 @@ func (t *Tier) observePeerReport(r session.Report) {
 		case r.Fence:
 			p.LoadsFailed++
 			p.link.failed(FailTransfer)
-			t.obs.peerFailed(r.Session, t.now(), "load failed: the peer could not supply kv_request_id=%s", r.KVID)
+			t.peers.failed(r.Session, "load failed: the peer could not supply kv_request_id=%s", r.KVID)
 		default:
 			p.LoadsFailed++
 			p.link.failed(FailAborted)
-			t.obs.peerFailed(r.Session, t.now(), "load aborted (timed out or cancelled): kv_request_id=%s", r.KVID)
+			t.peers.failed(r.Session, "load aborted (timed out or cancelled): kv_request_id=%s", r.KVID)
 		}
 	case session.StoreDone:
 		if r.OK {
@@ -167,10 +154,10 @@ func (t *Tier) observePeerReport(r session.Report) {
 
 // peersSnapshot lists the live sessions' entries by peer id; t.mu held.
 func (t *Tier) peersSnapshot(now time.Time) []PeerStats {
-	out := make([]PeerStats, 0, len(t.obs.peers))
-	for s, p := range t.obs.peers {
+	out := make([]PeerStats, 0, t.peers.count())
+	for s, p := range t.peers.entries {
 		v := p.PeerStats
-		v.DataPath = t.obs.pathOf(s)
+		v.DataPath = t.peers.pathOf(s)
 		v.Handshaked = s.Ready()
 		v.Dialed = s.Dialed()
 		v.AgeSeconds = now.Sub(s.OpenedAt()).Seconds()

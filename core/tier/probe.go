@@ -31,7 +31,7 @@ func (t *Tier) Probe(peerID string, timeout time.Duration) (ProbeResult, error) 
 		t.mu.Unlock()
 		return ProbeResult{}, err
 	}
-	if t.sessions[peerID] != nil {
+	if t.peers.session(peerID) != nil {
 		t.mu.Unlock()
 		return ProbeResult{}, fmt.Errorf("%w: a session with %s is open already; probe from a peer of its own",
 			ErrInvalidArgument, peerID)
@@ -47,10 +47,10 @@ func (t *Tier) Probe(peerID string, timeout time.Duration) (ProbeResult, error) 
 		now := t.now()
 		// A connect that failed is named by a diagnosis that may still run:
 		// its words are the probe's answer.
-		naming := t.unreach.naming(peerID) && s.Dead()
+		naming := t.peers.unreach.naming(peerID) && s.Dead()
 		if (s.Dead() || s.Ready() || !now.Before(start.Add(timeout))) && (!naming || !now.Before(start.Add(timeout))) {
 			res := probeResult(peerID, s, start, now)
-			if why := t.unreach.why(peerID); s.Dead() && why != "" {
+			if why := t.peers.unreach.why(peerID); s.Dead() && why != "" {
 				res.Reason = why
 			}
 			if !s.Dead() {

@@ -57,8 +57,7 @@ type pace struct {
 	owed bool      // one more goes at last + goodbyePace
 }
 
-// refusals holds the stock peers refused lately; the tier owns it, under
-// t.mu.
+// refusals holds the stock peers refused lately; peerSet owns it.
 type refusals struct {
 	quiet map[string]time.Time // dialed stock peers we refused: the connect our goodbye draws before then is refused silently
 	paced map[string]*pace

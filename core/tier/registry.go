@@ -13,7 +13,7 @@ import (
 // ends before its registration finished still has its peer removed after
 // the add, never before it.
 type registry struct {
-	t    *Tier
+	registryDeps
 	wake chan struct{}
 	done chan struct{} // closed when run returns
 
@@ -28,12 +28,21 @@ type registryOp struct {
 	info   data.PeerInfo
 }
 
-func newRegistry(t *Tier) *registry {
-	return &registry{t: t, wake: make(chan struct{}, 1), done: make(chan struct{}), peers: map[string]bool{}}
+// registryDeps is what the registry's goroutine needs of the tier.
+type registryDeps struct {
+	dt         data.Transport
+	stop       <-chan struct{}           // closed when the tier stops
+	registered chan<- registration       // outcomes, for the loop to apply
+	crashed    func(where string, v any) // a panic of run's: the tier stops (Tier.crashed)
+	logPath    func(s *session.Session)  // says which data path serves s's peer
 }
 
+func newRegistry(d registryDeps) *registry {
+	return &registry{registryDeps: d, wake: make(chan struct{}, 1), done: make(chan struct{}), peers: map[string]bool{}}
+}
+
+// add registers s's peer (info already screened by allowed_peers).
 func (r *registry) add(s *session.Session, info data.PeerInfo) {
-	info = r.t.allowedData(s, info)
 	r.push(registryOp{s: s, peerID: s.PeerID(), info: info})
 }
 
@@ -57,12 +66,15 @@ func (r *registry) count() int {
 }
 
 func (r *registry) run() {
-	t := r.t
 	defer close(r.done)
-	defer t.recoverLoop("data-path registration")
+	defer func() {
+		if v := recover(); v != nil {
+			r.crashed("data-path registration", v)
+		}
+	}()
 	for {
 		select {
-		case <-t.stop:
+		case <-r.stop:
 			return
 		case <-r.wake:
 		}
@@ -84,26 +96,25 @@ func (r *registry) run() {
 
 // apply runs one op; false once the tier is stopping.
 func (r *registry) apply(op registryOp) bool {
-	t := r.t
 	if op.s == nil {
-		t.dt.RemovePeer(op.peerID)
+		r.dt.RemovePeer(op.peerID)
 		r.mu.Lock()
 		delete(r.peers, op.peerID)
 		r.mu.Unlock()
 		return true
 	}
 	testPanic("registration")
-	err := t.dt.AddPeer(op.peerID, op.info)
+	err := r.dt.AddPeer(op.peerID, op.info)
 	if err == nil {
 		r.mu.Lock()
 		r.peers[op.peerID] = true
 		r.mu.Unlock()
-		t.logPath(op.s)
+		r.logPath(op.s)
 	}
 	select {
-	case t.registered <- registration{op.s, err}:
+	case r.registered <- registration{op.s, err}:
 		return true
-	case <-t.stop:
+	case <-r.stop:
 		return false
 	}
 }
@@ -111,7 +122,12 @@ func (r *registry) apply(op registryOp) bool {
 // HasDataPath reports whether peerID is registered with the data path now
 // (its "peer …: data path …" line is rate-limited when the peer dialed us).
 func (t *Tier) HasDataPath(peerID string) bool {
-	t.reg.mu.Lock()
-	defer t.reg.mu.Unlock()
-	return t.reg.peers[peerID]
+	return t.peers.reg.has(peerID)
+}
+
+// has reports whether peerID is registered with the data path now.
+func (r *registry) has(peerID string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.peers[peerID]
 }

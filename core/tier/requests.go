@@ -72,7 +72,7 @@ func (t *Tier) flushLookups() {
 		return
 	}
 	dead := false
-	for s := range t.active { // a quiet session holds no request, so no lookup
+	for s := range t.peers.activeSessions { // a quiet session holds no request, so no lookup
 		s.FlushLookups()
 		dead = dead || s.Dead()
 	}
@@ -176,7 +176,7 @@ func (t *Tier) HasPendingWork() bool {
 	if len(t.jobs) > 0 || len(t.finished) > 0 || t.inbound.len() > 0 || t.parkedStores() > 0 {
 		return true
 	}
-	for s := range t.active { // a quiet session has none
+	for s := range t.peers.activeSessions { // a quiet session has none
 		if s.HasPendingWork() {
 			return true
 		}
@@ -211,7 +211,7 @@ func (t *Tier) inFlight() int {
 			n++
 		}
 	}
-	for _, s := range t.sessions {
+	for s := range t.peers.all {
 		if s.TransfersInFlight() {
 			n++
 		}
@@ -234,38 +234,12 @@ func (t *Tier) shutdown() error {
 	}
 	t.mu.Lock()
 	t.closed = true
-	sessions, jobs := len(t.sessions), len(t.jobs)
-	for id, s := range t.sessions {
-		s.Close("shutting down") // its goodbye: the peer logs an orderly end
-		delete(t.sessions, id)
-		delete(t.active, s)
-		t.dropOutbox(id)
-		t.ctl.Disconnect(id) // lingers briefly, so the goodbye goes out before Close
-	}
-	owed := t.refused.allOwed() // refused stock peers still waiting for their goodbye
-	for _, id := range owed {
-		t.sayGoodbye(id)
-	}
-	clear(t.obs.sessionPath)
-	t.logf("INFO", "shutting down: %d session(s) closed, %d job(s) still in flight reported failed", sessions, jobs)
-	t.settle() // what the sessions reported as they closed
-	for kv, sk := range t.serving {
-		for _, b := range sk.parked {
-			t.report(b.jobID, false, 0)
-		}
-		delete(t.serving, kv)
-	}
-	t.parkedBatches = 0
-	for id := range t.jobs {
-		t.report(id, false, 0)
-	}
-	clear(t.lookups)
-	t.inbound = inboundQueue{}
+	sessions, owed := t.teardown(endShutdown)
 	t.failCachedPulls()
 	t.news.bumpAll()
 	t.notify.signal() // once: the host collects the failed jobs and stops waiting
 	t.mu.Unlock()
-	if sessions+len(owed) > 0 {
+	if sessions+owed > 0 {
 		// Peers read our goodbye on one connection and see our sockets close
 		// on another: give the goodbye a head start, so they log an orderly
 		// end rather than a lost connection.
@@ -276,7 +250,7 @@ func (t *Tier) shutdown() error {
 	t.checking.Wait()
 	<-t.outbox.done
 	<-t.lanes.done
-	<-t.reg.done
+	<-t.peers.reg.done
 	errs := []error{t.ctl.Close(), t.rows.Close()}
 	return errors.Join(errs...)
 }
@@ -288,7 +262,7 @@ const goodbyeGrace = 100 * time.Millisecond
 func (t *Tier) transfersInFlight() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, s := range t.sessions {
+	for s := range t.peers.all {
 		if s.TransfersInFlight() {
 			return true
 		}

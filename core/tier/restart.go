@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 
-	"github.com/peerkv/peerkv/core/control"
 	"github.com/peerkv/peerkv/core/protocol"
 	"github.com/peerkv/peerkv/core/session"
 )
@@ -44,15 +43,6 @@ func (t *Tier) replaceRestarted(s *session.Session, m protocol.Message) bool {
 	// No goodbye: it would reach the new incarnation, and end its session.
 	s.Kill("the peer started anew: " + why)
 	t.settle() // reaps it: jobs reported, data path removed (before the new one's add), connection dropped
-	t.redial(id)
+	t.peers.redial(id)
 	return true
-}
-
-// redial drops our control connection to peerID so that the next send dials
-// afresh (a connection that never completed a handshake, or one that leads
-// to a peer's old incarnation, must not be taken back).
-func (t *Tier) redial(peerID string) {
-	if r, ok := t.ctl.(control.Redialer); ok {
-		r.Redial(peerID)
-	}
 }

@@ -27,38 +27,38 @@ const (
 var resolveHost = net.DefaultResolver.LookupHost
 
 // noteSpelling checks a connect from ownID, arriving from addr, against the
-// sessions we dialed that never heard back; t.mu held.
-func (t *Tier) noteSpelling(ownID, addr string) {
+// sessions we dialed that never heard back.
+func (p *peerSet) noteSpelling(ownID, addr string) {
 	_, port, err := net.SplitHostPort(ownID)
 	if err != nil || addr == "" {
 		return
 	}
-	for id, s := range t.sessions {
+	for id, s := range p.sessions {
 		if id == ownID || !s.Dialed() || !s.Unheard() {
 			continue
 		}
-		host, p, err := net.SplitHostPort(id)
-		if err != nil || p != port {
+		host, idPort, err := net.SplitHostPort(id)
+		if err != nil || idPort != port {
 			continue
 		}
 		if ip, err := netip.ParseAddr(host); err == nil {
 			if ip.Unmap().String() == addr {
-				t.logSpelling(id, ownID, addr)
+				p.logSpelling(id, ownID, addr)
 			}
 			continue
 		}
-		if t.spellingChecks >= maxSpellingChecks {
+		if p.spellingChecks >= maxSpellingChecks {
 			continue
 		}
-		t.spellingChecks++
+		p.spellingChecks++
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), spellingTimeout)
 			defer cancel()
 			addrs, err := resolveHost(ctx, host)
-			t.onLoop(func() {
-				t.spellingChecks--
+			p.onLoop(func() {
+				p.spellingChecks--
 				if err == nil && slices.ContainsFunc(addrs, func(a string) bool { return sameIP(a, addr) }) {
-					t.logSpelling(id, ownID, addr)
+					p.logSpelling(id, ownID, addr)
 				}
 			})
 		}()
@@ -72,8 +72,8 @@ func sameIP(a, b string) bool {
 }
 
 // logSpelling says that the peer we dial as dialed answered as ownID.
-func (t *Tier) logSpelling(dialed, ownID, addr string) {
-	t.logf("WARNING", "peer %s answered our dial of %s under its own id %s (from %s): one peer spelled two ways "+
+func (p *peerSet) logSpelling(dialed, ownID, addr string) {
+	p.logf("WARNING", "peer %s answered our dial of %s under its own id %s (from %s): one peer spelled two ways "+
 		"(a host name and an IP address?), so its answers reach another session and requests naming %s wait for "+
 		"their deadlines; name it in kv_transfer_params by the id it uses itself (%s), or set its host option to "+
 		"the spelling the orchestrator uses", ownID, dialed, ownID, addr, dialed, ownID)

@@ -4,12 +4,11 @@ package tier
 type counters struct {
 	framesIn, framesOut, droppedFrames, badFrames int64
 	framesDecoded                                 int64 // frames screen let through to Decode (intake.go)
-	sessionsOpened, sessionsClosed                int64
 	lookupHits, lookupMisses, inboundLookups      int64
 	loadsOK, loadsFailed, storesOK, storesFailed  int64
 	bytesIn, bytesOut                             int64
 	unboundExpired, badParams                     int64
-	sessionsRefused, sessionsEvicted              int64
+	sessionsRefused                               int64 // connects refused before a session opened
 	kvIDsMinted, loadsSpread, sourceFailovers     int64
 	integrityMismatch, integrityMissing           int64
 }
@@ -99,7 +98,7 @@ func (t *Tier) snapshot(peers bool) Stats {
 	c := t.stats
 	parked := t.parkedStores()
 	kvIDs, wanted := 0, 0
-	for _, s := range t.sessions {
+	for s := range t.peers.all {
 		k, w := s.Holds()
 		kvIDs += k
 		wanted += w
@@ -112,21 +111,21 @@ func (t *Tier) snapshot(peers bool) Stats {
 	expected := len(t.expected)
 	t.guardMu.RUnlock()
 	st := Stats{
-		LocalID: t.env.LocalID, DataPaths: t.dt.Name(), Sessions: len(t.sessions), SessionsOpened: c.sessionsOpened,
-		SessionsClosed: c.sessionsClosed, Requests: len(t.requests), JobsInFlight: len(t.jobs),
+		LocalID: t.env.LocalID, DataPaths: t.dt.Name(), Sessions: t.peers.count(), SessionsOpened: t.peers.counts.opened,
+		SessionsClosed: t.peers.counts.closed, Requests: len(t.requests), JobsInFlight: len(t.jobs),
 		JobsUnreported: len(t.finished), ParkedStores: parked, InboundQueued: t.inbound.len(),
 		InboundActive: len(t.lookups), ExpectedRows: expected,
 		FramesIn: c.framesIn, FramesOut: c.framesOut, DroppedFrames: c.droppedFrames, BadFrames: c.badFrames,
 		LookupHits: c.lookupHits, LookupMisses: c.lookupMisses, InboundLookups: c.inboundLookups,
 		LoadsOK: c.loadsOK, LoadsFailed: c.loadsFailed, StoresOK: c.storesOK, StoresFailed: c.storesFailed,
 		BytesIn: c.bytesIn, BytesOut: c.bytesOut, UnboundExpired: c.unboundExpired, BadParams: c.badParams,
-		SessionsRefused: c.sessionsRefused, SessionsEvicted: c.sessionsEvicted, KVIDsMinted: c.kvIDsMinted, LoadsSpread: c.loadsSpread,
-		SourceFailovers: c.sourceFailovers, DataPeers: t.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
+		SessionsRefused: c.sessionsRefused, SessionsEvicted: t.peers.counts.evicted, KVIDsMinted: c.kvIDsMinted, LoadsSpread: c.loadsSpread,
+		SourceFailovers: c.sourceFailovers, DataPeers: t.peers.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
 		Poisoned:          poisoned,
 		IntegrityFailures: map[string]int64{IntegrityMismatch: c.integrityMismatch, IntegrityMissing: c.integrityMissing},
 	}
 	t.observeSnapshot(&st)
-	st.PeerConnectFailures = t.unreach.connectFailureCounts()
+	st.PeerConnectFailures = t.peers.unreach.connectFailureCounts()
 	if peers {
 		st.Peers = t.peersSnapshot(t.now())
 	}

@@ -45,10 +45,6 @@ type job struct {
 	load   *pullLoad // loads from a source: its parts and deadline
 }
 
-// idleReapHeadroom: idle sessions are evicted only once this close to
-// max_peers, so a quiet mesh is not torn down (vLLM's _IDLE_REAP_HEADROOM).
-const idleReapHeadroom = 8
-
 // Tier is one peer. See the package comment for the threading model.
 type Tier struct {
 	cfg    config.Config
@@ -70,7 +66,6 @@ type Tier struct {
 	// limiter rate-limits log lines per cause (logs.go); it has its own
 	// lock, as data paths log from their goroutines.
 	limiter logLimiter
-	reg     *registry
 	notify  notifier // the host's notification fd; see notify.go
 	news    news     // what the host has to collect, read without a call; see news.go
 
@@ -78,12 +73,8 @@ type Tier struct {
 	closed   bool
 	poisoned error // set once a goroutine of ours panicked
 	requests map[string]*request
-	sessions map[string]*session.Session
-	// active holds the sessions not Quiet: only they are ticked, flushed
-	// and asked for pending work, so a step costs O(sessions in use), not
-	// O(peers). A session joins when opened and when it takes on a request
-	// (Env.Busy), and leaves when a tick finds it quiet or it is reaped.
-	active        map[*session.Session]struct{}
+	// peers holds the sessions and what is kept per peer (peerset.go).
+	peers         *peerSet
 	jobs          map[int64]*job
 	finished      []JobResult
 	serving       map[string]*serveKV // PD kv ids this peer serves as a prefiller
@@ -96,18 +87,12 @@ type Tier struct {
 	toRegister    []*pull   // pulls with a first ask to register (asked.go)
 	registerWake  chan struct{}
 	nextLookup    int64
-	pending       []session.Report   // sessions' reports not yet applied (see settle)
-	ended         []*session.Session // sessions that reported their end, for reapDead
+	pending       []session.Report // sessions' reports not yet applied (see settle)
 	stats         counters
 	obs           observations // by cause, by path, histograms (observe.go)
-	refused       refusals     // stock peers we dialed and refused lately (refusals.go)
-	adm           admission    // allowed_peers and fair admission (admission.go)
 
-	// Peers we could not connect to lately (unreachable.go), and what
-	// goroutines found of peers off the lock, for the loop to apply.
-	unreach        unreachable
-	found          chan func()
-	spellingChecks int // name resolutions running (spelling.go)
+	// What goroutines found of peers off the lock, for the loop to apply.
+	found chan func()
 
 	guardMu  sync.RWMutex
 	expected map[uint64]string // consumer row -> peer allowed to write it
@@ -153,8 +138,6 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		logs:         newLogRing(1 << 20),
 		news:         newNews(),
 		requests:     map[string]*request{},
-		sessions:     map[string]*session.Session{},
-		active:       map[*session.Session]struct{}{},
 		jobs:         map[int64]*job{},
 		serving:      map[string]*serveKV{},
 		lookups:      map[int64]*session.InboundLookup{},
@@ -166,7 +149,6 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		registerWake: make(chan struct{}, 1),
 		found:        make(chan func(), maxDiagnoses),
 		obs:          newObservations(),
-		adm:          adm,
 		outbox:       newOutbox(),
 		lanes:        newLanes(),
 		stop:         make(chan struct{}),
@@ -193,12 +175,18 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		NextLookupID:   func() int64 { t.nextLookup++; return t.nextLookup },
 		LookupAnswered: t.lookupAnswered,
 		LookupServed:   func(held time.Duration) { t.obs.lookupServed.observe(held.Seconds()) },
-		Register:       func(s *session.Session, info data.PeerInfo) { t.reg.add(s, info) },
-		Busy:           func(s *session.Session) { t.active[s] = struct{}{} },
+		Register:       t.register,
+		Busy:           func(s *session.Session) { t.peers.busy(s) },
 		Keys:           &session.KeyBudget{},
 	}
-	t.reg = newRegistry(t)
-	go t.reg.run()
+	reg := newRegistry(registryDeps{
+		dt: dt, stop: t.stop, registered: t.registered, crashed: t.crashed, logPath: t.logPath,
+	})
+	t.peers = newPeerSet(peerDeps{
+		cfg: cfg, env: t.env, now: now, ctl: deps.Control, logf: t.logf, peerInfo: t.peerInfo,
+		send: t.send, settle: t.settle, onLoop: t.onLoop,
+	}, adm, reg)
+	go reg.run()
 	if h, ok := deps.Control.(control.Handing); ok {
 		h.Hand(t.handle) // frames are taken on the transport's goroutine; Events then only closes
 	}
@@ -206,6 +194,24 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 	go t.runOutbox()
 	go t.runLanes()
 	return t, nil
+}
+
+// register is the sessions' Env.Register: a TCP data address outside
+// allowed_peers is dropped, and counted.
+func (t *Tier) register(s *session.Session, info data.PeerInfo) {
+	if t.peers.register(s, info) {
+		t.obs.rejections[CauseNotAllowed]++
+	}
+}
+
+// mayDial is nil when peerID may be dialed, else errNotAllowed, counted
+// and logged.
+func (t *Tier) mayDial(peerID string) error {
+	err := t.peers.mayDial(peerID)
+	if err != nil {
+		t.obs.rejections[CauseNotAllowed]++
+	}
+	return err
 }
 
 // LocalID is this peer's identity "host:port".
@@ -285,9 +291,9 @@ func (t *Tier) send(peerID string, m protocol.Message) error {
 func (t *Tier) sessionSend(peerID string, m protocol.Message) error {
 	if _, bye := m.(*protocol.Disconnect); bye {
 		t.dropOutbox(peerID) // the session ends: what waited for it is moot
-		s := t.sessions[peerID]
+		s := t.peers.session(peerID)
 		if s != nil && !s.Dialed() && !s.Ready() && !t.closed { // at shutdown nothing can loop
-			if seen, ok := s.Seen(); ok && !seen.PeerKV && !t.refused.goodbyeNow(peerID, t.now()) {
+			if seen, ok := s.Seen(); ok && !seen.PeerKV && !t.peers.goodbyeNow(peerID) {
 				return nil // owed: sent at the end of the pace
 			}
 		}
@@ -342,7 +348,7 @@ func (t *Tier) loop() {
 				continue
 			}
 			t.locked(func() {
-				if s := t.sessions[c.PeerID]; s != nil {
+				if s := t.peers.session(c.PeerID); s != nil {
 					s.Complete(c)
 				}
 			})
@@ -392,7 +398,7 @@ func (t *Tier) handle(ev control.Event) {
 // onFrame handles a frame screen let through, decoded off the lock: the
 // sessions may have changed meanwhile, so everything is checked again.
 func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
-	s := t.sessions[ev.PeerID]
+	s := t.peers.session(ev.PeerID)
 	if s == nil {
 		if err != nil || m.MsgType() != protocol.TypeConnect {
 			t.dropSessionless(ev.PeerID, describe(m, err))
@@ -400,14 +406,14 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 		}
 		// A stock peer's connect may be the one our goodbye drew (refusals.go).
 		stock := m.(*protocol.Connect).PeerKV == nil
-		quiet := stock && t.refused.take(ev.PeerID, t.now())
-		if why := t.admit(ev.PeerID, ev.Addr); why != "" {
+		quiet := stock && t.peers.quietRefusal(ev.PeerID)
+		if why := t.peers.admit(ev.PeerID, ev.Addr); why != "" {
 			t.refuseBeforeSession(ev.PeerID, ev.Addr, why, stock, quiet)
 			return
 		}
-		s = t.openSession(ev.PeerID, ev.Addr, false)
-		t.noteSpelling(ev.PeerID, ev.Addr)
-		t.refused.owes(ev.PeerID) // a goodbye still owed would end this session
+		s = t.peers.open(ev.PeerID, ev.Addr, false)
+		t.peers.noteSpelling(ev.PeerID, ev.Addr)
+		t.peers.cancelGoodbye(ev.PeerID) // a goodbye still owed would end this session
 		if quiet {
 			s.RefuseQuietly()
 		}
@@ -417,9 +423,9 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 	}
 	if err == nil && t.replaceRestarted(s, m) {
 		// As for any new session a connect opens (above).
-		quiet := m.(*protocol.Connect).PeerKV == nil && t.refused.take(ev.PeerID, t.now())
-		s = t.openSession(ev.PeerID, ev.Addr, false)
-		t.refused.owes(ev.PeerID)
+		quiet := m.(*protocol.Connect).PeerKV == nil && t.peers.quietRefusal(ev.PeerID)
+		s = t.peers.open(ev.PeerID, ev.Addr, false)
+		t.peers.cancelGoodbye(ev.PeerID)
 		if quiet {
 			s.RefuseQuietly()
 		}
@@ -431,7 +437,7 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 		return
 	}
 	if m.MsgType() == protocol.TypeConnect {
-		t.heardFrom(ev.PeerID) // reachable: any back-off is over
+		t.peers.heardFrom(ev.PeerID) // reachable: any back-off is over
 	}
 	s.Handle(m)
 	t.observeReady(s)
@@ -451,22 +457,16 @@ func (t *Tier) refuseBeforeSession(peerID, addr, why string, stock, quiet bool) 
 		t.obs.rejections[CauseLimit]++
 	}
 	if why == whyNotAllowed {
-		t.logRefused(&t.adm.connects, "refusing peer %s (from %s): %s", peerID, addr, why)
+		t.peers.refusedConnect(peerID, addr, why)
 	} else {
 		t.logf("WARNING", "refusing peer %s (from %s): %s", peerID, addr, why)
 	}
 	if peerID == t.env.LocalID || quiet {
 		return
 	}
-	if !stock || t.refused.goodbyeNow(peerID, t.now()) {
-		t.sayGoodbye(peerID)
+	if !stock || t.peers.goodbyeNow(peerID) {
+		t.peers.sayGoodbye(peerID)
 	}
-}
-
-// sayGoodbye tells a peer that holds no session here that it was refused.
-func (t *Tier) sayGoodbye(peerID string) {
-	_ = t.send(peerID, &protocol.Disconnect{})
-	t.ctl.Disconnect(peerID) // the goodbye lingers briefly, then the connection closes
 }
 
 func describe(m protocol.Message, err error) string {
@@ -476,109 +476,12 @@ func describe(m protocol.Message, err error) string {
 	return string(m.MsgType())
 }
 
-// admit decides whether a connect from an unknown identity may open a
-// session. addr is where the connection really comes from (the id is a
-// claim), so one source cannot take every slot.
-func (t *Tier) admit(peerID, addr string) string {
-	if peerID == t.env.LocalID {
-		return "it claims our own id"
-	}
-	if !t.adm.allow.AllowsAddr(addr) {
-		return whyNotAllowed
-	}
-	// An unknown address ("") is one source too.
-	fromAddr, handshaking := 0, 0
-	for _, s := range t.sessions {
-		if s.Source() == addr {
-			fromAddr++
-		}
-		if !s.Ready() && !s.Dialed() {
-			handshaking++
-		}
-	}
-	if fromAddr >= t.cfg.MaxPeersPerHost {
-		return fmt.Sprintf("%d sessions from %q already (max_peers_per_host)", fromAddr, addr)
-	}
-	// Connects that never finish cannot take more than a share of the
-	// slots: beyond it the oldest stalled one yields, or the newcomer waits.
-	if limit := max(8, t.cfg.MaxPeers/4); handshaking >= limit {
-		t.evictStalledHandshake(t.now(), fmt.Sprintf("%d handshakes are running (at most %d at once)", handshaking, limit))
-		if n := t.countHandshaking(); n >= limit {
-			return fmt.Sprintf("%d sessions are still handshaking (at most %d at once)", n, limit)
-		}
-	}
-	if len(t.sessions) >= t.cfg.MaxPeers {
-		t.evictIdle(t.now(), true)
-	}
-	if len(t.sessions) >= t.cfg.MaxPeers {
-		t.evictStalledHandshake(t.now(), "every session slot is taken (max_peers)")
-	}
-	if len(t.sessions) >= t.cfg.MaxPeers {
-		t.makeRoom(addr, false)
-	}
-	if len(t.sessions) >= t.cfg.MaxPeers {
-		return fmt.Sprintf("%d sessions already (max_peers)", len(t.sessions))
-	}
-	return ""
-}
-
-// handshakeGrace is how long a handshake may take before its slot can go to
-// a newcomer when every slot is taken: real peers finish in milliseconds,
-// so only connects that never complete (a flood) lose their slot.
-const handshakeGrace = time.Second
-
-func (t *Tier) countHandshaking() int {
-	n := 0
-	for _, s := range t.sessions {
-		if !s.Ready() && !s.Dialed() {
-			n++
-		}
-	}
-	return n
-}
-
-// evictStalledHandshake frees the slot of the oldest session whose
-// handshake has not finished after handshakeGrace.
-func (t *Tier) evictStalledHandshake(now time.Time, why string) {
-	var oldest *session.Session
-	for _, s := range t.sessions {
-		// Sessions we dialed carry our own loads: never ours to give up.
-		if s.Dead() || s.Ready() || s.Dialed() || now.Sub(s.OpenedAt()) < handshakeGrace {
-			continue
-		}
-		if oldest == nil || s.OpenedAt().Before(oldest.OpenedAt()) {
-			oldest = s
-		}
-	}
-	if oldest != nil {
-		oldest.Close(fmt.Sprintf("handshake unfinished after %v while %s", now.Sub(oldest.OpenedAt()).Round(time.Millisecond), why))
-		t.settle()
-	}
-}
-
-// openSession starts a session; source is the kernel-reported address of a
-// peer that dialed us ("" for one we dial).
-func (t *Tier) openSession(peerID, source string, dialed bool) *session.Session {
-	if old := t.sessions[peerID]; old != nil {
-		// Never drop a session unclosed: its jobs would go unreported.
-		old.CloseOrderly("replaced by a new session")
-		t.settle()
-	}
-	s := session.New(t.env, peerID, source, dialed)
-	t.sessions[peerID] = s
-	t.obs.peerOpened(s)
-	t.active[s] = struct{}{} // its handshake has a deadline
-	t.stats.sessionsOpened++
-	t.logf("DEBUG", "session with %s opened", peerID) // its "data path" line (INFO) says it is up
-	return s
-}
-
 // sessionFor returns the live session to peerID, opening one if allowed.
 func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
 	if err := t.mayDial(peerID); err != nil {
 		return nil, err // before an open session too: it may be a peer that dialed us claiming that name
 	}
-	if s := t.sessions[peerID]; s != nil {
+	if s := t.peers.session(peerID); s != nil {
 		if !s.Dead() {
 			return s, nil
 		}
@@ -587,127 +490,18 @@ func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
 	if peerID == t.env.LocalID {
 		return nil, errors.New("a peer cannot pull from itself")
 	}
-	if err := t.backedOff(peerID); err != nil {
-		return nil, err // before any session gives its slot up for the dial
-	}
-	if len(t.sessions) >= t.cfg.MaxPeers {
-		t.evictIdle(t.now(), true)
-	}
-	if len(t.sessions) >= t.cfg.MaxPeers {
-		t.makeRoom("", true)
-	}
-	if len(t.sessions) >= t.cfg.MaxPeers {
-		return nil, fmt.Errorf("session limit reached (%d, option max_peers)", t.cfg.MaxPeers)
-	}
-	if err := t.ctl.Connect(peerID); err != nil {
-		return nil, err
-	}
-	if t.refused.owes(peerID) {
-		// A stock peer we refused inside the pace still waits for its
-		// goodbye, which our session would otherwise cancel: it goes first.
-		_ = t.send(peerID, &protocol.Disconnect{})
-	}
-	return t.openSession(peerID, "", true), nil
+	return t.peers.dial(peerID)
 }
 
 func (t *Tier) onTick() {
 	now := t.now()
-	for s := range t.active {
-		s.Tick(now)
-		if s.Quiet() {
-			delete(t.active, s)
-		}
-	}
+	t.peers.tick(now)
 	t.tickServing(now)
 	t.tickLoads(now)
-	t.expireEpisodes(now)
+	t.peers.expireEpisodes(now)
 	t.flushLogs(now)
-	for _, id := range t.refused.dueGoodbyes(now) {
-		if s := t.sessions[id]; s == nil || s.Dead() { // a session opened since would end with it
-			t.sayGoodbye(id)
-		}
-	}
-	if len(t.sessions) >= t.cfg.MaxPeers-min(idleReapHeadroom, t.cfg.MaxPeers-1) {
-		t.evictIdle(now, false)
-	}
-}
-
-// evictIdle ends sessions with no work and no traffic for idle_timeout_s
-// (all of them, or only the longest idle one when a slot is needed now).
-func (t *Tier) evictIdle(now time.Time, one bool) {
-	if t.cfg.IdleTimeout <= 0 {
-		return
-	}
-	var oldest *session.Session
-	for _, s := range t.sessions {
-		if s.Dead() || s.HasPendingWork() || now.Sub(s.LastActivity()) < t.cfg.IdleTimeout {
-			continue
-		}
-		if !one {
-			s.CloseOrderly(fmt.Sprintf("idle for over %v", t.cfg.IdleTimeout))
-			continue
-		}
-		if oldest == nil || s.LastActivity().Before(oldest.LastActivity()) {
-			oldest = s
-		}
-	}
-	if oldest != nil {
-		oldest.CloseOrderly(fmt.Sprintf("idle for over %v; its slot is needed", t.cfg.IdleTimeout))
-	}
-	t.settle()
-}
-
-// reapDead closes sessions that ended and forgets them, reporting whether
-// there were any; only settle calls it, and applies what Close reported.
-func (t *Tier) reapDead() bool {
-	ended := t.ended
-	t.ended = nil
-	reaped := false
-	for _, s := range ended {
-		id := s.PeerID()
-		if t.sessions[id] != s {
-			continue // forgotten already
-		}
-		reaped = true
-		// One line per ended session, unless the session logged its own
-		// cause already (a rejection, a protocol error, a timeout).
-		cause, unsure, unreached := s.ConnectFailed()
-		switch {
-		case unreached: // its episode's line says why
-			if cause == "" {
-				cause = control.CauseTimeout
-			}
-			t.connectFailed(id, cause, unsure, s.DeathReason())
-		case s.DeathLogged():
-		case s.Orderly():
-			t.peerInfo(s, "peer %s: %s; session closed", id, s.DeathReason())
-		default:
-			t.logf("WARNING", "peer %s: %s; session closed", id, s.DeathReason())
-		}
-		t.observeEnded(s)
-		t.refused.ended(s, t.now())
-		for _, req := range t.requests {
-			if req.pull != nil && req.pull.uses(s) {
-				t.markStale(req.pull) // its answers may change without it
-			}
-		}
-		s.Close(s.DeathReason())
-		delete(t.sessions, id)
-		delete(t.active, s)
-		t.unbindServing(s)
-		t.dropInbound(s)
-		t.reg.remove(id)
-		t.dropOutbox(id)
-		if s.RejectCause() == session.CauseTimeout {
-			// Never take this connection back: the handshake got no answer
-			// on it (say, one the peer's ROUTER never reads).
-			t.redial(id)
-		} else {
-			t.ctl.Disconnect(id)
-		}
-		t.stats.sessionsClosed++
-	}
-	return reaped
+	t.peers.sayDueGoodbyes(now)
+	t.peers.reapIdle(now)
 }
 
 // report delivers a job's single outcome to the host.
@@ -757,10 +551,13 @@ func (t *Tier) usable() error {
 // its state is unknown, so it stops, and every job still outstanding is
 // reported failed (once) so the host recomputes instead of waiting forever.
 func (t *Tier) recoverLoop(where string) {
-	r := recover()
-	if r == nil {
-		return
+	if r := recover(); r != nil {
+		t.crashed(where, r)
 	}
+}
+
+// crashed poisons the tier after a panic r in where (recovered there).
+func (t *Tier) crashed(where string, r any) {
 	t.logf("ERROR", "internal error in %s: %v; this peer stops serving and fails its jobs (restart the engine)\n%s",
 		where, r, debug.Stack())
 	t.poison(fmt.Errorf("%w: %s panicked (%v); the peer is stopped", ErrInternal, where, r))
@@ -776,24 +573,8 @@ func (t *Tier) poison(cause error) {
 		t.logf("ERROR", "%v", cause)
 	}
 	t.closed = true
-	for id := range t.jobs {
-		t.report(id, false, 0)
-	}
-	t.guardMu.Lock()
-	clear(t.expected) // no peer may write our rows any more
-	clear(t.owed)
-	t.guardMu.Unlock()
-	// Sessions are dropped, not closed: their state is what may be broken.
-	clear(t.sessions)
-	clear(t.active)
-	clear(t.obs.sessionPath)
-	clear(t.obs.peers)
-	t.pending = nil
-	clear(t.serving)
-	t.parkedBatches = 0
-	clear(t.lookups)
-	t.inbound = inboundQueue{}
-	if first { // wake the host once: collect the failed jobs; new work fails
+	t.teardown(endPoisoned) // sessions dropped, not closed: their state is what may be broken
+	if first {              // wake the host once: collect the failed jobs; new work fails
 		t.failCachedPulls()
 		t.news.bumpAll()
 		t.notify.signal()

@@ -47,7 +47,7 @@ type episode struct {
 	diagnosing  bool
 }
 
-// unreachable holds the episodes; the tier owns it, under t.mu.
+// unreachable holds the episodes; peerSet owns it.
 type unreachable struct {
 	peers      map[string]*episode
 	diagnosing int
@@ -60,12 +60,12 @@ type diagnosis struct {
 
 // connectFailed records that a session we dialed never reached peerID.
 // cause is the transport's ("" when it could not tell), sure unless unsure.
-func (t *Tier) connectFailed(peerID, cause string, unsure bool, reason string) {
-	u := &t.unreach
+func (p *peerSet) connectFailed(peerID, cause string, unsure bool, reason string) {
+	u := &p.unreach
 	if u.peers == nil {
 		u.peers, u.counts = map[string]*episode{}, map[string]int64{}
 	}
-	now := t.now()
+	now := p.now()
 	ep := u.peers[peerID]
 	if ep == nil {
 		u.makeRoom()
@@ -82,9 +82,9 @@ func (t *Tier) connectFailed(peerID, cause string, unsure bool, reason string) {
 	}
 	ep.uncounted++
 	ep.guess, ep.detail = cause, reason
-	d, canDiagnose := t.ctl.(control.Diagnoser)
+	d, canDiagnose := p.ctl.(control.Diagnoser)
 	if !unsure || !canDiagnose || u.diagnosing >= maxDiagnoses {
-		t.nameEpisode(peerID, ep, cause, reason)
+		p.nameEpisode(peerID, ep, cause, reason)
 		return
 	}
 	if ep.diagnosing {
@@ -94,7 +94,7 @@ func (t *Tier) connectFailed(peerID, cause string, unsure bool, reason string) {
 	u.diagnosing++
 	go func() {
 		c, detail := d.Diagnose(peerID, diagnoseTimeout)
-		t.onLoop(func() { t.diagnosed(diagnosis{peerID: peerID, cause: c, detail: detail}) })
+		p.onLoop(func() { p.diagnosed(diagnosis{peerID: peerID, cause: c, detail: detail}) })
 	}()
 }
 
@@ -107,9 +107,9 @@ func (t *Tier) onLoop(f func()) {
 	}
 }
 
-// diagnosed applies a diagnosis; t.mu held.
-func (t *Tier) diagnosed(d diagnosis) {
-	u := &t.unreach
+// diagnosed applies a diagnosis; on the loop, under the tier's lock.
+func (p *peerSet) diagnosed(d diagnosis) {
+	u := &p.unreach
 	u.diagnosing--
 	ep := u.peers[d.peerID]
 	if ep == nil || !ep.diagnosing {
@@ -121,24 +121,24 @@ func (t *Tier) diagnosed(d diagnosis) {
 		cause, detail = ep.guess, ep.detail+" (a TCP connection to it opens now: it may have just started, "+
 			"or it accepts connections but never answers, e.g. a frozen process or not a peerkv/vLLM port)"
 	}
-	t.nameEpisode(d.peerID, ep, cause, detail)
+	p.nameEpisode(d.peerID, ep, cause, detail)
 }
 
 // nameEpisode settles the episode's cause, counts its failures and logs its
 // one line.
-func (t *Tier) nameEpisode(peerID string, ep *episode, cause, detail string) {
+func (p *peerSet) nameEpisode(peerID string, ep *episode, cause, detail string) {
 	ep.cause, ep.detail = cause, detail
-	t.unreach.counts[cause] += int64(ep.uncounted)
+	p.unreach.counts[cause] += int64(ep.uncounted)
 	ep.uncounted = 0
-	t.logf("WARNING", "cannot connect to peer %s (%s): %s; its requests are served locally, and it is not dialed "+
+	p.logf("WARNING", "cannot connect to peer %s (%s): %s; its requests are served locally, and it is not dialed "+
 		"again for %v (back-off doubling up to %v; a connect from it ends the back-off)",
 		peerID, cause, detail, ep.backoff, backoffMax)
 }
 
 // backedOff says why peerID is not to be dialed now, or nil.
-func (t *Tier) backedOff(peerID string) error {
-	ep := t.unreach.peers[peerID]
-	now := t.now()
+func (p *peerSet) backedOff(peerID string) error {
+	ep := p.unreach.peers[peerID]
+	now := p.now()
 	if ep == nil || !now.Before(ep.until) {
 		return nil
 	}
@@ -167,25 +167,25 @@ func (u *unreachable) why(peerID string) string {
 }
 
 // heardFrom ends peerID's episode: it connected (to our dial or its own).
-func (t *Tier) heardFrom(peerID string) {
-	ep := t.unreach.peers[peerID]
+func (p *peerSet) heardFrom(peerID string) {
+	ep := p.unreach.peers[peerID]
 	if ep == nil {
 		return
 	}
-	delete(t.unreach.peers, peerID)
+	delete(p.unreach.peers, peerID)
 	if ep.uncounted > 0 && ep.guess != "" {
-		t.unreach.counts[ep.guess] += int64(ep.uncounted)
+		p.unreach.counts[ep.guess] += int64(ep.uncounted)
 	}
-	t.logf("INFO", "peer %s is reachable again, %v after the first of %d failed connect(s)",
-		peerID, t.now().Sub(ep.since).Round(time.Millisecond), ep.failures)
+	p.logf("INFO", "peer %s is reachable again, %v after the first of %d failed connect(s)",
+		peerID, p.now().Sub(ep.since).Round(time.Millisecond), ep.failures)
 }
 
 // expireEpisodes forgets episodes with no failure for long enough that a
 // dial after their back-off would have failed again by now.
-func (t *Tier) expireEpisodes(now time.Time) {
-	for id, ep := range t.unreach.peers {
-		if !ep.diagnosing && now.Sub(ep.until) > t.cfg.HandshakeTimeout+backoffMax {
-			delete(t.unreach.peers, id)
+func (p *peerSet) expireEpisodes(now time.Time) {
+	for id, ep := range p.unreach.peers {
+		if !ep.diagnosing && now.Sub(ep.until) > p.cfg.HandshakeTimeout+backoffMax {
+			delete(p.unreach.peers, id)
 		}
 	}
 }
@@ -204,7 +204,7 @@ func (u *unreachable) makeRoom() {
 	delete(u.peers, oldest)
 }
 
-// connectFailureCounts copies the counts for Stats; t.mu held.
+// connectFailureCounts copies the counts for Stats.
 func (u *unreachable) connectFailureCounts() map[string]int64 {
 	out := make(map[string]int64, len(u.counts))
 	for c, n := range u.counts {

@@ -83,6 +83,6 @@ func (t *Tier) integrityFailed(r session.Report, bad int) session.Report {
 			peer, r.KVID, r.Round, len(r.Rows))
 	}
 	r.OK, r.Fence, r.Sums = false, true, nil
-	t.obs.path(t.obs.pathOf(r.Session)).IntegrityFailures++
+	t.obs.path(t.peers.pathOf(r.Session)).IntegrityFailures++
 	return r
 }
