@@ -11,7 +11,6 @@ import (
 	"github.com/peerkv/peerkv/core/control"
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/data/rowsum"
-	"github.com/peerkv/peerkv/core/params"
 	"github.com/peerkv/peerkv/core/protocol"
 	"github.com/peerkv/peerkv/core/session"
 )
@@ -31,18 +30,10 @@ type Deps struct {
 	NotAllowedAtAccept func() uint64
 }
 
-// request is one host request the tier knows.
-type request struct {
-	id   string
-	pull *pull // its sources (remote_prefiller, remote_kv_source), nil if none
-	dest *params.Dest
-}
-
 // job is a submitted job not yet reported.
 type job struct {
 	isLoad bool
 	at     time.Time
-	load   *pullLoad // loads from a source: its parts and deadline
 }
 
 // idleReapHeadroom: idle sessions are evicted only once this close to
@@ -77,7 +68,9 @@ type Tier struct {
 	mu       sync.Mutex
 	closed   bool
 	poisoned error // set once a goroutine of ours panicked
-	requests map[string]*request
+	// book holds the host's requests, their pulls and loads, and the row
+	// guard (pullbook.go).
+	book     *pullBook
 	sessions map[string]*session.Session
 	// active holds the sessions not Quiet: only they are ticked, flushed
 	// and asked for pending work, so a step costs O(sessions in use), not
@@ -90,11 +83,6 @@ type Tier struct {
 	parkedBatches int                 // store batches parked in serving, summed
 	inbound       inboundQueue        // work for the host's serve pass
 	lookups       map[int64]*session.InboundLookup
-	pulls         pullIndex // live pulls by kv id (answers.go)
-	stale         []*pull   // pulls to re-evaluate at the end of settle
-	answered      []*pull   // pulls with changes for TakeAnswers
-	toRegister    []*pull   // pulls with a first ask to register (asked.go)
-	registerWake  chan struct{}
 	nextLookup    int64
 	pending       []session.Report   // sessions' reports not yet applied (see settle)
 	ended         []*session.Session // sessions that reported their end, for reapDead
@@ -108,10 +96,6 @@ type Tier struct {
 	unreach        unreachable
 	found          chan func()
 	spellingChecks int // name resolutions running (spelling.go)
-
-	guardMu  sync.RWMutex
-	expected map[uint64]string // consumer row -> peer allowed to write it
-	owed     map[string]int    // peer -> how many rows of expected it may write
 
 	outbox       outbox // frames waiting behind a deferred answer (outbox.go)
 	lanes        lanes  // sessions' large frames waiting to be decoded (lanes.go)
@@ -146,33 +130,29 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	t := &Tier{
-		cfg:          cfg,
-		region:       region,
-		ctl:          deps.Control,
-		now:          now,
-		logs:         newLogRing(1 << 20),
-		news:         newNews(),
-		requests:     map[string]*request{},
-		sessions:     map[string]*session.Session{},
-		active:       map[*session.Session]struct{}{},
-		jobs:         map[int64]*job{},
-		serving:      map[string]*serveKV{},
-		lookups:      map[int64]*session.InboundLookup{},
-		pulls:        pullIndex{},
-		expected:     map[uint64]string{},
-		owed:         map[string]int{},
-		registered:   make(chan registration, 64),
-		checked:      make(chan checked, 64),
-		registerWake: make(chan struct{}, 1),
-		found:        make(chan func(), maxDiagnoses),
-		obs:          newObservations(),
-		adm:          adm,
-		outbox:       newOutbox(),
-		lanes:        newLanes(),
-		stop:         make(chan struct{}),
-		loopDone:     make(chan struct{}),
+		cfg:        cfg,
+		region:     region,
+		ctl:        deps.Control,
+		now:        now,
+		logs:       newLogRing(1 << 20),
+		news:       newNews(),
+		sessions:   map[string]*session.Session{},
+		active:     map[*session.Session]struct{}{},
+		jobs:       map[int64]*job{},
+		serving:    map[string]*serveKV{},
+		lookups:    map[int64]*session.InboundLookup{},
+		registered: make(chan registration, 64),
+		checked:    make(chan checked, 64),
+		found:      make(chan func(), maxDiagnoses),
+		obs:        newObservations(),
+		adm:        adm,
+		outbox:     newOutbox(),
+		lanes:      newLanes(),
+		stop:       make(chan struct{}),
+		loopDone:   make(chan struct{}),
 	}
-	dt, err := deps.NewData(rowGuard{t}, t.logf)
+	t.book = newPullBook(t.bookHooks(), cfg.LoadTimeout, cfg.KeyLen, region.RowLen)
+	dt, err := deps.NewData(t.book.guard, t.logf)
 	if err != nil {
 		return nil, err
 	}
@@ -211,59 +191,33 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 // LocalID is this peer's identity "host:port".
 func (t *Tier) LocalID() string { return t.env.LocalID }
 
-// rowGuard is the data path's write guard: a peer may write only rows of a
-// load it is serving right now. Copies hold the read lock, and releasing a
-// load's rows (expect off) takes the write lock, so no row lands after the
-// load ended.
-type rowGuard struct{ t *Tier }
-
-func (g rowGuard) MayWrite(peerID string, row uint64) bool {
-	g.t.guardMu.RLock()
-	defer g.t.guardMu.RUnlock()
-	return g.t.expected[row] == peerID
-}
-
-// RowsOwed implements data.OwedRows: the data path refuses a transfer
-// naming more rows before it allocates anything for them.
-func (g rowGuard) RowsOwed(peerID string) int {
-	g.t.guardMu.RLock()
-	defer g.t.guardMu.RUnlock()
-	return g.t.owed[peerID]
-}
-
-func (g rowGuard) WriteRow(peerID string, row uint64, dst, src []byte) bool {
-	g.t.guardMu.RLock()
-	defer g.t.guardMu.RUnlock()
-	if g.t.expected[row] != peerID {
-		return false
-	}
-	copy(dst, src)
-	return true
-}
-
-func (t *Tier) expect(peerID string, rows []uint64, on bool) {
-	t.guardMu.Lock()
-	defer t.guardMu.Unlock()
-	for _, r := range rows {
-		prev, had := t.expected[r]
-		switch {
-		case on && !(had && prev == peerID):
-			if had {
-				t.unowe(prev)
+// bookHooks is what the pull book is given of the coordinator; each runs
+// with t.mu held, as the book's methods do.
+func (t *Tier) bookHooks() bookHooks {
+	return bookHooks{
+		now:    t.now,
+		closed: func() bool { return t.closed },
+		sessionFor: func(peerID string) (sourceSession, error) {
+			s, err := t.sessionFor(peerID)
+			if err != nil {
+				return nil, err // no typed nil in the interface
 			}
-			t.expected[r] = peerID
-			t.owed[peerID]++
-		case !on && had && prev == peerID:
-			delete(t.expected, r)
-			t.unowe(peerID)
-		}
-	}
-}
-
-// unowe takes one row off what peerID may write; guardMu held.
-func (t *Tier) unowe(peerID string) {
-	if t.owed[peerID]--; t.owed[peerID] <= 0 {
-		delete(t.owed, peerID)
+			return s, nil
+		},
+		report: t.report,
+		fence: func(peerID string) {
+			if f, ok := t.dt.(data.Fencer); ok {
+				f.Fence(peerID)
+			}
+		},
+		fetched: func(r session.Report, bytes int64, took time.Duration) { t.observeFetched(r.Session, bytes, took) },
+		answersNews: func(wake bool) {
+			t.news.bump(NewsAnswers)
+			if wake {
+				t.notify.signal()
+			}
+		},
+		logf: t.logf,
 	}
 }
 
@@ -358,11 +312,14 @@ func (t *Tier) loop() {
 			})
 		case f := <-t.found:
 			t.locked(f)
-		case <-t.registerWake:
+		case <-t.book.registerWake:
 			more := false
-			t.locked(func() { more = t.registerSomeAsked() })
+			t.locked(func() {
+				more = t.book.registerSome()
+				t.flushLookups()
+			})
 			if more {
-				t.wakeRegister() // after the events that came meanwhile
+				t.book.wakeRegister() // after the events that came meanwhile
 			}
 		case <-tick.C:
 			t.locked(t.onTick)
@@ -619,7 +576,7 @@ func (t *Tier) onTick() {
 		}
 	}
 	t.tickServing(now)
-	t.tickLoads(now)
+	t.book.tickLoads(now)
 	t.expireEpisodes(now)
 	t.flushLogs(now)
 	for _, id := range t.refused.dueGoodbyes(now) {
@@ -686,11 +643,7 @@ func (t *Tier) reapDead() bool {
 		}
 		t.observeEnded(s)
 		t.refused.ended(s, t.now())
-		for _, req := range t.requests {
-			if req.pull != nil && req.pull.uses(s) {
-				t.markStale(req.pull) // its answers may change without it
-			}
-		}
+		t.book.purge(s)
 		s.Close(s.DeathReason())
 		delete(t.sessions, id)
 		delete(t.active, s)
@@ -779,10 +732,7 @@ func (t *Tier) poison(cause error) {
 	for id := range t.jobs {
 		t.report(id, false, 0)
 	}
-	t.guardMu.Lock()
-	clear(t.expected) // no peer may write our rows any more
-	clear(t.owed)
-	t.guardMu.Unlock()
+	t.book.guard.revokeAll() // no peer may write our rows any more
 	// Sessions are dropped, not closed: their state is what may be broken.
 	clear(t.sessions)
 	clear(t.active)
@@ -794,7 +744,7 @@ func (t *Tier) poison(cause error) {
 	clear(t.lookups)
 	t.inbound = inboundQueue{}
 	if first { // wake the host once: collect the failed jobs; new work fails
-		t.failCachedPulls()
+		t.book.failAll()
 		t.news.bumpAll()
 		t.notify.signal()
 	}
