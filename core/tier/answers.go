@@ -1,10 +1,6 @@
 package tier
 
-import (
-	"fmt"
-
-	"github.com/peerkv/peerkv/core/session"
-)
+import "fmt"
 
 // A host may cache our lookup answers (peerkv_request_lookup_mode,
 // peerkv_lookup_many, peerkv_take_answers): it answers vLLM's per-key
@@ -28,8 +24,8 @@ const (
 type toldState struct {
 	reqID   string
 	cached  bool    // the host caches answers (it asked for the lookup mode)
-	stale   bool    // in t.stale: re-evaluated at the end of this settle
-	queued  bool    // in t.answered: changes wait for TakeAnswers
+	stale   bool    // in the book's stale: re-evaluated at the end of this settle
+	queued  bool    // in the book's answered: changes wait for TakeAnswers
 	changed []int32 // positions (in order) whose told answer changed since the last take
 	failed  bool    // the host is to be told the pull failed (every key MISS)
 	ended   bool    // the request finished: nothing more is told
@@ -65,8 +61,16 @@ func (rk RequestKeys) key(i, keyLen int) []byte {
 func (t *Tier) LookupMode(reqID string) LookupMode {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	r := t.requests[reqID]
-	if r == nil || r.pull == nil || r.pull.failed || t.closed {
+	if t.closed {
+		return LookupsMiss
+	}
+	return t.book.lookupMode(reqID)
+}
+
+// lookupMode is LookupMode's part on the request's pull.
+func (b *pullBook) lookupMode(reqID string) LookupMode {
+	r := b.requests[reqID]
+	if r == nil || r.pull == nil || r.pull.failed {
 		return LookupsMiss
 	}
 	r.pull.told.cached = true
@@ -101,49 +105,47 @@ func (t *Tier) LookupMany(batch []RequestKeys, keyLen int, out []LookupResult) e
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	i, deferred := 0, false
-	for _, rk := range batch {
-		count := rk.count(keyLen)
-		res := out[i : i+count]
-		i += count
-		r := t.requests[rk.ReqID]
-		if r != nil && r.pull != nil {
-			if n > inlineAsk && t.deferAsk(r.pull, rk.Keys, keyLen, res) {
-				deferred = true
-				continue
-			}
-			t.registerAsked(r.pull)
-			r.pull.reserve(count, t.cfg.KeyLen)
-		}
-		for j := range res {
-			res[j] = t.lookupKey(r, rk.key(j, keyLen))
-		}
-	}
+	deferred := t.book.lookupMany(batch, keyLen, n, out)
 	t.flushLookups() // OnScheduleEnd's part: keys registered by earlier calls go out too
 	if deferred {
-		t.wakeRegister()
+		t.book.wakeRegister()
 	}
 	return nil
 }
 
-// lookupKey answers one host lookup (see peerkv_lookup). Called with t.mu held.
-func (t *Tier) lookupKey(r *request, key []byte) LookupResult {
-	if r == nil || r.pull == nil || r.pull.failed || t.closed {
-		return Miss
+// lookupMany answers the n keys of batch (checked) into out; it reports
+// whether first asks were deferred to the loop.
+func (b *pullBook) lookupMany(batch []RequestKeys, keyLen, n int, out []LookupResult) (deferred bool) {
+	i := 0
+	for _, rk := range batch {
+		count := rk.count(keyLen)
+		res := out[i : i+count]
+		i += count
+		r := b.requests[rk.ReqID]
+		if r != nil && r.pull != nil {
+			if n > inlineAsk && b.deferAsk(r.pull, rk.Keys, keyLen, res) {
+				deferred = true
+				continue
+			}
+			b.registerAsked(r.pull)
+			r.pull.reserve(count, b.keyLen)
+		}
+		for j := range res {
+			res[j] = b.lookupKey(r, rk.key(j, keyLen))
+		}
 	}
-	t.registerAsked(r.pull)
-	res := r.pull.lookup(key)
-	t.countAnswer(res)
-	return res
+	return deferred
 }
 
-func (t *Tier) countAnswer(res LookupResult) {
-	switch res {
-	case Hit:
-		t.stats.lookupHits++
-	case Miss:
-		t.stats.lookupMisses++
+// lookupKey answers one host lookup (see peerkv_lookup).
+func (b *pullBook) lookupKey(r *request, key []byte) LookupResult {
+	if r == nil || r.pull == nil || r.pull.failed || b.h.closed() {
+		return Miss
 	}
+	b.registerAsked(r.pull)
+	res := r.pull.lookup(key)
+	b.countAnswer(res)
+	return res
 }
 
 // TakeAnswers moves queued changes out while fits accepts them (in order);
@@ -151,11 +153,15 @@ func (t *Tier) countAnswer(res LookupResult) {
 func (t *Tier) TakeAnswers(fits func(AnswerChange) bool) []AnswerChange {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.book.takeAnswers(fits)
+}
+
+func (b *pullBook) takeAnswers(fits func(AnswerChange) bool) []AnswerChange {
 	var out []AnswerChange
-	for len(t.answered) > 0 {
-		p := t.answered[0]
+	for len(b.answered) > 0 {
+		p := b.answered[0]
 		if p.told.ended {
-			t.answered = t.answered[1:]
+			b.answered = b.answered[1:]
 			p.told.queued, p.told.changed = false, nil
 			continue
 		}
@@ -171,47 +177,47 @@ func (t *Tier) TakeAnswers(fits func(AnswerChange) bool) []AnswerChange {
 			break
 		}
 		out = append(out, c)
-		t.answered = t.answered[1:]
+		b.answered = b.answered[1:]
 		p.told.queued, p.told.changed = false, nil
 	}
-	if len(t.answered) == 0 {
-		t.answered = nil
+	if len(b.answered) == 0 {
+		b.answered = nil
 	} else {
-		t.news.bump(NewsAnswers) // what did not fit is news still
+		b.h.answersNews(false) // what did not fit is news still
 	}
 	return out
 }
 
-// markStale has p re-evaluated at the end of this settle. Called with t.mu held.
-func (t *Tier) markStale(p *pull) {
+// markStale has p re-evaluated at the end of this settle.
+func (b *pullBook) markStale(p *pull) {
 	if p == nil || !p.told.cached || p.told.ended || p.told.stale {
 		return
 	}
 	p.told.stale = true
-	t.stale = append(t.stale, p)
+	b.stale = append(b.stale, p)
 }
 
 // refreshStale re-evaluates every stale pull. Called from settle.
-func (t *Tier) refreshStale() {
-	for len(t.stale) > 0 {
-		p := t.stale[0]
-		t.stale = t.stale[1:]
+func (b *pullBook) refreshStale() {
+	for len(b.stale) > 0 {
+		p := b.stale[0]
+		b.stale = b.stale[1:]
 		p.told.stale = false
-		t.refresh(p)
+		b.refresh(p)
 	}
-	t.stale = nil
+	b.stale = nil
 }
 
 // refresh asks again, as the host would next step, about every key the
 // host was told RETRY, and queues the answers that changed.
-func (t *Tier) refresh(p *pull) {
-	if p.told.ended || t.closed {
+func (b *pullBook) refresh(p *pull) {
+	if p.told.ended || b.h.closed() {
 		return
 	}
 	if p.failed {
 		if !p.told.failed {
 			p.told.failed = true
-			t.queueAnswers(p)
+			b.queueAnswers(p)
 		}
 		return
 	}
@@ -223,9 +229,9 @@ func (t *Tier) refresh(p *pull) {
 			continue
 		}
 		if a.told = p.answer(a); a.told != Retry {
-			t.countAnswer(a.told)
+			b.countAnswer(a.told)
 			p.told.changed = append(p.told.changed, int32(i))
-			t.queueAnswers(p)
+			b.queueAnswers(p)
 		}
 	}
 	// Keys registered again (a source took over from one that ended) go
@@ -240,24 +246,23 @@ func (t *Tier) refresh(p *pull) {
 // failCachedPulls tells a caching host that every request it still holds
 // answers for fails (the peer stopped): lookup would answer MISS now, and a
 // key it was told RETRY must not wait for an answer that cannot come.
-// Called with t.mu held, as the peer closes.
-func (t *Tier) failCachedPulls() {
-	for _, r := range t.requests {
+// Called as the peer closes.
+func (b *pullBook) failCachedPulls() {
+	for _, r := range b.requests {
 		if p := r.pull; p != nil && p.told.cached && !p.told.ended && !p.told.failed {
 			p.told.failed = true
-			t.queueAnswers(p)
+			b.queueAnswers(p)
 		}
 	}
 }
 
-func (t *Tier) queueAnswers(p *pull) {
+func (b *pullBook) queueAnswers(p *pull) {
 	if p.told.queued {
 		return
 	}
 	p.told.queued = true
-	t.answered = append(t.answered, p)
-	t.news.bump(NewsAnswers)
-	t.notify.signal() // a host that sleeps on the fd learns of them now
+	b.answered = append(b.answered, p)
+	b.h.answersNews(true) // a host that sleeps on the fd learns of them now
 }
 
 // pullIndex finds the pulls a session's report is about by kv id: a pull
@@ -288,17 +293,17 @@ func (x pullIndex) remove(p *pull) {
 }
 
 // probesAnswered marks stale the pulls that ask kv of s.
-func (t *Tier) probesAnswered(s *session.Session, kv string) {
-	for _, p := range t.pulls[kv] {
+func (b *pullBook) probesAnswered(s sourceSession, kv string) {
+	for _, p := range b.pulls[kv] {
 		if p.uses(s) {
-			t.markStale(p)
-			t.releaseServed(p) // a late answer may name only keys that landed
+			b.markStale(p)
+			b.releaseServed(p) // a late answer may name only keys that landed
 		}
 	}
 }
 
 // uses reports whether one of p's sources is served by s.
-func (p *pull) uses(s *session.Session) bool {
+func (p *pull) uses(s sourceSession) bool {
 	for _, src := range p.sources {
 		if src.s == s {
 			return true

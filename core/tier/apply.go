@@ -13,7 +13,7 @@ func (t *Tier) settle() {
 			t.apply(r)
 		}
 		t.pending = nil
-		t.refreshStale() // may register and send lookups, which may report
+		t.book.refreshStale() // may register and send lookups, which may report
 		if len(t.pending) > 0 {
 			continue
 		}
@@ -38,23 +38,15 @@ func (t *Tier) applyChecked(r session.Report) {
 	t.observeReport(r)
 	switch r.Kind {
 	case session.LoadDone:
-		if j := t.jobs[r.JobID]; j != nil && j.load != nil {
-			t.partEnded(j.load, r)
-		} else {
-			t.logf("ERROR", "internal: load job %d ended at %s, but no such load is in flight (ignored)", r.JobID, r.Session.PeerID())
-		}
+		t.book.loadDone(r.Session, r)
 	case session.StoreDone:
 		t.report(r.JobID, r.OK, r.Bytes)
 	case session.ConsumerFailed:
-		for _, req := range t.requests {
-			if req.pull != nil {
-				req.pull.sourceFailed(r.Session, r.KVID, "its session ended with lookups unanswered")
-			}
-		}
+		t.book.sourceFailed(r.Session, r.KVID, "its session ended with lookups unanswered")
 	case session.Ended:
 		t.peers.endedSession(r.Session)
 	case session.ProbesAnswered:
-		t.probesAnswered(r.Session, r.KVID)
+		t.book.probesAnswered(r.Session, r.KVID)
 	case session.FetchArrived:
 		t.fetchArrived(r.Session, r.KVID)
 	case session.InboundReady:

@@ -13,7 +13,7 @@ package tier
 // µs, and handing them to the loop would add a goroutine wake-up (often a
 // thread's) to the lookup's round trip.
 
-// askedChunk is about how many keys the loop registers per hold of t.mu
+// askedChunk is about how many keys the loop registers per hold of the lock
 // (whole requests), so a host call waits for about that much at most.
 const askedChunk = 1024
 
@@ -21,9 +21,9 @@ const askedChunk = 1024
 const inlineAsk = 256
 
 // deferAsk answers a first ask of p at once when it can (see above): every
-// result RETRY. Called with t.mu held.
-func (t *Tier) deferAsk(p *pull, keys []byte, keyLen int, out []LookupResult) bool {
-	if t.closed || !p.told.cached || !p.probe || p.failed || len(p.order) > 0 || len(p.asked) > 0 ||
+// result RETRY.
+func (b *pullBook) deferAsk(p *pull, keys []byte, keyLen int, out []LookupResult) bool {
+	if b.h.closed() || !p.told.cached || !p.probe || p.failed || len(p.order) > 0 || len(p.asked) > 0 ||
 		len(keys) == 0 || p.live() == 0 {
 		return false
 	}
@@ -33,22 +33,14 @@ func (t *Tier) deferAsk(p *pull, keys []byte, keyLen int, out []LookupResult) bo
 	}
 	// Once per pull: registering its first ask leaves keys in order, or the
 	// pull failed or ended, and none of them is deferred again.
-	t.toRegister = append(t.toRegister, p)
+	b.toRegister = append(b.toRegister, p)
 	return true
-}
-
-// wakeRegister has the loop register deferred asks.
-func (t *Tier) wakeRegister() {
-	select {
-	case t.registerWake <- struct{}{}:
-	default:
-	}
 }
 
 // registerAsked registers p's deferred keys as lookups of the host would
 // have, and queues every answer other than the RETRY the host was given.
-// Called with t.mu held; a no-op when nothing is deferred.
-func (t *Tier) registerAsked(p *pull) {
+// A no-op when nothing is deferred.
+func (b *pullBook) registerAsked(p *pull) {
 	if len(p.asked) == 0 {
 		return
 	}
@@ -67,29 +59,28 @@ func (t *Tier) registerAsked(p *pull) {
 		a := p.addKey(key)
 		a.told = p.answer(a)
 		if a.told != Retry {
-			t.countAnswer(a.told)
+			b.countAnswer(a.told)
 			p.told.changed = append(p.told.changed, int32(a.pos))
-			t.queueAnswers(p)
+			b.queueAnswers(p)
 		}
 	}
 }
 
-// registerSomeAsked registers deferred asks, about askedChunk keys' worth,
-// sends their lookups, and reports whether any are left.
-func (t *Tier) registerSomeAsked() (more bool) {
+// registerSome registers deferred asks, about askedChunk keys' worth, and
+// reports whether any are left; the caller sends their lookups.
+func (b *pullBook) registerSome() (more bool) {
 	done := 0
-	for len(t.toRegister) > 0 && done < askedChunk {
-		p := t.toRegister[0]
-		t.toRegister[0] = nil
-		t.toRegister = t.toRegister[1:]
+	for len(b.toRegister) > 0 && done < askedChunk {
+		p := b.toRegister[0]
+		b.toRegister[0] = nil
+		b.toRegister = b.toRegister[1:]
 		if p.askedKeyLen > 0 {
 			done += len(p.asked) / p.askedKeyLen
 		}
-		t.registerAsked(p)
+		b.registerAsked(p)
 	}
-	if len(t.toRegister) == 0 {
-		t.toRegister = nil
+	if len(b.toRegister) == 0 {
+		b.toRegister = nil
 	}
-	t.flushLookups()
-	return len(t.toRegister) > 0
+	return len(b.toRegister) > 0
 }

@@ -5,7 +5,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/session"
 )
 
@@ -57,19 +56,20 @@ type loadPart struct {
 }
 
 // startLoad places a load's keys on the sources that reported them and
-// sends one fetch per source; called with t.mu held.
-func (t *Tier) startLoad(j *job, jobID int64, p *pull, keys [][]byte, rows []uint64) {
+// sends one fetch per source; its deadline runs from at, when the job was
+// admitted.
+func (b *pullBook) startLoad(jobID int64, at time.Time, p *pull, keys [][]byte, rows []uint64) {
 	l := &pullLoad{
-		jobID: jobID, pull: p, keys: keys, rows: rows, deadline: j.at.Add(t.cfg.LoadTimeout),
+		jobID: jobID, pull: p, keys: keys, rows: rows, deadline: at.Add(b.loadTimeout),
 		holders: make([]sourceSet, len(keys)), refused: make([]sourceSet, len(keys)),
 		perSrc: make([]int, len(p.sources)),
 	}
-	j.load = l
-	t.registerAsked(p)
+	b.loads[jobID] = l
+	b.registerAsked(p)
 	for i, k := range keys {
 		l.holders[i] = p.holders(k)
 		if l.holders[i].empty() {
-			t.failLoad(l, fmt.Sprintf("no source reported key %d of %d", i, len(keys)))
+			b.failLoad(l, fmt.Sprintf("no source reported key %d of %d", i, len(keys)))
 			return
 		}
 	}
@@ -77,16 +77,16 @@ func (t *Tier) startLoad(j *job, jobID int64, p *pull, keys [][]byte, rows []uin
 	for i := range all {
 		all[i] = i
 	}
-	t.placeKeys(l, all, l.holders)
+	b.placeKeys(l, all, l.holders)
 	if l.failure == "" && len(l.parts) > 1 {
-		t.stats.loadsSpread++
+		b.counts.loadsSpread++
 	}
 }
 
 // placeKeys deals keys (indexes) out to cands[key] and starts a part per
 // source: fetched now when the source reported them in its current round,
 // else looked up there first.
-func (t *Tier) placeKeys(l *pullLoad, idx []int, cands []sourceSet) {
+func (b *pullBook) placeKeys(l *pullLoad, idx []int, cands []sourceSet) {
 	sets := make([]sourceSet, len(idx))
 	for n, i := range idx {
 		sets[n] = cands[i]
@@ -95,7 +95,7 @@ func (t *Tier) placeKeys(l *pullLoad, idx []int, cands []sourceSet) {
 	var order []*loadPart
 	for n, src := range place(sets, l.perSrc) {
 		if src < 0 {
-			t.failLoad(l, fmt.Sprintf("key %d of %d: no other source has it", idx[n], len(l.keys)))
+			b.failLoad(l, fmt.Sprintf("key %d of %d: no other source has it", idx[n], len(l.keys)))
 			return
 		}
 		part := bySrc[src]
@@ -111,23 +111,23 @@ func (t *Tier) placeKeys(l *pullLoad, idx []int, cands []sourceSet) {
 			return // starting an earlier part doomed the load
 		}
 		l.parts = append(l.parts, part)
-		t.probePart(l, part)
+		b.probePart(l, part)
 	}
 }
 
 // probePart fetches a probing part's keys once its source answered for all
 // of them; keys it misses go elsewhere.
-func (t *Tier) probePart(l *pullLoad, part *loadPart) {
+func (b *pullBook) probePart(l *pullLoad, part *loadPart) {
 	src := l.pull.sources[part.src]
 	l.pull.live()
 	if l.failure != "" {
-		t.dropPart(l, part)
-		t.settleLoad(l)
+		b.dropPart(l, part)
+		b.settleLoad(l)
 		return
 	}
 	if src.down != "" {
-		t.dropPart(l, part)
-		t.retryKeys(l, part.src, part.keys)
+		b.dropPart(l, part)
+		b.retryKeys(l, part.src, part.keys)
 		return
 	}
 	var hits, misses []int
@@ -153,37 +153,37 @@ func (t *Tier) probePart(l *pullLoad, part *loadPart) {
 	}
 	part.keys = hits
 	if len(hits) == 0 {
-		t.dropPart(l, part)
+		b.dropPart(l, part)
 	} else {
 		keys, rows := l.subset(hits)
-		t.expect(src.PeerID(), rows, true)
+		b.guard.expect(src.PeerID(), rows, true)
 		sample := l.pull.probe && src.s.Ready()
 		part.round = src.s.RequestBlocks(l.jobID, src.KVRequestID, keys, rows)
 		part.state = partFetching
 		if sample {
-			part.sentAt = t.now()
+			part.sentAt = b.h.now()
 		}
 	}
 	if len(misses) > 0 {
-		t.retryKeys(l, part.src, misses)
+		b.retryKeys(l, part.src, misses)
 	}
 }
 
 // retryKeys sends keys that failed at source from to another source.
-func (t *Tier) retryKeys(l *pullLoad, from int, idx []int) {
+func (b *pullBook) retryKeys(l *pullLoad, from int, idx []int) {
 	for _, i := range idx {
 		l.refused[i] = l.refused[i].with(from)
 	}
 	if l.failure != "" {
 		return
 	}
-	if t.closed {
-		t.failLoad(l, "the peer is shutting down")
+	if b.h.closed() {
+		b.failLoad(l, "the peer is shutting down")
 		return
 	}
-	if !t.now().Before(l.deadline) {
-		t.failLoad(l, fmt.Sprintf("source %s failed and the load's deadline (load_timeout_s %v) has passed",
-			l.pull.sources[from].PeerID(), t.cfg.LoadTimeout))
+	if !b.h.now().Before(l.deadline) {
+		b.failLoad(l, fmt.Sprintf("source %s failed and the load's deadline (load_timeout_s %v) has passed",
+			l.pull.sources[from].PeerID(), b.loadTimeout))
 		return
 	}
 	live := l.pull.liveSet()
@@ -194,26 +194,26 @@ func (t *Tier) retryKeys(l *pullLoad, from int, idx []int) {
 			cands[i] = live.without(l.refused[i])
 		}
 		if cands[i].empty() {
-			t.failLoad(l, fmt.Sprintf("source %s failed it and no other source is left for key %d of %d",
+			b.failLoad(l, fmt.Sprintf("source %s failed it and no other source is left for key %d of %d",
 				l.pull.sources[from].PeerID(), i, len(l.keys)))
 			return
 		}
 	}
-	t.stats.sourceFailovers++
-	t.logf("WARNING", "load job %d: %d key(s) from %s fail over to the request's other sources",
+	b.counts.sourceFailovers++
+	b.h.logf("WARNING", "load job %d: %d key(s) from %s fail over to the request's other sources",
 		l.jobID, len(idx), l.pull.sources[from].PeerID())
-	t.placeKeys(l, idx, cands)
+	b.placeKeys(l, idx, cands)
 }
 
-// partEnded applies a part's LoadDone.
-func (t *Tier) partEnded(l *pullLoad, r session.Report) {
+// partEnded applies a part's LoadDone, which session s reported.
+func (b *pullBook) partEnded(l *pullLoad, s sourceSession, r session.Report) {
 	at := slices.IndexFunc(l.parts, func(p *loadPart) bool {
 		src := l.pull.sources[p.src]
-		return p.state == partFetching && src.s == r.Session && src.KVRequestID == r.KVID && p.round == r.Round
+		return p.state == partFetching && src.s == s && src.KVRequestID == r.KVID && p.round == r.Round
 	})
 	if at < 0 {
-		t.logf("ERROR", "internal: load job %d: no part fetches kv_request_id=%s round %d from %s (ignored)",
-			l.jobID, r.KVID, r.Round, r.Session.PeerID())
+		b.h.logf("ERROR", "internal: load job %d: no part fetches kv_request_id=%s round %d from %s (ignored)",
+			l.jobID, r.KVID, r.Round, s.PeerID())
 		return
 	}
 	part := l.parts[at]
@@ -221,37 +221,35 @@ func (t *Tier) partEnded(l *pullLoad, r session.Report) {
 	if r.Fence {
 		// Cut the source's writes in flight before these rows go to another
 		// source or back to the host.
-		if f, ok := t.dt.(data.Fencer); ok {
-			f.Fence(src.PeerID())
-		}
+		b.h.fence(src.PeerID())
 	}
-	t.expect(src.PeerID(), r.Rows, false)
-	t.dropPart(l, part)
+	b.guard.expect(src.PeerID(), r.Rows, false)
+	b.dropPart(l, part)
 	if r.OK {
 		l.landed += len(part.keys)
 		if !part.sentAt.IsZero() {
-			t.observeFetched(r.Session, int64(len(r.Rows))*int64(t.region.RowLen), t.now().Sub(part.sentAt))
+			b.h.fetched(r, int64(len(r.Rows))*b.rowLen, b.h.now().Sub(part.sentAt))
 		}
 	} else if l.failure == "" {
 		if src.down == "" {
 			src.down = fmt.Sprintf("it failed load job %d", l.jobID)
 		}
-		t.retryKeys(l, part.src, part.keys)
+		b.retryKeys(l, part.src, part.keys)
 	}
-	t.settleLoad(l)
+	b.settleLoad(l)
 }
 
 // failLoad dooms the load: nothing more is asked, fetches in flight are
 // aborted, and the failure is reported once none is.
-func (t *Tier) failLoad(l *pullLoad, why string) {
+func (b *pullBook) failLoad(l *pullLoad, why string) {
 	if l.failure != "" {
 		return
 	}
 	l.failure = why
-	t.logf("WARNING", "load job %d fails: %s; the request recomputes", l.jobID, why)
+	b.h.logf("WARNING", "load job %d fails: %s; the request recomputes", l.jobID, why)
 	for _, part := range slices.Clone(l.parts) {
 		if part.state == partProbing {
-			t.dropPart(l, part)
+			b.dropPart(l, part)
 			continue
 		}
 		src := l.pull.sources[part.src]
@@ -259,27 +257,28 @@ func (t *Tier) failLoad(l *pullLoad, why string) {
 			src.s.AbortLoad(src.KVRequestID, part.round)
 		}
 	}
-	t.settleLoad(l)
+	b.settleLoad(l)
 }
 
 // settleLoad reports the load once it is over: every key landed, or it
 // failed and no part is in flight.
-func (t *Tier) settleLoad(l *pullLoad) {
+func (b *pullBook) settleLoad(l *pullLoad) {
 	if len(l.parts) > 0 {
 		return
 	}
-	if t.jobs[l.jobID] == nil || t.jobs[l.jobID].load != l {
+	if b.loads[l.jobID] != l {
 		return // reported already (shutdown, poison)
 	}
+	delete(b.loads, l.jobID)
 	if l.failure != "" {
 		l.pull.failed = true // this request recomputes
-		t.markStale(l.pull)
-		t.report(l.jobID, false, 0)
+		b.markStale(l.pull)
+		b.h.report(l.jobID, false, 0)
 		return
 	}
 	l.pull.markLanded(l.keys)
-	t.releaseServed(l.pull)
-	t.report(l.jobID, true, int64(l.landed)*int64(t.region.RowLen))
+	b.releaseServed(l.pull)
+	b.h.report(l.jobID, true, int64(l.landed)*b.rowLen)
 }
 
 // releaseServed ends the lookups of p's sources that can give the request
@@ -291,15 +290,15 @@ func (t *Tier) settleLoad(l *pullLoad) {
 // Checked when a load lands and when a source answers after one did. A
 // source a fetch served holds no such pins and keeps serving: its answers
 // still stand for the keys it gave.
-func (t *Tier) releaseServed(p *pull) {
+func (b *pullBook) releaseServed(p *pull) {
 	if !p.probe || p.landedKeys == 0 {
 		return // PD: the prefiller is the only source, asked nothing
 	}
 	for _, src := range p.sources {
-		if src.down != "" || src.s.Dead() || !src.s.HoldsAnswers(src.KVRequestID) || !p.servedBy(src) {
+		// EndLookup ends only the lookups of a source that holds answers.
+		if src.down != "" || src.s.Dead() || !p.servedBy(src) || !src.s.EndLookup(src.KVRequestID) {
 			continue
 		}
-		src.s.EndLookup(src.KVRequestID)
 		src.down = "released: every key it reported was loaded from another source"
 	}
 }
@@ -331,34 +330,37 @@ func (p *pull) markLanded(keys [][]byte) {
 }
 
 // tickLoads applies loads' deadlines and asks probing parts again.
-func (t *Tier) tickLoads(now time.Time) {
-	for _, j := range t.jobs {
-		l := j.load
-		if l == nil || len(l.parts) == 0 {
+func (b *pullBook) tickLoads(now time.Time) {
+	for _, l := range b.loads {
+		if len(l.parts) == 0 {
 			continue
 		}
 		if !now.Before(l.deadline) {
-			t.failLoad(l, fmt.Sprintf("not every key arrived within load_timeout_s (%v)", t.cfg.LoadTimeout))
+			b.failLoad(l, fmt.Sprintf("not every key arrived within load_timeout_s (%v)", b.loadTimeout))
 			continue
 		}
 		for _, part := range slices.Clone(l.parts) {
 			if part.state == partProbing && l.failure == "" {
-				t.probePart(l, part)
+				b.probePart(l, part)
 			}
 		}
 	}
 }
 
 // endLoads fails the unreported loads of a finishing request.
-func (t *Tier) endLoads(p *pull) {
-	for _, j := range t.jobs {
-		if j.load != nil && j.load.pull == p {
-			t.failLoad(j.load, "its request finished")
+func (b *pullBook) endLoads(p *pull) {
+	for _, l := range b.loads {
+		if l.pull == p {
+			b.failLoad(l, "its request finished")
 		}
 	}
 }
 
-func (t *Tier) dropPart(l *pullLoad, part *loadPart) {
+// forgetLoads drops every load: the ledger reported their jobs as the
+// peer stopped, so none may be reported again.
+func (b *pullBook) forgetLoads() { clear(b.loads) }
+
+func (b *pullBook) dropPart(l *pullLoad, part *loadPart) {
 	if i := slices.Index(l.parts, part); i >= 0 {
 		l.parts = slices.Delete(l.parts, i, i+1)
 	}

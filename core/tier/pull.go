@@ -9,7 +9,6 @@ import (
 	"unsafe"
 
 	"github.com/peerkv/peerkv/core/params"
-	"github.com/peerkv/peerkv/core/session"
 )
 
 // pull is one host request's pull from its sources (remote_prefiller, or
@@ -43,10 +42,10 @@ type pull struct {
 // pullSource is one source of one request: its own session (a separate
 // session to the producer, as a stock vLLM producer expects) and kv id.
 type pullSource struct {
-	params.Source      // KVRequestID minted when the orchestrator left it out
-	minted        bool // we minted KVRequestID
-	s             *session.Session
-	down          string // why it no longer serves this request ("" = it does)
+	params.Source               // KVRequestID minted when the orchestrator left it out
+	minted        bool          // we minted KVRequestID
+	s             sourceSession // nil when it could not open
+	down          string        // why it no longer serves this request ("" = it does)
 }
 
 // keyAnswer is the last answer the host got for one key, from the key's
@@ -69,7 +68,7 @@ func mintKVID() string {
 
 // startPull opens a session to each source of a starting request; one that
 // cannot open is down from the start.
-func (t *Tier) startPull(reqID string, sources []params.Source) *pull {
+func (b *pullBook) startPull(reqID string, sources []params.Source) *pull {
 	p := &pull{probe: sources[0].Probe, byKey: map[string]*keyAnswer{}, told: toldState{reqID: reqID}}
 	names := make([]string, 0, len(sources))
 	notAllowed := 0
@@ -77,18 +76,19 @@ func (t *Tier) startPull(reqID string, sources []params.Source) *pull {
 		ps := &pullSource{Source: src}
 		if ps.KVRequestID == "" {
 			ps.KVRequestID, ps.minted = mintKVID(), true
-			t.stats.kvIDsMinted++
+			b.counts.kvIDsMinted++
 		}
-		s, err := t.sessionFor(ps.PeerID())
-		if err != nil {
+		s, err := b.h.sessionFor(ps.PeerID())
+		if err == nil {
+			ps.s = s
+		} else {
 			ps.down = err.Error()
 			if errors.Is(err, errNotAllowed) || errors.Is(err, errUnreachable) { // each has its own line
 				notAllowed++
 			} else {
-				t.logf("WARNING", "request %s cannot pull from %s: %v", reqID, ps.PeerID(), err)
+				b.h.logf("WARNING", "request %s cannot pull from %s: %v", reqID, ps.PeerID(), err)
 			}
 		}
-		ps.s = s
 		p.sources = append(p.sources, ps)
 		how := "given"
 		if ps.minted {
@@ -96,23 +96,23 @@ func (t *Tier) startPull(reqID string, sources []params.Source) *pull {
 		}
 		names = append(names, fmt.Sprintf("%s (kv_request_id=%s, %s)", ps.PeerID(), ps.KVRequestID, how))
 	}
-	t.logf("INFO", "request %s pulls from %s", reqID, strings.Join(names, ", "))
+	b.h.logf("INFO", "request %s pulls from %s", reqID, strings.Join(names, ", "))
 	if p.live() == 0 {
 		p.failed = true
 		if notAllowed < len(sources) {
-			t.logf("WARNING", "request %s has no source it can pull from; it computes locally", reqID)
+			b.h.logf("WARNING", "request %s has no source it can pull from; it computes locally", reqID)
 		}
 	}
 	return p
 }
 
 // live counts the sources still serving the request, marking down those
-// whose session ended.
+// whose session ended (the session logs why).
 func (p *pull) live() int {
 	n := 0
 	for _, src := range p.sources {
 		if src.down == "" && src.s.Dead() {
-			src.down = "its session ended: " + src.s.DeathReason()
+			src.down = "its session ended"
 		}
 		if src.down == "" {
 			n++
@@ -279,7 +279,7 @@ func (p *pull) finish() {
 
 // sourceFailed marks the source of pull p that session s serves under kv
 // as down (its session closed with lookups unanswered).
-func (p *pull) sourceFailed(s *session.Session, kv, why string) {
+func (p *pull) sourceFailed(s sourceSession, kv, why string) {
 	for _, src := range p.sources {
 		if src.s == s && src.KVRequestID == kv && src.down == "" {
 			src.down = why

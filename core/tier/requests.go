@@ -21,14 +21,10 @@ func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
 		t.stats.badParams++
 		return BlockLevel, fmt.Errorf("%w: request %s: %v", ErrBadParams, reqID, err)
 	}
-	if _, dup := t.requests[reqID]; dup {
+	if t.book.request(reqID) != nil {
 		return BlockLevel, fmt.Errorf("%w: request %s already started", ErrDuplicate, reqID)
 	}
-	r := &request{id: reqID, dest: p.Dest}
-	t.requests[reqID] = r
-	if len(p.Sources) > 0 {
-		r.pull = t.startPull(reqID, p.Sources)
-		t.pulls.add(r.pull)
+	if t.book.start(reqID, p.Dest, p.Sources) {
 		t.settle() // a session that died opening (its connect unsendable) is forgotten now
 	}
 	if p.Dest != nil {
@@ -50,9 +46,9 @@ func (t *Tier) Lookup(reqID string, keys [][]byte, out []LookupResult) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	r := t.requests[reqID]
+	r := t.book.request(reqID)
 	for i, k := range keys {
-		out[i] = t.lookupKey(r, k)
+		out[i] = t.book.lookupKey(r, k)
 	}
 	return nil
 }
@@ -93,17 +89,7 @@ func (t *Tier) SubmitLoad(reqID string, jobID int64, keys [][]byte, slots []int6
 	if err != nil {
 		return err
 	}
-	r := t.requests[reqID]
-	switch {
-	case len(keys) == 0:
-		t.report(jobID, true, 0)
-	case r == nil || r.pull == nil:
-		t.logf("WARNING", "load job %d for request %s, which pulls from no peer; failing it", jobID, reqID)
-		t.report(jobID, false, 0)
-	case r.pull.failed:
-		t.report(jobID, false, 0)
-	default:
-		t.startLoad(j, jobID, r.pull, copyKeys(keys), rows)
+	if t.book.submitLoad(reqID, jobID, j.at, keys, rows) {
 		t.settle()
 	}
 	return nil
@@ -120,7 +106,7 @@ func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int
 	if _, err := t.admitJob(jobID, false, rows); err != nil {
 		return err
 	}
-	r := t.requests[reqID]
+	r := t.book.request(reqID)
 	if r == nil || r.dest == nil || len(keys) == 0 {
 		t.report(jobID, true, 0) // nobody will fetch these: nothing to keep
 		return nil
@@ -148,16 +134,12 @@ func (t *Tier) GetFinished(max int) []JobResult {
 func (t *Tier) FinishRequest(reqID string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	r := t.requests[reqID]
-	if r == nil || t.closed {
+	if t.closed {
 		return nil
 	}
-	delete(t.requests, reqID)
-	if r.pull != nil {
-		r.pull.told.ended = true
-		t.pulls.remove(r.pull)
-		t.endLoads(r.pull)
-		r.pull.finish()
+	r := t.book.finish(reqID)
+	if r == nil {
+		return nil
 	}
 	if dst := r.dest; dst != nil {
 		t.finishServing(dst.KVRequestID)
@@ -235,7 +217,7 @@ func (t *Tier) shutdown() error {
 	t.mu.Lock()
 	t.closed = true
 	sessions, owed := t.teardown(endShutdown)
-	t.failCachedPulls()
+	t.book.failAll()
 	t.news.bumpAll()
 	t.notify.signal() // once: the host collects the failed jobs and stops waiting
 	t.mu.Unlock()

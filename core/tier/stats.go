@@ -4,12 +4,11 @@ package tier
 type counters struct {
 	framesIn, framesOut, droppedFrames, badFrames int64
 	framesDecoded                                 int64 // frames screen let through to Decode (intake.go)
-	lookupHits, lookupMisses, inboundLookups      int64
+	inboundLookups                                int64
 	loadsOK, loadsFailed, storesOK, storesFailed  int64
 	bytesIn, bytesOut                             int64
 	unboundExpired, badParams                     int64
 	sessionsRefused                               int64 // connects refused before a session opened
-	kvIDsMinted, loadsSpread, sourceFailovers     int64
 	integrityMismatch, integrityMissing           int64
 }
 
@@ -107,20 +106,19 @@ func (t *Tier) snapshot(peers bool) Stats {
 	if t.poisoned != nil {
 		poisoned = t.poisoned.Error()
 	}
-	t.guardMu.RLock()
-	expected := len(t.expected)
-	t.guardMu.RUnlock()
+	expected := t.book.guard.rowsExpected()
+	bc := t.book.counts
 	st := Stats{
 		LocalID: t.env.LocalID, DataPaths: t.dt.Name(), Sessions: t.peers.count(), SessionsOpened: t.peers.counts.opened,
-		SessionsClosed: t.peers.counts.closed, Requests: len(t.requests), JobsInFlight: len(t.jobs),
+		SessionsClosed: t.peers.counts.closed, Requests: len(t.book.requests), JobsInFlight: len(t.jobs),
 		JobsUnreported: len(t.finished), ParkedStores: parked, InboundQueued: t.inbound.len(),
 		InboundActive: len(t.lookups), ExpectedRows: expected,
 		FramesIn: c.framesIn, FramesOut: c.framesOut, DroppedFrames: c.droppedFrames, BadFrames: c.badFrames,
-		LookupHits: c.lookupHits, LookupMisses: c.lookupMisses, InboundLookups: c.inboundLookups,
+		LookupHits: bc.lookupHits, LookupMisses: bc.lookupMisses, InboundLookups: c.inboundLookups,
 		LoadsOK: c.loadsOK, LoadsFailed: c.loadsFailed, StoresOK: c.storesOK, StoresFailed: c.storesFailed,
 		BytesIn: c.bytesIn, BytesOut: c.bytesOut, UnboundExpired: c.unboundExpired, BadParams: c.badParams,
-		SessionsRefused: c.sessionsRefused, SessionsEvicted: t.peers.counts.evicted, KVIDsMinted: c.kvIDsMinted, LoadsSpread: c.loadsSpread,
-		SourceFailovers: c.sourceFailovers, DataPeers: t.peers.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
+		SessionsRefused: c.sessionsRefused, SessionsEvicted: t.peers.counts.evicted, KVIDsMinted: bc.kvIDsMinted, LoadsSpread: bc.loadsSpread,
+		SourceFailovers: bc.sourceFailovers, DataPeers: t.peers.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
 		Poisoned:          poisoned,
 		IntegrityFailures: map[string]int64{IntegrityMismatch: c.integrityMismatch, IntegrityMissing: c.integrityMissing},
 	}

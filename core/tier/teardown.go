@@ -58,10 +58,7 @@ func (t *Tier) teardown(how ending) (ended, goodbyes int) {
 		t.report(id, false, 0)
 	}
 	if how == endPoisoned {
-		t.guardMu.Lock()
-		clear(t.expected) // no peer may write our rows any more
-		clear(t.owed)
-		t.guardMu.Unlock()
+		t.book.guard.revokeAll() // no peer may write our rows any more
 	}
 	clear(t.serving)
 	t.parkedBatches = 0
@@ -79,11 +76,7 @@ func (t *Tier) purge(s *session.Session, how ending) {
 		if c := s.RejectCause(); c != "" {
 			t.obs.rejections[c]++
 		}
-		for _, req := range t.requests {
-			if req.pull != nil && req.pull.uses(s) {
-				t.markStale(req.pull) // its answers may change without it
-			}
-		}
+		t.book.purge(s) // its pulls' answers may change without it
 		t.unbindServing(s)
 		t.dropInbound(s)
 		t.dropOutbox(s.PeerID())

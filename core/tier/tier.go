@@ -11,7 +11,6 @@ import (
 	"github.com/peerkv/peerkv/core/control"
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/data/rowsum"
-	"github.com/peerkv/peerkv/core/params"
 	"github.com/peerkv/peerkv/core/protocol"
 	"github.com/peerkv/peerkv/core/session"
 )
@@ -31,18 +30,10 @@ type Deps struct {
 	NotAllowedAtAccept func() uint64
 }
 
-// request is one host request the tier knows.
-type request struct {
-	id   string
-	pull *pull // its sources (remote_prefiller, remote_kv_source), nil if none
-	dest *params.Dest
-}
-
 // job is a submitted job not yet reported.
 type job struct {
 	isLoad bool
 	at     time.Time
-	load   *pullLoad // loads from a source: its parts and deadline
 }
 
 // Tier is one peer. See the package comment for the threading model.
@@ -72,7 +63,9 @@ type Tier struct {
 	mu       sync.Mutex
 	closed   bool
 	poisoned error // set once a goroutine of ours panicked
-	requests map[string]*request
+	// book holds the host's requests, their pulls and loads, and the row
+	// guard (pullbook.go).
+	book *pullBook
 	// peers holds the sessions and what is kept per peer (peerset.go).
 	peers         *peerSet
 	jobs          map[int64]*job
@@ -81,11 +74,6 @@ type Tier struct {
 	parkedBatches int                 // store batches parked in serving, summed
 	inbound       inboundQueue        // work for the host's serve pass
 	lookups       map[int64]*session.InboundLookup
-	pulls         pullIndex // live pulls by kv id (answers.go)
-	stale         []*pull   // pulls to re-evaluate at the end of settle
-	answered      []*pull   // pulls with changes for TakeAnswers
-	toRegister    []*pull   // pulls with a first ask to register (asked.go)
-	registerWake  chan struct{}
 	nextLookup    int64
 	pending       []session.Report // sessions' reports not yet applied (see settle)
 	stats         counters
@@ -93,10 +81,6 @@ type Tier struct {
 
 	// What goroutines found of peers off the lock, for the loop to apply.
 	found chan func()
-
-	guardMu  sync.RWMutex
-	expected map[uint64]string // consumer row -> peer allowed to write it
-	owed     map[string]int    // peer -> how many rows of expected it may write
 
 	outbox       outbox // frames waiting behind a deferred answer (outbox.go)
 	lanes        lanes  // sessions' large frames waiting to be decoded (lanes.go)
@@ -131,30 +115,26 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	t := &Tier{
-		cfg:          cfg,
-		region:       region,
-		ctl:          deps.Control,
-		now:          now,
-		logs:         newLogRing(1 << 20),
-		news:         newNews(),
-		requests:     map[string]*request{},
-		jobs:         map[int64]*job{},
-		serving:      map[string]*serveKV{},
-		lookups:      map[int64]*session.InboundLookup{},
-		pulls:        pullIndex{},
-		expected:     map[uint64]string{},
-		owed:         map[string]int{},
-		registered:   make(chan registration, 64),
-		checked:      make(chan checked, 64),
-		registerWake: make(chan struct{}, 1),
-		found:        make(chan func(), maxDiagnoses),
-		obs:          newObservations(),
-		outbox:       newOutbox(),
-		lanes:        newLanes(),
-		stop:         make(chan struct{}),
-		loopDone:     make(chan struct{}),
+		cfg:        cfg,
+		region:     region,
+		ctl:        deps.Control,
+		now:        now,
+		logs:       newLogRing(1 << 20),
+		news:       newNews(),
+		jobs:       map[int64]*job{},
+		serving:    map[string]*serveKV{},
+		lookups:    map[int64]*session.InboundLookup{},
+		registered: make(chan registration, 64),
+		checked:    make(chan checked, 64),
+		found:      make(chan func(), maxDiagnoses),
+		obs:        newObservations(),
+		outbox:     newOutbox(),
+		lanes:      newLanes(),
+		stop:       make(chan struct{}),
+		loopDone:   make(chan struct{}),
 	}
-	dt, err := deps.NewData(rowGuard{t}, t.logf)
+	t.book = newPullBook(t.bookHooks(), cfg.LoadTimeout, cfg.KeyLen, region.RowLen)
+	dt, err := deps.NewData(t.book.guard, t.logf)
 	if err != nil {
 		return nil, err
 	}
@@ -217,59 +197,33 @@ func (t *Tier) mayDial(peerID string) error {
 // LocalID is this peer's identity "host:port".
 func (t *Tier) LocalID() string { return t.env.LocalID }
 
-// rowGuard is the data path's write guard: a peer may write only rows of a
-// load it is serving right now. Copies hold the read lock, and releasing a
-// load's rows (expect off) takes the write lock, so no row lands after the
-// load ended.
-type rowGuard struct{ t *Tier }
-
-func (g rowGuard) MayWrite(peerID string, row uint64) bool {
-	g.t.guardMu.RLock()
-	defer g.t.guardMu.RUnlock()
-	return g.t.expected[row] == peerID
-}
-
-// RowsOwed implements data.OwedRows: the data path refuses a transfer
-// naming more rows before it allocates anything for them.
-func (g rowGuard) RowsOwed(peerID string) int {
-	g.t.guardMu.RLock()
-	defer g.t.guardMu.RUnlock()
-	return g.t.owed[peerID]
-}
-
-func (g rowGuard) WriteRow(peerID string, row uint64, dst, src []byte) bool {
-	g.t.guardMu.RLock()
-	defer g.t.guardMu.RUnlock()
-	if g.t.expected[row] != peerID {
-		return false
-	}
-	copy(dst, src)
-	return true
-}
-
-func (t *Tier) expect(peerID string, rows []uint64, on bool) {
-	t.guardMu.Lock()
-	defer t.guardMu.Unlock()
-	for _, r := range rows {
-		prev, had := t.expected[r]
-		switch {
-		case on && !(had && prev == peerID):
-			if had {
-				t.unowe(prev)
+// bookHooks is what the pull book is given of the coordinator; each runs
+// with t.mu held, as the book's methods do.
+func (t *Tier) bookHooks() bookHooks {
+	return bookHooks{
+		now:    t.now,
+		closed: func() bool { return t.closed },
+		sessionFor: func(peerID string) (sourceSession, error) {
+			s, err := t.sessionFor(peerID)
+			if err != nil {
+				return nil, err // no typed nil in the interface
 			}
-			t.expected[r] = peerID
-			t.owed[peerID]++
-		case !on && had && prev == peerID:
-			delete(t.expected, r)
-			t.unowe(peerID)
-		}
-	}
-}
-
-// unowe takes one row off what peerID may write; guardMu held.
-func (t *Tier) unowe(peerID string) {
-	if t.owed[peerID]--; t.owed[peerID] <= 0 {
-		delete(t.owed, peerID)
+			return s, nil
+		},
+		report: t.report,
+		fence: func(peerID string) {
+			if f, ok := t.dt.(data.Fencer); ok {
+				f.Fence(peerID)
+			}
+		},
+		fetched: func(r session.Report, bytes int64, took time.Duration) { t.observeFetched(r.Session, bytes, took) },
+		answersNews: func(wake bool) {
+			t.news.bump(NewsAnswers)
+			if wake {
+				t.notify.signal()
+			}
+		},
+		logf: t.logf,
 	}
 }
 
@@ -364,11 +318,14 @@ func (t *Tier) loop() {
 			})
 		case f := <-t.found:
 			t.locked(f)
-		case <-t.registerWake:
+		case <-t.book.registerWake:
 			more := false
-			t.locked(func() { more = t.registerSomeAsked() })
+			t.locked(func() {
+				more = t.book.registerSome()
+				t.flushLookups()
+			})
 			if more {
-				t.wakeRegister() // after the events that came meanwhile
+				t.book.wakeRegister() // after the events that came meanwhile
 			}
 		case <-tick.C:
 			t.locked(t.onTick)
@@ -497,7 +454,7 @@ func (t *Tier) onTick() {
 	now := t.now()
 	t.peers.tick(now)
 	t.tickServing(now)
-	t.tickLoads(now)
+	t.book.tickLoads(now)
 	t.peers.expireEpisodes(now)
 	t.flushLogs(now)
 	t.peers.sayDueGoodbyes(now)
@@ -575,7 +532,7 @@ func (t *Tier) poison(cause error) {
 	t.closed = true
 	t.teardown(endPoisoned) // sessions dropped, not closed: their state is what may be broken
 	if first {              // wake the host once: collect the failed jobs; new work fails
-		t.failCachedPulls()
+		t.book.failAll()
 		t.news.bumpAll()
 		t.notify.signal()
 	}
