@@ -116,7 +116,8 @@ func FuzzSession(f *testing.F) {
 		}
 		drainCompletions(s, o)
 		checkHoldings(t, s)
-		s.Close("fuzz end")
+		s.Close("fuzz end", Failure)
+		s.Release()
 		checkHoldings(t, s)
 		require.Zero(t, s.producer.held, "a closed session holds nothing")
 		for job, isLoad := range submitted {

@@ -168,8 +168,9 @@ func (t *Tier) makeRoom(addr string, dialing bool) bool {
 		return false
 	}
 	t.stats.sessionsEvicted++
-	victim.CloseOrderly(fmt.Sprintf("evicted: every session slot is taken (max_peers), %d by peers from %s, "+
-		"and a peer from a less crowded network needs one", most, crowded))
+	victim.Close(fmt.Sprintf("evicted: every session slot is taken (max_peers), %d by peers from %s, "+
+		"and a peer from a less crowded network needs one", most, crowded), session.Orderly)
+	victim.Release()
 	t.settle()
 	return true
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/peerkv/peerkv/core/params"
+	"github.com/peerkv/peerkv/core/session"
 )
 
 // StartRequest parses a request's kv_transfer_params and, for a consumer,
@@ -236,7 +237,8 @@ func (t *Tier) shutdown() error {
 	t.closed = true
 	sessions, jobs := len(t.sessions), len(t.jobs)
 	for id, s := range t.sessions {
-		s.Close("shutting down") // its goodbye: the peer logs an orderly end
+		s.Close("shutting down", session.Failure) // its goodbye: the peer logs an orderly end
+		s.Release()
 		delete(t.sessions, id)
 		delete(t.active, s)
 		t.dropOutbox(id)

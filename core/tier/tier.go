@@ -551,7 +551,8 @@ func (t *Tier) evictStalledHandshake(now time.Time, why string) {
 		}
 	}
 	if oldest != nil {
-		oldest.Close(fmt.Sprintf("handshake unfinished after %v while %s", now.Sub(oldest.OpenedAt()).Round(time.Millisecond), why))
+		oldest.Close(fmt.Sprintf("handshake unfinished after %v while %s", now.Sub(oldest.OpenedAt()).Round(time.Millisecond), why), session.Failure)
+		oldest.Release()
 		t.settle()
 	}
 }
@@ -561,7 +562,8 @@ func (t *Tier) evictStalledHandshake(now time.Time, why string) {
 func (t *Tier) openSession(peerID, source string, dialed bool) *session.Session {
 	if old := t.sessions[peerID]; old != nil {
 		// Never drop a session unclosed: its jobs would go unreported.
-		old.CloseOrderly("replaced by a new session")
+		old.Close("replaced by a new session", session.Orderly)
+		old.Release()
 		t.settle()
 	}
 	s := session.New(t.env, peerID, source, dialed)
@@ -644,7 +646,8 @@ func (t *Tier) evictIdle(now time.Time, one bool) {
 			continue
 		}
 		if !one {
-			s.CloseOrderly(fmt.Sprintf("idle for over %v", t.cfg.IdleTimeout))
+			s.Close(fmt.Sprintf("idle for over %v", t.cfg.IdleTimeout), session.Orderly)
+			s.Release()
 			continue
 		}
 		if oldest == nil || s.LastActivity().Before(oldest.LastActivity()) {
@@ -652,7 +655,8 @@ func (t *Tier) evictIdle(now time.Time, one bool) {
 		}
 	}
 	if oldest != nil {
-		oldest.CloseOrderly(fmt.Sprintf("idle for over %v; its slot is needed", t.cfg.IdleTimeout))
+		oldest.Close(fmt.Sprintf("idle for over %v; its slot is needed", t.cfg.IdleTimeout), session.Orderly)
+		oldest.Release()
 	}
 	t.settle()
 }
@@ -691,7 +695,7 @@ func (t *Tier) reapDead() bool {
 				t.markStale(req.pull) // its answers may change without it
 			}
 		}
-		s.Close(s.DeathReason())
+		s.Release()
 		delete(t.sessions, id)
 		delete(t.active, s)
 		t.unbindServing(s)
