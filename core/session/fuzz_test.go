@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/peerkv/peerkv/core/config"
+	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/protocol"
 )
 
@@ -165,7 +166,7 @@ func drainCompletions(s *Session, o *fakeOwner) {
 	for len(s.producer.transfers) > 0 {
 		select {
 		case c := <-o.env.Data.Completions():
-			s.TransferComplete(c.ID, c.Err)
+			s.Complete(data.Completion{ID: c.ID, Err: c.Err})
 		case <-time.After(20 * time.Millisecond):
 			return
 		}

@@ -518,11 +518,6 @@ func (s *Session) AddStoredBlocks(kvID string, keys [][]byte, rows []uint64, job
 // with demand end now (or when their writes finish); lookups end.
 func (s *Session) FinishProducer(kvID string) { s.producer.finish(kvID) }
 
-// TransferComplete applies a data-path completion without row sums.
-func (s *Session) TransferComplete(id uint64, err error) {
-	s.producer.complete(data.Completion{ID: id, Err: err})
-}
-
 // Complete applies a data-path completion.
 func (s *Session) Complete(c data.Completion) { s.producer.complete(c) }
 

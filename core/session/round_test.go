@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/peerkv/peerkv/core/protocol"
 )
 
 // Each transition of a round is a method that refuses the moves its state
@@ -85,4 +87,38 @@ func TestRoundTransitionsRefuseIllegalMoves(t *testing.T) {
 		r.dropJobs()
 		assert.Empty(t, r.jobs)
 	})
+}
+
+// The handshake's steps move only forward, each through its method.
+func TestHandshakeStepsRefuseIllegalMoves(t *testing.T) {
+	h := newHandshake(true)
+	assert.Len(t, h.nonce, nonceLen, "a secret: our challenge is ready")
+	assert.False(t, h.registered(), "no ack before the data path registers")
+	assert.Error(t, h.expect(awaitingProof, "peerkv_proof"))
+	assert.Error(t, h.refusesType(protocol.TypeLookup), "nothing but the handshake before a connect")
+
+	c := &protocol.Connect{PeerID: "p", PeerKV: &protocol.Capabilities{Epoch: 7}}
+	assert.NoError(t, h.sawConnect(c, time.Unix(0, 0)))
+	assert.Equal(t, uint64(7), h.peerEpoch)
+	h.accepted(c)
+	h.challenged([]byte("0123456789abcdef"))
+	assert.Error(t, h.sawConnect(c, time.Unix(0, 0)), "a second connect is a protocol error")
+	assert.NoError(t, h.expect(awaitingProof, "peerkv_proof"))
+	assert.Error(t, h.refusesType(protocol.TypeLookup), "no request before our ack")
+	h.proved()
+	h.proved()
+	assert.Equal(t, awaitingPaths, h.step, "proved once")
+	h.registering(16)
+	assert.True(t, h.registered())
+	assert.False(t, h.registered(), "acked once")
+	assert.False(t, h.over(), "the peer has not acked ours")
+	assert.True(t, h.peerAcked())
+	assert.False(t, h.peerAcked(), "a repeated ack changes nothing")
+	assert.True(t, h.over())
+	assert.NoError(t, h.refusesType(protocol.TypeLookup))
+
+	m := &protocol.Lookup{KVRequestID: "kv"}
+	h.queue(m)
+	assert.True(t, h.unqueue(m))
+	assert.False(t, h.unqueue(m), "taken back once")
 }
