@@ -450,9 +450,7 @@ func (p *producer) expireRounds(now time.Time) {
 				ended = true
 			}
 		}
-		if ended && len(req.rounds) == 0 && len(req.lookups) == 0 {
-			delete(p.requests, kvID)
-		} else if ended {
+		if ended {
 			p.prune(kvID)
 		}
 	}
