@@ -108,6 +108,9 @@ func (s *Session) end(e ending) {
 	if bye := e.goodbye(s.hs.refusesQuietly()); bye != nil {
 		// Sent while the session still lives: the owner's Send reads its state.
 		_ = s.env.Send(s.peerID, bye)
+		if s.ended.dead {
+			return // ended meanwhile (the owner's Send ended it): that end was the first
+		}
 	}
 	e.dead = true
 	s.ended = e
