@@ -58,7 +58,7 @@ func TestAnAbortCancelsItsWritesInFlightAndIsAckedWhenTheyStop(t *testing.T) {
 	p.pump()
 	assert.Equal(t, []uint64{slow}, held.canceled, "the abort cancels its own write, not the one beside it")
 
-	p.sb.TransferComplete(slow, data.ErrCanceled) // the path: nothing more of it will be written
+	p.sb.Complete(data.Completion{ID: slow, Err: data.ErrCanceled}) // the path: nothing more of it will be written
 	acks := sentOf[*protocol.AbortAck](p.b.take())
 	require.Len(t, acks, 1, "acknowledged once its write stopped")
 	p.sa.Handle(acks[0])
@@ -69,7 +69,7 @@ func TestAnAbortCancelsItsWritesInFlightAndIsAckedWhenTheyStop(t *testing.T) {
 			"a canceled write is no failure to warn about: %s", line)
 	}
 
-	p.sb.TransferComplete(beside, nil)
+	p.sb.Complete(data.Completion{ID: beside, Err: nil})
 	p.pump()
 	assert.Equal(t, map[int64]bool{10: false, 11: true}, p.a.loads, "the load beside it succeeds")
 	assert.False(t, p.sa.Dead() || p.sb.Dead(), "the session lives on")

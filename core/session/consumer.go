@@ -74,15 +74,13 @@ func (r *consumerRequest) dropAnswered() {
 
 // consumer is the role that pulls rows from the peer.
 type consumer struct {
-	s        *Session
+	link
 	requests map[string]*consumerRequest
 	flush    map[string]struct{} // requests with unsent probes
 }
 
-func (c *consumer) init(s *Session) {
-	c.s = s
-	c.requests = make(map[string]*consumerRequest)
-	c.flush = make(map[string]struct{})
+func newConsumer(l link) consumer {
+	return consumer{link: l, requests: make(map[string]*consumerRequest), flush: make(map[string]struct{})}
 }
 
 func (c *consumer) busy() bool {
@@ -99,7 +97,7 @@ func (c *consumer) request(id string) *consumerRequest {
 	if r == nil {
 		r = &consumerRequest{loads: make(map[uint64]*load)}
 		c.requests[id] = r
-		c.s.busy()
+		c.engaged()
 	}
 	return r
 }
@@ -110,12 +108,8 @@ func (c *consumer) prune(id string) {
 	}
 }
 
-// RegisterLookup answers one probe of a P2P consumer: HIT/MISS once the peer
-// answered, RETRY (registering the key for this step's lookup) until then.
-// The session keeps key (no copy, not even for its map key: one per key a
-// step adds up): the caller must never change it.
-func (s *Session) RegisterLookup(kvRequestID string, key []byte) (hit, known bool) {
-	c := &s.consumer
+// registerLookup: see Session.RegisterLookup.
+func (c *consumer) registerLookup(kvRequestID string, key []byte) (hit, known bool) {
 	r := c.request(kvRequestID)
 	switch p, seen := r.probes.get(key); {
 	case p == probeHit:
@@ -126,27 +120,25 @@ func (s *Session) RegisterLookup(kvRequestID string, key []byte) (hit, known boo
 		r.probes.add(key)
 		if len(r.unsent) == 0 {
 			c.flush[kvRequestID] = struct{}{} // a request is in flush while it has unsent keys
-			r.unsentAt = s.env.Now()
+			r.unsentAt = c.env.Now()
 		}
 		r.unsent = append(r.unsent, key)
 	}
 	return false, false
 }
 
-// ReserveLookups makes room for n keys about to be registered under
-// kvRequestID, if none is yet.
-func (s *Session) ReserveLookups(kvRequestID string, n int) {
-	r := s.consumer.request(kvRequestID)
+// reserveLookups: see Session.ReserveLookups.
+func (c *consumer) reserveLookups(kvRequestID string, n int) {
+	r := c.request(kvRequestID)
 	r.probes.reserve(n)
 	if len(r.unsent) == 0 && cap(r.unsent) < n {
 		r.unsent = make([][]byte, 0, n)
 	}
 }
 
-// Probed is what the peer answered for key in kvRequestID's current round,
-// without registering it: hit once it said so, known once it answered.
-func (s *Session) Probed(kvRequestID string, key []byte) (hit, known bool) {
-	r := s.consumer.requests[kvRequestID]
+// probed: see Session.Probed.
+func (c *consumer) probed(kvRequestID string, key []byte) (hit, known bool) {
+	r := c.requests[kvRequestID]
 	if r == nil {
 		return false, false
 	}
@@ -159,11 +151,9 @@ func (s *Session) Probed(kvRequestID string, key []byte) (hit, known bool) {
 	return false, false
 }
 
-// FlushLookups sends one lookup per request with keys registered since the
-// last flush. Probes wait for the handshake; its deadline bounds them.
-func (s *Session) FlushLookups() {
-	c := &s.consumer
-	if !s.Ready() || len(c.flush) == 0 {
+// flushAll: see Session.FlushLookups.
+func (c *consumer) flushAll() {
+	if len(c.flush) == 0 {
 		return
 	}
 	for id := range c.flush {
@@ -171,11 +161,10 @@ func (s *Session) FlushLookups() {
 	}
 }
 
-// FlushLookup sends kvRequestID's registered keys now, not at the host's
-// step end (a load retrying keys here must not wait for one).
-func (s *Session) FlushLookup(kvRequestID string) {
-	if _, ok := s.consumer.flush[kvRequestID]; ok && s.Ready() {
-		s.consumer.flushOne(kvRequestID)
+// flushRequest: see Session.FlushLookup.
+func (c *consumer) flushRequest(kvRequestID string) {
+	if _, ok := c.flush[kvRequestID]; ok {
+		c.flushOne(kvRequestID)
 	}
 }
 
@@ -187,38 +176,35 @@ func (c *consumer) flushOne(id string) {
 	}
 	r.probes.markNewest(len(r.unsent), probeUnsent, probeAsked)
 	r.lookupOpen = true
-	r.asked = append(r.asked, askedBatch{at: r.unsentAt, sentAt: c.s.env.Now(), keys: r.unsent})
-	c.s.send(&protocol.Lookup{KVRequestID: id, Keys: r.unsent, RoundSeq: r.round})
+	r.asked = append(r.asked, askedBatch{at: r.unsentAt, sentAt: c.env.Now(), keys: r.unsent})
+	c.send(&protocol.Lookup{KVRequestID: id, Keys: r.unsent, RoundSeq: r.round})
 	r.unsent = nil
 }
 
-// RequestBlocks sends the fetch that closes the request's current round,
-// and returns that round (its LoadDone report carries it).
-func (s *Session) RequestBlocks(jobID int64, kvRequestID string, keys [][]byte, rows []uint64) uint64 {
-	c := &s.consumer
+// requestBlocks: see Session.RequestBlocks.
+func (c *consumer) requestBlocks(jobID int64, kvRequestID string, keys [][]byte, rows []uint64) uint64 {
 	r := c.request(kvRequestID)
 	round := r.round
 	r.round++
 	fetch := &protocol.Fetch{KVRequestID: kvRequestID, Keys: keys, BlockIndexes: rows, RoundSeq: round}
-	r.loads[round] = &load{jobID: jobID, rows: rows, sentAt: s.env.Now(), fetch: fetch}
+	r.loads[round] = &load{jobID: jobID, rows: rows, sentAt: c.env.Now(), fetch: fetch}
 	r.lookupOpen = false
 	r.asked = nil
 	r.probes.clear()
 	r.unsent = nil
 	delete(c.flush, kvRequestID)
-	s.send(fetch)
+	c.send(fetch)
 	return round
 }
 
-// AbortLoad aborts one load in flight (once): its LoadDone follows, on the
-// peer's abort_ack or transfer_done, or at the abort-ack deadline.
-func (s *Session) AbortLoad(kvRequestID string, round uint64) {
-	r := s.consumer.requests[kvRequestID]
+// abortLoad: see Session.AbortLoad.
+func (c *consumer) abortLoad(kvRequestID string, round uint64) {
+	r := c.requests[kvRequestID]
 	if r == nil {
 		return
 	}
 	if l := r.loads[round]; l != nil && l.abortedAt.IsZero() {
-		s.consumer.abort(kvRequestID, r, round, l, s.env.Now())
+		c.abort(kvRequestID, r, round, l, c.env.Now())
 	}
 }
 
@@ -227,60 +213,51 @@ func (s *Session) AbortLoad(kvRequestID string, round uint64) {
 // is taken back from the queue, so the peer never learns of the load and
 // no ack of it can ever come.
 func (c *consumer) abort(id string, r *consumerRequest, round uint64, l *load, now time.Time) {
-	if c.s.unqueue(l.fetch) {
+	if c.unsend(l.fetch) {
 		delete(r.loads, round)
-		c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Round: round, Rows: l.rows})
+		c.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Round: round, Rows: l.rows})
 		return
 	}
 	l.abortedAt = now
-	c.s.send(&protocol.AbortFetch{KVRequestID: id, RoundSeq: round})
+	c.send(&protocol.AbortFetch{KVRequestID: id, RoundSeq: round})
 }
 
-// FinishConsumer ends a request locally: aborts its loads (still reported
-// when the abort is acknowledged or times out) and sends the terminal fetch
-// if the peer holds lookup state for it.
-func (s *Session) FinishConsumer(kvRequestID string) {
-	c := &s.consumer
+// finish: see Session.FinishConsumer.
+func (c *consumer) finish(kvRequestID string) {
 	r := c.requests[kvRequestID]
 	if r == nil {
 		return
 	}
-	now := s.env.Now()
+	now := c.env.Now()
 	for _, round := range sortedRounds(r.loads) {
 		if l := r.loads[round]; l.abortedAt.IsZero() {
 			c.abort(kvRequestID, r, round, l, now)
 		}
 	}
-	s.closeLookup(kvRequestID, r)
+	c.closeLookup(kvRequestID, r)
 }
 
-// HoldsAnswers reports whether the peer holds answers of the request that
-// no fetch closed (rows it may have pinned for them), with no fetch of the
-// request in flight.
-func (s *Session) HoldsAnswers(kvRequestID string) bool {
-	r := s.consumer.requests[kvRequestID]
+// holdsAnswers: see Session.HoldsAnswers.
+func (c *consumer) holdsAnswers(kvRequestID string) bool {
+	r := c.requests[kvRequestID]
 	return r != nil && r.lookupOpen && len(r.loads) == 0
 }
 
-// EndLookup ends a request's lookups here while the request goes on, where
-// HoldsAnswers: the terminal fetch releases every row the peer pinned for
-// its answers, and nothing more is asked under kvRequestID. It says whether
-// it did.
-func (s *Session) EndLookup(kvRequestID string) bool {
-	if !s.HoldsAnswers(kvRequestID) {
+// endLookup: see Session.EndLookup.
+func (c *consumer) endLookup(kvRequestID string) bool {
+	if !c.holdsAnswers(kvRequestID) {
 		return false
 	}
-	s.closeLookup(kvRequestID, s.consumer.requests[kvRequestID])
+	c.closeLookup(kvRequestID, c.requests[kvRequestID])
 	return true
 }
 
 // closeLookup sends the terminal fetch if the peer holds lookup state for
 // the request, and forgets its probes.
-func (s *Session) closeLookup(kvRequestID string, r *consumerRequest) {
-	c := &s.consumer
+func (c *consumer) closeLookup(kvRequestID string, r *consumerRequest) {
 	if r.lookupOpen {
 		r.lookupOpen = false
-		s.send(&protocol.Fetch{KVRequestID: kvRequestID, Keys: [][]byte{}, BlockIndexes: []uint64{}, RoundSeq: r.round})
+		c.send(&protocol.Fetch{KVRequestID: kvRequestID, Keys: [][]byte{}, BlockIndexes: []uint64{}, RoundSeq: r.round})
 	}
 	r.probes.clear()
 	r.unsent = nil
@@ -294,9 +271,9 @@ func (c *consumer) onLookupResp(m *protocol.LookupResp) {
 	if r == nil {
 		return // finished meanwhile; the producer may split or coalesce answers
 	}
-	if len(r.asked) > 0 && !r.asked[0].timed && c.s.env.LookupAnswered != nil {
+	if len(r.asked) > 0 && !r.asked[0].timed && c.answered != nil {
 		r.asked[0].timed = true // the first answer since the oldest open lookup went out
-		c.s.env.LookupAnswered(c.s, c.s.env.Now().Sub(r.asked[0].sentAt))
+		c.answered(c.env.Now().Sub(r.asked[0].sentAt))
 	}
 	changed := false
 	for i, k := range m.Keys {
@@ -311,7 +288,7 @@ func (c *consumer) onLookupResp(m *protocol.LookupResp) {
 	}
 	r.dropAnswered()
 	if changed { // an empty or repeated answer changes nothing to re-evaluate
-		c.s.report(Report{Kind: ProbesAnswered, KVID: m.KVRequestID})
+		c.report(Report{Kind: ProbesAnswered, KVID: m.KVRequestID})
 	}
 }
 
@@ -335,17 +312,17 @@ func (c *consumer) finishLoad(id string, round uint64, ok bool, via string, sums
 		l = r.loads[round]
 	}
 	if l == nil {
-		c.s.env.Logf("WARNING", "peer %s: %s for unknown kv_request_id=%s round=%d (duplicate, or raced with a local timeout)",
-			c.s.peerID, via, id, round)
+		c.env.Logf("WARNING", "peer %s: %s for unknown kv_request_id=%s round=%d (duplicate, or raced with a local timeout)",
+			c.peerID, via, id, round)
 		return
 	}
 	delete(r.loads, round)
 	if !ok && via == "transfer_done" {
-		c.s.env.Logf("WARNING", "peer %s could not supply kv_request_id=%s round=%d; the request recomputes locally",
-			c.s.peerID, id, round)
+		c.env.Logf("WARNING", "peer %s could not supply kv_request_id=%s round=%d; the request recomputes locally",
+			c.peerID, id, round)
 	}
 	integrity := ""
-	if !c.s.Verifies() || !ok {
+	if !c.verifies() || !ok {
 		sums = nil
 	} else if len(sums) != len(l.rows) {
 		// The owner logs it (rate-limited) and counts it.
@@ -353,30 +330,30 @@ func (c *consumer) finishLoad(id string, round uint64, ok bool, via string, sums
 	}
 	// A failed load fails its own request only. A failed transfer may have
 	// been cut mid-part with rows still in flight to us: fence those too.
-	c.s.report(Report{Kind: LoadDone, JobID: l.jobID, OK: ok, KVID: id, Round: round, Rows: l.rows,
+	c.report(Report{Kind: LoadDone, JobID: l.jobID, OK: ok, KVID: id, Round: round, Rows: l.rows,
 		Fence: !ok && via == "transfer_done", Sums: sums, Integrity: integrity})
 	c.prune(id)
 }
 
 func (c *consumer) tick(now time.Time) {
-	cfg := c.s.env.Cfg
+	cfg := c.env.Cfg
 	for id, r := range c.requests {
 		for _, round := range sortedRounds(r.loads) {
 			l := r.loads[round]
 			switch {
 			case l.abortedAt.IsZero() && now.Sub(l.sentAt) >= cfg.LoadTimeout:
-				c.s.env.Logf("WARNING", "peer %s: load kv_request_id=%s round=%d got no transfer_done within %v; aborting",
-					c.s.peerID, id, round, cfg.LoadTimeout)
+				c.env.Logf("WARNING", "peer %s: load kv_request_id=%s round=%d got no transfer_done within %v; aborting",
+					c.peerID, id, round, cfg.LoadTimeout)
 				c.abort(id, r, round, l, now)
 			case !l.abortedAt.IsZero() && now.Sub(l.abortedAt) >= cfg.AbortAckTimeout:
-				c.s.env.Logf("WARNING", "peer %s: no abort_ack for kv_request_id=%s round=%d within %v; failing the load "+
+				c.env.Logf("WARNING", "peer %s: no abort_ack for kv_request_id=%s round=%d within %v; failing the load "+
 					"and ending the session, so none of the peer's writes still under way can land later",
-					c.s.peerID, id, round, cfg.AbortAckTimeout)
+					c.peerID, id, round, cfg.AbortAckTimeout)
 				delete(r.loads, round)
-				c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Round: round, Rows: l.rows, Fence: true})
+				c.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Round: round, Rows: l.rows, Fence: true})
 				// Its grants (the TCP data token) die with the session: a write
 				// the peer still has queued cannot open a new connection.
-				c.s.disconnect(fmt.Sprintf("no abort_ack for kv_request_id=%s round=%d within %v", id, round, cfg.AbortAckTimeout))
+				c.fail(fmt.Sprintf("no abort_ack for kv_request_id=%s round=%d within %v", id, round, cfg.AbortAckTimeout))
 			}
 		}
 		unsent, n := c.expireUnsent(id, r, now), 0
@@ -389,11 +366,11 @@ func (c *consumer) tick(now time.Time) {
 			r.asked = r.asked[1:]
 		}
 		if n > 0 {
-			c.s.env.Logf("WARNING", "peer %s did not answer lookup for kv_request_id=%s within %v; treating %d keys as misses",
-				c.s.peerID, id, cfg.LookupTimeout, n)
+			c.env.Logf("WARNING", "peer %s did not answer lookup for kv_request_id=%s within %v; treating %d keys as misses",
+				c.peerID, id, cfg.LookupTimeout, n)
 		}
 		if unsent+n > 0 {
-			c.s.report(Report{Kind: ProbesAnswered, KVID: id})
+			c.report(Report{Kind: ProbesAnswered, KVID: id})
 		}
 		c.prune(id)
 	}
@@ -402,7 +379,7 @@ func (c *consumer) tick(now time.Time) {
 // expireUnsent makes misses of keys asked lookup_timeout_s ago that could
 // not be sent since (the handshake has not finished), and counts them.
 func (c *consumer) expireUnsent(id string, r *consumerRequest, now time.Time) int {
-	if len(r.unsent) == 0 || now.Sub(r.unsentAt) < c.s.env.Cfg.LookupTimeout {
+	if len(r.unsent) == 0 || now.Sub(r.unsentAt) < c.env.Cfg.LookupTimeout {
 		return 0
 	}
 	n := 0
@@ -413,8 +390,8 @@ func (c *consumer) expireUnsent(id string, r *consumerRequest, now time.Time) in
 	}
 	r.unsent = nil
 	delete(c.flush, id)
-	c.s.env.Logf("WARNING", "peer %s: lookup for kv_request_id=%s could not be sent within %v (the session's "+
-		"handshake has not finished); treating %d keys as misses", c.s.peerID, id, c.s.env.Cfg.LookupTimeout, n)
+	c.env.Logf("WARNING", "peer %s: lookup for kv_request_id=%s could not be sent within %v (the session's "+
+		"handshake has not finished); treating %d keys as misses", c.peerID, id, c.env.Cfg.LookupTimeout, n)
 	return n
 }
 
@@ -424,10 +401,10 @@ func (c *consumer) close() {
 	for id, r := range c.requests {
 		for _, round := range sortedRounds(r.loads) {
 			l := r.loads[round]
-			c.s.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Round: round, Rows: l.rows, Fence: true})
+			c.report(Report{Kind: LoadDone, JobID: l.jobID, KVID: id, Round: round, Rows: l.rows, Fence: true})
 		}
 		if r.probes.any(probeAsked, probeUnsent) {
-			c.s.report(Report{Kind: ConsumerFailed, KVID: id})
+			c.report(Report{Kind: ConsumerFailed, KVID: id})
 		}
 	}
 	clear(c.requests)
@@ -441,4 +418,76 @@ func sortedRounds[V any](m map[uint64]V) []uint64 {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
+}
+
+// The owner's calls on the consumer role.
+
+// RegisterLookup answers one probe of a P2P consumer: HIT/MISS once the peer
+// answered, RETRY (registering the key for this step's lookup) until then.
+// The session keeps key (no copy, not even for its map key: one per key a
+// step adds up): the caller must never change it.
+func (s *Session) RegisterLookup(kvRequestID string, key []byte) (hit, known bool) {
+	return s.consumer.registerLookup(kvRequestID, key)
+}
+
+// ReserveLookups makes room for n keys about to be registered under
+// kvRequestID, if none is yet.
+func (s *Session) ReserveLookups(kvRequestID string, n int) {
+	s.consumer.reserveLookups(kvRequestID, n)
+}
+
+// Probed is what the peer answered for key in kvRequestID's current round,
+// without registering it: hit once it said so, known once it answered.
+func (s *Session) Probed(kvRequestID string, key []byte) (hit, known bool) {
+	return s.consumer.probed(kvRequestID, key)
+}
+
+// FlushLookups sends one lookup per request with keys registered since the
+// last flush. Probes wait for the handshake; its deadline bounds them.
+func (s *Session) FlushLookups() {
+	if s.Ready() {
+		s.consumer.flushAll()
+	}
+}
+
+// FlushLookup sends kvRequestID's registered keys now, not at the host's
+// step end (a load retrying keys here must not wait for one).
+func (s *Session) FlushLookup(kvRequestID string) {
+	if s.Ready() {
+		s.consumer.flushRequest(kvRequestID)
+	}
+}
+
+// RequestBlocks sends the fetch that closes the request's current round,
+// and returns that round (its LoadDone report carries it).
+func (s *Session) RequestBlocks(jobID int64, kvRequestID string, keys [][]byte, rows []uint64) uint64 {
+	return s.consumer.requestBlocks(jobID, kvRequestID, keys, rows)
+}
+
+// AbortLoad aborts one load in flight (once): its LoadDone follows, on the
+// peer's abort_ack or transfer_done, or at the abort-ack deadline.
+func (s *Session) AbortLoad(kvRequestID string, round uint64) {
+	s.consumer.abortLoad(kvRequestID, round)
+}
+
+// FinishConsumer ends a request locally: aborts its loads (still reported
+// when the abort is acknowledged or times out) and sends the terminal fetch
+// if the peer holds lookup state for it.
+func (s *Session) FinishConsumer(kvRequestID string) {
+	s.consumer.finish(kvRequestID)
+}
+
+// HoldsAnswers reports whether the peer holds answers of the request that
+// no fetch closed (rows it may have pinned for them), with no fetch of the
+// request in flight.
+func (s *Session) HoldsAnswers(kvRequestID string) bool {
+	return s.consumer.holdsAnswers(kvRequestID)
+}
+
+// EndLookup ends a request's lookups here while the request goes on, where
+// HoldsAnswers: the terminal fetch releases every row the peer pinned for
+// its answers, and nothing more is asked under kvRequestID. It says whether
+// it did.
+func (s *Session) EndLookup(kvRequestID string) bool {
+	return s.consumer.endLookup(kvRequestID)
 }

@@ -89,7 +89,7 @@ func TestALoadWhoseFetchNeverWentOutIsReportedAtTheLoadDeadline(t *testing.T) {
 	require.True(t, done, "reported at load_timeout_s, not abort_ack_timeout_s later")
 	assert.False(t, ok)
 	assert.Empty(t, o.take(), "neither the fetch nor an abort of it is ever sent")
-	assert.False(t, s.HasPendingWork() && len(s.queued) > 0, "nothing of the load stays queued")
+	assert.False(t, s.HasPendingWork() && len(s.hs.queued) > 0, "nothing of the load stays queued")
 }
 
 // The same when the owner aborts the load (its own deadline) first.
@@ -106,5 +106,5 @@ func TestAnAbortOfALoadWhoseFetchNeverWentOutReportsItAtOnce(t *testing.T) {
 	s.FinishConsumer("kv2")
 	_, done = o.loads[8]
 	assert.True(t, done, "a finished request's unsent load is reported at once too")
-	assert.Empty(t, s.queued)
+	assert.Empty(t, s.hs.queued)
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/peerkv/peerkv/core/config"
+	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/protocol"
 )
 
@@ -116,7 +117,8 @@ func FuzzSession(f *testing.F) {
 		}
 		drainCompletions(s, o)
 		checkHoldings(t, s)
-		s.Close("fuzz end")
+		s.Close("fuzz end", Failure)
+		s.Release()
 		checkHoldings(t, s)
 		require.Zero(t, s.producer.held, "a closed session holds nothing")
 		for job, isLoad := range submitted {
@@ -164,7 +166,7 @@ func drainCompletions(s *Session, o *fakeOwner) {
 	for len(s.producer.transfers) > 0 {
 		select {
 		case c := <-o.env.Data.Completions():
-			s.TransferComplete(c.ID, c.Err)
+			s.Complete(data.Completion{ID: c.ID, Err: c.Err})
 		case <-time.After(20 * time.Millisecond):
 			return
 		}

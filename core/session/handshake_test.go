@@ -214,7 +214,8 @@ func TestASessionWithdrawsItsSameHostGrantWhenItCloses(t *testing.T) {
 	require.Len(t, od.offers, 1)
 	assert.Equal(t, od.offers[0], c.PeerKV.SameHost, "the grant goes to this peer only, in our connect")
 	assert.Equal(t, "token-0", c.PeerKV.DataToken, "and the data token")
-	s.Close("done")
+	s.Close("done", Failure)
+	s.Release()
 	assert.Equal(t, od.offers, od.withdrawn, "no grant outlives its session")
 }
 

@@ -38,7 +38,7 @@ func checkHoldings(t testing.TB, s *Session) {
 		kvIDs = append(kvIDs, kvID)
 	}
 	for _, kvID := range kvIDs {
-		for _, keys := range []int{0, 1, 3, p.s.env.Cfg.MaxKeysPerPeer} {
+		for _, keys := range []int{0, 1, 3, p.env.Cfg.MaxKeysPerPeer} {
 			require.Equal(t, walkedOverCap(p, want, kvID, keys), p.overCap(kvID, keys), "kv id %s, %d keys", kvID, keys)
 		}
 	}
@@ -47,7 +47,7 @@ func checkHoldings(t testing.TB, s *Session) {
 // walkedOverCap is overCap's verdict from recounted totals, as it was when
 // overCap walked every round and lookup itself.
 func walkedOverCap(p *producer, recount holdings, kvID string, keys int) string {
-	cfg := p.s.env.Cfg
+	cfg := p.env.Cfg
 	if _, known := p.requests[kvID]; !known && len(p.requests) >= cfg.MaxRequestsPerPeer {
 		return fmt.Sprintf("the peer already holds %d kv ids here (max_requests_per_peer)", len(p.requests))
 	}
@@ -88,7 +88,8 @@ func TestHoldingsFollowEveryChange(t *testing.T) {
 	checkHoldings(t, s)
 	require.Equal(t, holdings{entries: 1, keys: 3}, s.producer.held, "the round failed and ended")
 
-	s.Close("test end")
+	s.Close("test end", Failure)
+	s.Release()
 	checkHoldings(t, s)
 	require.Zero(t, s.producer.held)
 }

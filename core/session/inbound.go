@@ -31,7 +31,7 @@ type InboundLookup struct {
 	evaluated  bool
 	lateAnswer bool // ended while checked out: the host's answer ends it
 
-	s        *Session
+	s        *Session // stamped by the report that hands it to the owner
 	keys     [][]byte // never changes once filed: holdings.go counts its share once
 	resolved map[string]bool
 	// pending are the keys not yet offered to the host in this pass, offered
@@ -140,35 +140,34 @@ func prepareLookup(l *protocol.Lookup) *PreparedLookup {
 func (p *producer) onLookup(m *PreparedLookup) error {
 	if why := p.overCap(m.KVRequestID, len(m.Keys)); why != "" {
 		// Answer at once, all misses, without involving the host.
-		p.s.env.Logf("WARNING", "peer %s: lookup kv_request_id=%s answered as misses: %s", p.s.peerID, m.KVRequestID, why)
+		p.env.Logf("WARNING", "peer %s: lookup kv_request_id=%s answered as misses: %s", p.peerID, m.KVRequestID, why)
 		switch {
 		case m.refusal != nil:
-			p.s.send(m.refusal)
+			p.send(m.refusal)
 		case len(m.Keys) > MaxEvaluateKeys:
-			p.s.send(&DeferredAnswer{kv: m.KVRequestID, keys: m.Keys}) // all misses, encoded off the owner's lock
+			p.send(&DeferredAnswer{kv: m.KVRequestID, keys: m.Keys}) // all misses, encoded off the owner's lock
 		default:
-			p.s.send(&protocol.LookupResp{KVRequestID: m.KVRequestID, Keys: m.Keys, Hits: make([]bool, len(m.Keys))})
+			p.send(&protocol.LookupResp{KVRequestID: m.KVRequestID, Keys: m.Keys, Hits: make([]bool, len(m.Keys))})
 		}
 		return nil
 	}
 	if !m.prepared {
 		m = prepareLookup(m.Lookup)
 	}
-	id := p.s.env.NextLookupID()
+	id := p.env.NextLookupID()
 	l := &InboundLookup{
 		ID:          id,
-		ReqID:       fmt.Sprintf("p2p:%s:%s:lu%d", p.s.peerID, m.KVRequestID, id),
+		ReqID:       fmt.Sprintf("p2p:%s:%s:lu%d", p.peerID, m.KVRequestID, id),
 		KVRequestID: m.KVRequestID,
 		Round:       m.RoundSeq,
-		s:           p.s,
 		keys:        m.Keys,
 		resolved:    m.resolved,
 		pending:     m.pending,
 	}
-	l.arrived = p.s.env.Now()
-	l.deadline = l.arrived.Add(p.s.env.Cfg.InboundLookupTimeout)
+	l.arrived = p.env.Now()
+	l.deadline = l.arrived.Add(p.env.Cfg.InboundLookupTimeout)
 	p.request(m.KVRequestID).addLookup(l)
-	p.s.report(Report{Kind: InboundReady, Lookup: l})
+	p.report(Report{Kind: InboundReady, Lookup: l})
 	return nil
 }
 
@@ -176,11 +175,15 @@ func (p *producer) onLookup(m *PreparedLookup) error {
 // as host job pinJob at rows pinRows (one per hit, in key order). It reports
 // whether the lookup is finished (its context may be released now).
 func (s *Session) AnswerLookup(l *InboundLookup, answers []Answer, pinJob int64, pinRows []uint64) (bool, error) {
-	if l.state == inboundDone || s.dead {
+	return s.producer.answer(l, answers, pinJob, pinRows)
+}
+
+func (p *producer) answer(l *InboundLookup, answers []Answer, pinJob int64, pinRows []uint64) (bool, error) {
+	if l.state == inboundDone || p.ended() {
 		// The consumer ended the request, the peer left, or the host took too
 		// long: release the pins at once.
 		if pinJob >= 0 && len(pinRows) > 0 {
-			s.report(Report{Kind: StoreDone, JobID: pinJob})
+			p.report(Report{Kind: StoreDone, JobID: pinJob})
 		}
 		return true, nil
 	}
@@ -211,7 +214,7 @@ func (s *Session) AnswerLookup(l *InboundLookup, answers []Answer, pinJob int64,
 		}
 	}
 	if len(hits) > 0 {
-		s.AddStoredBlocks(l.KVRequestID, hits, pinRows, pinJob, l.Round, true)
+		p.addStored(l.KVRequestID, hits, pinRows, pinJob, l.Round, true)
 	}
 	l.pending = l.pending[len(offered):]
 	l.retry = append(l.retry, later...)
@@ -219,10 +222,10 @@ func (s *Session) AnswerLookup(l *InboundLookup, answers []Answer, pinJob int64,
 	if len(l.pending) == 0 {
 		l.pending, l.retry, l.nextPass = l.retry, nil, true
 	}
-	if len(l.pending) > 0 && s.env.Now().Before(l.deadline) {
+	if len(l.pending) > 0 && p.env.Now().Before(l.deadline) {
 		return false, nil
 	}
-	s.producer.respond(l)
+	p.respond(l)
 	return true, nil
 }
 
@@ -230,12 +233,12 @@ func (s *Session) AnswerLookup(l *InboundLookup, answers []Answer, pinJob int64,
 func (p *producer) respond(l *InboundLookup) {
 	answer := &DeferredAnswer{kv: l.KVRequestID, keys: l.keys, resolved: l.resolved}
 	if len(l.keys) <= MaxEvaluateKeys {
-		p.s.send(answer.Build())
+		p.send(answer.Build())
 	} else {
-		p.s.send(answer) // built and encoded by the owner off its lock
+		p.send(answer) // built and encoded by the owner off its lock
 	}
-	if served := p.s.env.LookupServed; served != nil {
-		served(p.s.env.Now().Sub(l.arrived))
+	if served := p.env.LookupServed; served != nil {
+		served(p.env.Now().Sub(l.arrived))
 	}
 	l.state = inboundDone
 	l.pending, l.retry = nil, nil
@@ -255,7 +258,7 @@ func (p *producer) dropLookups(kvID string) {
 	for id, l := range req.lookups {
 		l.state = inboundDone
 		req.dropLookup(id)
-		p.s.report(Report{Kind: InboundFinished, Lookup: l})
+		p.report(Report{Kind: InboundFinished, Lookup: l})
 	}
 }
 
@@ -264,24 +267,24 @@ func (p *producer) dropLookups(kvID string) {
 // deadline later: the host's late answer then finds it gone and releases
 // its pins.
 func (p *producer) tickLookups(now time.Time) {
-	grace := p.s.env.Cfg.InboundLookupTimeout
+	grace := p.env.Cfg.InboundLookupTimeout
 	for _, req := range p.requests {
 		for _, l := range req.lookups {
 			if now.Before(l.deadline) || (l.CheckedOut() && now.Before(l.deadline.Add(grace))) {
 				continue
 			}
 			if l.CheckedOut() {
-				p.s.env.Logf("WARNING", "peer %s: the host did not answer lookup kv_request_id=%s within %v; answering it as misses",
-					p.s.peerID, l.KVRequestID, 2*grace)
+				p.env.Logf("WARNING", "peer %s: the host did not answer lookup kv_request_id=%s within %v; answering it as misses",
+					p.peerID, l.KVRequestID, 2*grace)
 				l.lateAnswer = true // its late answer finds it gone: no Finish item is owed
 				p.respond(l)
-				p.s.report(Report{Kind: InboundFinished, Lookup: l})
+				p.report(Report{Kind: InboundFinished, Lookup: l})
 				continue
 			}
-			p.s.env.Logf("WARNING", "peer %s: lookup kv_request_id=%s still had %d keys pending after %v; answering them as misses",
-				p.s.peerID, l.KVRequestID, len(l.pending)+len(l.retry), p.s.env.Cfg.InboundLookupTimeout)
+			p.env.Logf("WARNING", "peer %s: lookup kv_request_id=%s still had %d keys pending after %v; answering them as misses",
+				p.peerID, l.KVRequestID, len(l.pending)+len(l.retry), p.env.Cfg.InboundLookupTimeout)
 			p.respond(l)
-			p.s.report(Report{Kind: InboundFinished, Lookup: l})
+			p.report(Report{Kind: InboundFinished, Lookup: l})
 		}
 	}
 }

@@ -18,12 +18,12 @@ type PeerConnect struct {
 
 // Seen is the peer's connect, if one arrived.
 func (s *Session) Seen() (PeerConnect, bool) {
-	if s.seen == nil {
+	if s.hs.seen == nil {
 		return PeerConnect{}, false
 	}
-	return *s.seen, true
+	return *s.hs.seen, true
 }
 
 // Refused names the fields of our connect the peer refused (a peerkv peer
 // names them; a stock vLLM peer does not).
-func (s *Session) Refused() []string { return s.refused }
+func (s *Session) Refused() []string { return s.ended.refused }

@@ -32,18 +32,16 @@ type storeJob struct {
 
 // producer is the role that serves rows to the peer.
 type producer struct {
-	s         *Session
+	link
 	requests  map[string]*producerRequest
 	held      holdings // over requests, kept by holdings.go
 	transfers map[uint64]*transfer
 	jobs      map[int64]*storeJob
 }
 
-func (p *producer) init(s *Session) {
-	p.s = s
-	p.requests = map[string]*producerRequest{}
-	p.transfers = map[uint64]*transfer{}
-	p.jobs = map[int64]*storeJob{}
+func newProducer(l link) producer {
+	return producer{link: l, requests: map[string]*producerRequest{}, transfers: map[uint64]*transfer{},
+		jobs: map[int64]*storeJob{}}
 }
 
 func (p *producer) busy() bool {
@@ -58,16 +56,13 @@ func (p *producer) busy() bool {
 	return false
 }
 
-// TransfersInFlight reports whether data-path writes to the peer are running.
-func (s *Session) TransfersInFlight() bool { return len(s.producer.transfers) > 0 }
-
 func (p *producer) request(id string) *producerRequest {
 	r := p.requests[id]
 	if r == nil {
-		p.held.all = p.s.env.Keys
+		p.held.all = p.env.Keys
 		r = newProducerRequest(&p.held)
 		p.requests[id] = r
-		p.s.busy()
+		p.engaged()
 	}
 	return r
 }
@@ -82,20 +77,16 @@ func (p *producer) prune(id string) {
 	}
 }
 
-// AddStoredBlocks adds rows the host stored (PD, round 0) or pinned for a
+// addStored adds rows the host stored (PD, round 0) or pinned for a
 // lookup (its round) as supply, writing at once what is already demanded.
-func (s *Session) AddStoredBlocks(kvID string, keys [][]byte, rows []uint64, jobID int64, roundSeq uint64, fromLookup bool) {
-	p := &s.producer
+func (p *producer) addStored(kvID string, keys [][]byte, rows []uint64, jobID int64, roundSeq uint64, fromLookup bool) {
 	r := p.round(kvID, roundSeq)
-	if !r.live() || s.dead {
-		s.report(Report{Kind: StoreDone, JobID: jobID})
+	if !r.live() || p.ended() {
+		p.report(Report{Kind: StoreDone, JobID: jobID})
 		return
 	}
-	p.jobs[jobID] = &storeJob{at: s.env.Now(), kvID: kvID, round: roundSeq}
-	r.jobs[jobID] = struct{}{}
-	if fromLookup {
-		r.fromLookup = true
-	}
+	p.jobs[jobID] = &storeJob{at: p.env.Now(), kvID: kvID, round: roundSeq}
+	r.addJob(jobID, fromLookup)
 	var local, remote []uint64
 	for i, k := range keys {
 		if dst, ok := r.takeWanted(string(k)); ok {
@@ -128,20 +119,20 @@ func (p *producer) onFetch(m *protocol.Fetch) error {
 		return nil
 	}
 	if why := p.overCap(m.KVRequestID, len(m.Keys)); why != "" {
-		p.s.env.Logf("WARNING", "peer %s: fetch kv_request_id=%s round=%d refused: %s",
-			p.s.peerID, m.KVRequestID, m.RoundSeq, why)
-		p.s.send(&protocol.TransferDone{KVRequestID: m.KVRequestID, Success: false, RoundSeq: m.RoundSeq})
+		p.env.Logf("WARNING", "peer %s: fetch kv_request_id=%s round=%d refused: %s",
+			p.peerID, m.KVRequestID, m.RoundSeq, why)
+		p.send(&protocol.TransferDone{KVRequestID: m.KVRequestID, Success: false, RoundSeq: m.RoundSeq})
 		return nil
 	}
 	rd := p.round(m.KVRequestID, m.RoundSeq)
-	rd.fetch(p.s.env.Now(), len(m.Keys))
-	if p.s.Verifies() {
+	rd.fetch(p.env.Now(), len(m.Keys))
+	if p.verifies() {
 		rd.verify(m.BlockIndexes)
 	}
 	if bad := p.badFetch(m); bad != "" {
-		p.s.env.Logf("ERROR", "peer %s: fetch kv_request_id=%s round=%d rejected: %s",
-			p.s.peerID, m.KVRequestID, m.RoundSeq, bad)
-		rd.supplyClosed = true
+		p.env.Logf("ERROR", "peer %s: fetch kv_request_id=%s round=%d rejected: %s",
+			p.peerID, m.KVRequestID, m.RoundSeq, bad)
+		rd.closeSupply()
 		p.finalize(m.KVRequestID, m.RoundSeq, true)
 		return nil
 	}
@@ -158,9 +149,9 @@ func (p *producer) onFetch(m *protocol.Fetch) error {
 	}
 	switch {
 	case rd.fromLookup && len(rd.wanted) > 0:
-		p.s.env.Logf("WARNING", "peer %s: fetch kv_request_id=%s round=%d asks for %d keys it was not promised; failing the round",
-			p.s.peerID, m.KVRequestID, m.RoundSeq, len(rd.wanted))
-		rd.supplyClosed = true
+		p.env.Logf("WARNING", "peer %s: fetch kv_request_id=%s round=%d asks for %d keys it was not promised; failing the round",
+			p.peerID, m.KVRequestID, m.RoundSeq, len(rd.wanted))
+		rd.closeSupply()
 		if len(local) == 0 {
 			p.finalize(m.KVRequestID, m.RoundSeq, true)
 			return nil
@@ -175,7 +166,7 @@ func (p *producer) onFetch(m *protocol.Fetch) error {
 		p.finalize(m.KVRequestID, m.RoundSeq, true)
 	}
 	if !rd.fromLookup {
-		p.s.report(Report{Kind: FetchArrived, KVID: m.KVRequestID})
+		p.report(Report{Kind: FetchArrived, KVID: m.KVRequestID})
 	}
 	return nil
 }
@@ -183,7 +174,7 @@ func (p *producer) onFetch(m *protocol.Fetch) error {
 // badFetch checks what vLLM's validator does not: consumer rows inside the
 // region the consumer advertised, and no key asked twice.
 func (p *producer) badFetch(m *protocol.Fetch) string {
-	limit := p.s.peerRows
+	limit := p.peerRows()
 	seen := make(map[string]struct{}, len(m.Keys))
 	for i, row := range m.BlockIndexes {
 		if row >= limit {
@@ -208,17 +199,13 @@ func (p *producer) onAbortFetch(m *protocol.AbortFetch) {
 		// so late supply is refused (unless the peer already holds its share
 		// of our state), and confirm at once.
 		if p.overCap(m.KVRequestID, 0) == "" {
-			p.round(m.KVRequestID, m.RoundSeq).kill(p.s.env.Now(), false)
+			p.round(m.KVRequestID, m.RoundSeq).kill(p.env.Now(), false)
 		}
-		p.s.send(&protocol.AbortAck{KVRequestID: m.KVRequestID, RoundSeq: m.RoundSeq})
+		p.send(&protocol.AbortAck{KVRequestID: m.KVRequestID, RoundSeq: m.RoundSeq})
 		return
 	}
-	switch r.state {
-	case roundOpen, roundFetched:
-		r.kill(p.s.env.Now(), true)
+	if r.abort(p.env.Now()) {
 		p.releaseUncarried(r, false)
-	case roundDead:
-		r.state = roundAborting // already failed: the ack goes once its writes in flight finished
 	}
 	if r.inflight == 0 {
 		p.completeAbort(m.KVRequestID, m.RoundSeq, r)
@@ -232,30 +219,28 @@ func (p *producer) onAbortFetch(m *protocol.AbortFetch) {
 // come once nothing more of them will be written, not after every byte
 // crossed the link. Other paths finish them.
 func (p *producer) cancelWrites(r *round) {
-	c, ok := p.s.env.Data.(data.Canceler)
+	c, ok := p.env.Data.(data.Canceler)
 	if !ok {
 		return
 	}
 	for id, t := range p.transfers {
 		if t.r == r {
-			c.Cancel(p.s.peerID, id)
+			c.Cancel(p.peerID, id)
 		}
 	}
 }
 
 func (p *producer) completeAbort(kvID string, seq uint64, r *round) {
 	p.finalize(kvID, seq, false)
-	if r.state == roundAborting {
-		r.state = roundDead
-		p.s.send(&protocol.AbortAck{KVRequestID: kvID, RoundSeq: seq})
+	if r.acked() {
+		p.send(&protocol.AbortAck{KVRequestID: kvID, RoundSeq: seq})
 	}
 	p.prune(kvID)
 }
 
-// FinishProducer tells the producer no more supply comes for kvID: rounds
-// with demand end now (or when their writes finish); lookups end.
-func (s *Session) FinishProducer(kvID string) {
-	p := &s.producer
+// finish tells the producer no more supply comes for kvID: rounds with
+// demand end now (or when their writes finish); lookups end.
+func (p *producer) finish(kvID string) {
 	p.dropLookups(kvID)
 	req := p.requests[kvID]
 	if req == nil {
@@ -263,7 +248,7 @@ func (s *Session) FinishProducer(kvID string) {
 	}
 	for _, seq := range sortedRounds(req.rounds) {
 		r := req.rounds[seq]
-		r.supplyClosed = true
+		r.closeSupply()
 		if r.state == roundFetched && r.inflight == 0 {
 			p.finalize(kvID, seq, true)
 		}
@@ -272,17 +257,17 @@ func (s *Session) FinishProducer(kvID string) {
 }
 
 func (p *producer) write(kvID string, seq uint64, r *round, local, remote []uint64, jobs map[int64]int) {
-	id, sums, err := p.s.startWrite(local, remote)
+	id, sums, err := p.startWrite(local, remote)
 	if err != nil {
-		p.s.env.Logf("ERROR", "peer %s: data write for kv_request_id=%s round=%d failed to start: %v",
-			p.s.peerID, kvID, seq, err)
-		r.kill(p.s.env.Now(), false)
+		p.env.Logf("ERROR", "peer %s: data write for kv_request_id=%s round=%d failed to start: %v",
+			p.peerID, kvID, seq, err)
+		r.kill(p.env.Now(), false)
 		if r.inflight == 0 {
 			p.finalize(kvID, seq, true)
 		}
 		return
 	}
-	r.inflight++
+	r.writeStarted()
 	for j := range jobs {
 		if sj := p.jobs[j]; sj != nil {
 			sj.carried++
@@ -295,44 +280,37 @@ func (p *producer) write(kvID string, seq uint64, r *round, local, remote []uint
 // rows dst, summing the source rows when the session verifies pulls: on
 // Rows' goroutine (the sums come with the completion), or here, returned,
 // when the owner gave no Rows.
-func (s *Session) startWrite(src, dst []uint64) (uint64, []uint32, error) {
+func (p *producer) startWrite(src, dst []uint64) (uint64, []uint32, error) {
 	switch {
-	case s.env.Rows != nil && s.Verifies():
-		id, err := s.env.Rows.WriteSummed(s.peerID, src, dst)
+	case p.env.Rows != nil && p.verifies():
+		id, err := p.env.Rows.WriteSummed(p.peerID, src, dst)
 		return id, nil, err
-	case s.env.Rows != nil:
-		id, err := s.env.Rows.Write(s.peerID, src, dst)
+	case p.env.Rows != nil:
+		id, err := p.env.Rows.Write(p.peerID, src, dst)
 		return id, nil, err
 	}
 	var sums []uint32
-	if s.Verifies() {
+	if p.verifies() {
 		for _, r := range src {
-			if r >= s.env.Region.NumRows() {
+			if r >= p.env.Region.NumRows() {
 				return 0, nil, fmt.Errorf("%w: source row %d", data.ErrRowOutOfRange, r)
 			}
 		}
-		sums = rowsum.Rows(s.env.Region, src)
+		sums = rowsum.Rows(p.env.Region, src)
 	}
-	id, err := s.env.Data.Write(s.peerID, src, dst)
+	id, err := p.env.Data.Write(p.peerID, src, dst)
 	return id, sums, err
 }
 
-// TransferComplete applies a data-path completion without row sums.
-func (s *Session) TransferComplete(id uint64, err error) {
-	s.Complete(data.Completion{ID: id, Err: err})
-}
-
-// Complete applies a data-path completion.
-func (s *Session) Complete(c data.Completion) {
+// complete applies a data-path completion.
+func (p *producer) complete(c data.Completion) {
 	id, err := c.ID, c.Err
-	p := &s.producer
 	t := p.transfers[id]
 	if t == nil {
 		return // session closed meanwhile: its jobs were already reported
 	}
 	delete(p.transfers, id)
 	r := t.r
-	r.inflight--
 	for j, n := range t.jobs {
 		if sj := p.jobs[j]; sj != nil {
 			sj.carried--
@@ -342,19 +320,16 @@ func (s *Session) Complete(c data.Completion) {
 		}
 	}
 	if err != nil && !errors.Is(err, data.ErrCanceled) { // canceled: the round was aborted
-		s.env.Logf("WARNING", "peer %s: writing %d rows for kv_request_id=%s round=%d failed: %v",
-			s.peerID, t.rows, t.kvID, t.round, err)
+		p.env.Logf("WARNING", "peer %s: writing %d rows for kv_request_id=%s round=%d failed: %v",
+			p.peerID, t.rows, t.kvID, t.round, err)
 	}
+	sums := c.Sums
+	if sums == nil {
+		sums = t.sums
+	}
+	r.writeEnded(p.env.Now(), err == nil, t.rows, t.dst, sums)
 	if err != nil {
-		r.kill(s.env.Now(), false)
 		p.releaseUncarried(r, false)
-	} else if r.live() {
-		r.remaining -= t.rows
-		sums := c.Sums
-		if sums == nil {
-			sums = t.sums
-		}
-		r.landed(t.dst, sums)
 	}
 	if r.inflight > 0 {
 		return
@@ -376,7 +351,7 @@ func (p *producer) releaseUncarried(r *round, ok bool) {
 			continue
 		}
 		p.reportJob(j, ok)
-		delete(r.jobs, j)
+		r.dropJob(j)
 	}
 	r.dropSupply()
 }
@@ -387,7 +362,7 @@ func (p *producer) reportJob(j int64, ok bool) {
 		return
 	}
 	delete(p.jobs, j)
-	p.s.report(Report{Kind: StoreDone, JobID: j, OK: ok, Bytes: int64(sj.written) * int64(p.s.env.Region.RowLen)})
+	p.report(Report{Kind: StoreDone, JobID: j, OK: ok, Bytes: int64(sj.written) * int64(p.env.Region.RowLen)})
 }
 
 // finalize ends a round: reports its jobs, and tells the consumer with
@@ -406,30 +381,29 @@ func (p *producer) finalize(kvID string, seq uint64, sendDone bool) {
 	for j := range r.jobs {
 		p.reportJob(j, ok)
 	}
-	clear(r.jobs)
+	r.dropJobs()
 	r.dropKeys()
 	if sendDone && r.fetchSeen && r.state != roundAborting {
 		done := &protocol.TransferDone{KVRequestID: kvID, Success: ok, RoundSeq: seq}
 		if ok && r.fetchRows != nil {
 			done.RowSums = r.rowSums()
 		}
-		p.s.send(done)
+		p.send(done)
 	}
-	if !r.live() {
-		r.fetchSeen = true // keep the tombstone; a repeated fetch is a protocol error
-		return
+	if r.entomb() {
+		return // a tombstone stays: a repeated fetch is a protocol error
 	}
 	req.dropRound(seq)
 }
 
 func (p *producer) tick(now time.Time) {
-	timeout := p.s.env.Cfg.StoreTimeout
+	timeout := p.env.Cfg.StoreTimeout
 	for j, sj := range p.jobs {
 		if sj.carried > 0 || now.Sub(sj.at) < timeout {
 			continue
 		}
-		p.s.env.Logf("WARNING", "peer %s: stored rows of kv_request_id=%s (job %d) were not fetched within %v; releasing them",
-			p.s.peerID, sj.kvID, j, timeout)
+		p.env.Logf("WARNING", "peer %s: stored rows of kv_request_id=%s (job %d) were not fetched within %v; releasing them",
+			p.peerID, sj.kvID, j, timeout)
 		req := p.requests[sj.kvID]
 		var r *round
 		if req != nil {
@@ -437,8 +411,8 @@ func (p *producer) tick(now time.Time) {
 		}
 		if r != nil {
 			r.dropSupplyOf(j) // so a late fetch cannot read rows the host reuses
-			delete(r.jobs, j)
-			r.supplyClosed = true
+			r.dropJob(j)
+			r.closeSupply()
 		}
 		p.reportJob(j, false)
 		switch {
@@ -459,7 +433,7 @@ func (p *producer) tick(now time.Time) {
 // local request stores, or whose prefill never came) and forgets tombstones
 // after ReapedIDRetention, so nothing a peer asks for is held forever.
 func (p *producer) expireRounds(now time.Time) {
-	cfg := p.s.env.Cfg
+	cfg := p.env.Cfg
 	for kvID, req := range p.requests {
 		ended := false
 		for seq, r := range req.rounds {
@@ -469,16 +443,14 @@ func (p *producer) expireRounds(now time.Time) {
 				req.dropRound(seq)
 				ended = true
 			case r.state == roundFetched && now.Sub(r.since) >= cfg.UnboundStoreTimeout:
-				p.s.env.Logf("WARNING", "peer %s: fetch kv_request_id=%s round=%d still missed %d rows after %v; failing it (raise unbound_store_timeout_s if prefills outlast it)",
-					p.s.peerID, kvID, seq, r.remaining, cfg.UnboundStoreTimeout)
-				r.supplyClosed = true
+				p.env.Logf("WARNING", "peer %s: fetch kv_request_id=%s round=%d still missed %d rows after %v; failing it (raise unbound_store_timeout_s if prefills outlast it)",
+					p.peerID, kvID, seq, r.remaining, cfg.UnboundStoreTimeout)
+				r.closeSupply()
 				p.finalize(kvID, seq, true)
 				ended = true
 			}
 		}
-		if ended && len(req.rounds) == 0 && len(req.lookups) == 0 {
-			delete(p.requests, kvID)
-		} else if ended {
+		if ended {
 			p.prune(kvID)
 		}
 	}
@@ -491,7 +463,7 @@ func (p *producer) expireRounds(now time.Time) {
 // tombstones of made-up rounds grow without bound. It reads running totals
 // (holdings.go): every frame costs the same however much the peer holds.
 func (p *producer) overCap(kvID string, keys int) string {
-	cfg := p.s.env.Cfg
+	cfg := p.env.Cfg
 	if _, known := p.requests[kvID]; !known && len(p.requests) >= cfg.MaxRequestsPerPeer {
 		return fmt.Sprintf("the peer already holds %d kv ids here (max_requests_per_peer)", len(p.requests))
 	}
@@ -502,7 +474,7 @@ func (p *producer) overCap(kvID string, keys int) string {
 	if p.held.keys+keys > cfg.MaxKeysPerPeer {
 		return fmt.Sprintf("the peer's %d keys would exceed the %d it may hold here (max_keys_per_peer)", p.held.keys+keys, cfg.MaxKeysPerPeer)
 	}
-	if all := p.s.env.Keys; all != nil && all.Keys+keys > cfg.MaxKeysPerPeer {
+	if all := p.env.Keys; all != nil && all.Keys+keys > cfg.MaxKeysPerPeer {
 		holders := all.Holders
 		if p.held.keys == 0 {
 			holders++
@@ -514,11 +486,6 @@ func (p *producer) overCap(kvID string, keys int) string {
 		}
 	}
 	return ""
-}
-
-// Holds reports the kv ids and keys the peer makes this producer hold.
-func (s *Session) Holds() (kvIDs, keysWanted int) {
-	return len(s.producer.requests), s.producer.held.wanted
 }
 
 // close reports every job as failed and every lookup as finished, and
@@ -535,4 +502,27 @@ func (p *producer) close() {
 	}
 	clear(p.transfers)
 	clear(p.requests)
+}
+
+// The owner's calls on the producer role.
+
+// AddStoredBlocks adds rows the host stored (PD, round 0) or pinned for a
+// lookup (its round) as supply, writing at once what is already demanded.
+func (s *Session) AddStoredBlocks(kvID string, keys [][]byte, rows []uint64, jobID int64, roundSeq uint64, fromLookup bool) {
+	s.producer.addStored(kvID, keys, rows, jobID, roundSeq, fromLookup)
+}
+
+// FinishProducer tells the producer no more supply comes for kvID: rounds
+// with demand end now (or when their writes finish); lookups end.
+func (s *Session) FinishProducer(kvID string) { s.producer.finish(kvID) }
+
+// Complete applies a data-path completion.
+func (s *Session) Complete(c data.Completion) { s.producer.complete(c) }
+
+// TransfersInFlight reports whether data-path writes to the peer are running.
+func (s *Session) TransfersInFlight() bool { return len(s.producer.transfers) > 0 }
+
+// Holds reports the kv ids and keys the peer makes this producer hold.
+func (s *Session) Holds() (kvIDs, keysWanted int) {
+	return len(s.producer.requests), s.producer.held.wanted
 }

@@ -55,7 +55,12 @@ type Report struct {
 	Integrity string
 }
 
+// report hands r to the owner, naming this session, as does the inbound
+// lookup r carries: the roles that make reports know no Session.
 func (s *Session) report(r Report) {
 	r.Session = s
+	if r.Lookup != nil && r.Lookup.s == nil {
+		r.Lookup.s = s
+	}
 	s.env.Report(r)
 }

@@ -27,8 +27,9 @@ type supply struct {
 }
 
 // round is one fetch round of one kv id as the producer sees it. PD supply
-// is always filed under round 0 (the decoder's single fetch). Its state
-// changes only through the methods below; the counters follow the writes.
+// is always filed under round 0 (the decoder's single fetch). Its state,
+// flags, jobs and write counters change only through the methods below
+// (supply and demand through holdings.go's).
 type round struct {
 	state roundState
 	since time.Time // when it entered its state: the fetch's and the tombstone's deadlines run from here
@@ -95,6 +96,76 @@ func (r *round) fetch(now time.Time, rows int) {
 	if r.live() {
 		r.state, r.since = roundFetched, now
 	}
+}
+
+// closeSupply: no more supply will come for the round.
+func (r *round) closeSupply() { r.supplyClosed = true }
+
+// addJob files a host job whose rows supply the round; fromLookup says
+// they are pinned lookup hits, all the supply there is.
+func (r *round) addJob(job int64, fromLookup bool) {
+	r.jobs[job] = struct{}{}
+	if fromLookup {
+		r.fromLookup = true
+	}
+}
+
+// dropJob forgets a job that was reported.
+func (r *round) dropJob(job int64) { delete(r.jobs, job) }
+
+// dropJobs forgets every job, all reported.
+func (r *round) dropJobs() { clear(r.jobs) }
+
+// writeStarted counts a data-path write of the round's rows.
+func (r *round) writeStarted() { r.inflight++ }
+
+// writeEnded counts a write that finished: its rows written (ok, with
+// their sums) or the round failed.
+func (r *round) writeEnded(now time.Time, ok bool, rows int, dst []uint64, sums []uint32) {
+	r.inflight--
+	if !ok {
+		r.kill(now, false)
+		return
+	}
+	if r.live() {
+		r.remaining -= rows
+		r.landed(dst, sums)
+	}
+}
+
+// abort applies the consumer's abort_fetch: a live round dies with its
+// abort_ack owed (true: its jobs no write carries can go); a failed one
+// owes the ack too, once its writes in flight finished.
+func (r *round) abort(now time.Time) (wasLive bool) {
+	switch r.state {
+	case roundOpen, roundFetched:
+		r.kill(now, true)
+		return true
+	case roundDead:
+		r.state = roundAborting
+	}
+	return false
+}
+
+// acked settles an aborting round once its writes finished: it becomes a
+// tombstone, and true says its abort_ack goes now.
+func (r *round) acked() bool {
+	if r.state != roundAborting {
+		return false
+	}
+	r.state = roundDead
+	return true
+}
+
+// entomb keeps a round that is no longer live, its jobs reported, as a
+// tombstone (true) that refuses a repeated fetch until it expires; a live
+// round is not kept (false).
+func (r *round) entomb() bool {
+	if r.live() {
+		return false
+	}
+	r.fetchSeen = true
+	return true
 }
 
 // kill makes the round a tombstone, or aborting while writes run and an

@@ -1,7 +1,11 @@
-// Package session is one bidirectional session with one remote peer: the
-// handshake and send gating (this file), the consumer role (consumer.go) that
-// pulls rows from the peer, and the producer role (producer.go, inbound.go)
-// that serves rows to it.
+// Package session is one bidirectional session with one remote peer. A
+// Session (this file) coordinates: its handshake (handshake.go: states,
+// auth, refusal policy, send gating), its one ending record (ending.go:
+// the one place a session ends, and Close, the one way to end it from
+// outside), the consumer role (consumer.go) that pulls rows from the peer,
+// and the producer role (producer.go, inbound.go, round.go) that serves
+// rows to it. The roles are built with the functions they need (link) and
+// never hold their Session.
 //
 // A Session is not safe for concurrent use: its owner (core/tier) calls it
 // with its own lock held. Sessions never block and never touch sockets
@@ -10,12 +14,8 @@
 package session
 
 import (
-	"bytes"
-	"crypto/hmac"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/peerkv/peerkv/core/config"
@@ -63,61 +63,23 @@ type Env struct {
 	Keys *KeyBudget
 }
 
-type handshake int
-
-const (
-	awaitingPeerConnect handshake = iota // the peer's connect not yet seen
-	awaitingProof                        // secret set: our proof sent, the peer's not yet verified
-	awaitingPaths                        // secret set: the peer proved it; its data paths not yet seen
-	registering                          // the peer's data path registering
-	acked                                // we acked the peer's connect
-)
-
-// Session is one peer's session.
+// Session is one peer's session: a coordinator of its handshake, its end
+// and its two roles, which it builds with what they need and never hands
+// itself to.
 type Session struct {
 	env    *Env
 	peerID string
 	// dialed: we opened the connection, so we speak first. A session the
 	// peer opened sends its connect only once the peer's passed our checks,
 	// so a stranger learns nothing of our region before that.
-	dialed bool
-	source string
-
-	state        handshake
-	connectSent  bool
-	sendReady    bool // the peer acked our connect
-	queued       []protocol.Message
+	dialed       bool
+	source       string
 	openedAt     time.Time
 	lastActivity time.Time
-	peer         *protocol.Connect
-	peerRows     uint64 // rows the peer says its region has (connect, or peerkv_paths with a secret)
+	grants       data.Grants // what our data paths granted this peer, revoked at Release
 
-	nonce     []byte      // our challenge to the peer (secret set)
-	peerNonce []byte      // the peer's challenge to us
-	grants    data.Grants // what our data paths granted this peer, revoked at Close
-
-	dead        bool
-	deathReason string
-	// deathLogged: the line that said why the session ended was logged
-	// where it happened (a rejection, a protocol error, a handshake
-	// timeout), so the owner does not log it again.
-	deathLogged bool
-	// orderly: it ended as normal lifecycle (the peer said goodbye after the
-	// handshake, or the owner closed it so), logged at INFO.
-	orderly bool
-	// rejectCause is set when the handshake failed: one of RejectionCauses.
-	rejectCause string
-	// unreached: we dialed and never heard from the peer (connect failed or
-	// timed out); connectCause is the transport's word for why ("" unknown).
-	unreached     bool
-	connectCause  string
-	connectUnsure bool
-	refused       []string // the fields of our connect the peer refused, as it named them
-	// quietRefusal: refuse a stock peer without a goodbye (see RefuseQuietly).
-	quietRefusal bool
-	seen         *PeerConnect // the peer's connect as it arrived, before our checks
-	peerEpoch    uint64       // the epoch in the peer's connect (0: none sent)
-
+	hs       handshake
+	ended    ending
 	consumer consumer
 	producer producer
 }
@@ -127,16 +89,51 @@ type Session struct {
 // peer's connection came from as the kernel reports it ("" if unknown).
 func New(env *Env, peerID, source string, dialed bool) *Session {
 	now := env.Now()
-	s := &Session{env: env, peerID: peerID, source: source, dialed: dialed, openedAt: now, lastActivity: now}
-	if env.Cfg.AuthSecret != "" {
-		s.nonce = newNonce()
-	}
-	s.consumer.init(s)
-	s.producer.init(s)
+	s := &Session{env: env, peerID: peerID, source: source, dialed: dialed, openedAt: now, lastActivity: now,
+		hs: newHandshake(env.Cfg.AuthSecret != "")}
+	l := s.link()
+	s.consumer = newConsumer(l)
+	s.producer = newProducer(l)
 	if dialed {
 		s.sendConnect()
 	}
 	return s
+}
+
+// link is what a role needs from its session, as values and functions: a
+// role never holds its Session. env gives it configuration, clock, log and
+// data paths; it sends and reports only through send and report.
+type link struct {
+	peerID   string
+	env      *Env
+	send     func(protocol.Message)      // to the peer, queued until the handshake is over
+	unsend   func(protocol.Message) bool // take back a message still queued (true: never sent)
+	report   func(Report)                // to the owner
+	engaged  func()                      // the role took on a request
+	fail     func(reason string)         // end the session as a failure
+	ended    func() bool                 // the session ended
+	verifies func() bool                 // the session's pulls are verified
+	peerRows func() uint64               // rows the peer's region has
+	answered func(rtt time.Duration)     // a lookup's first answer came (nil: nobody asks)
+}
+
+func (s *Session) link() link {
+	l := link{
+		peerID:   s.peerID,
+		env:      s.env,
+		send:     s.send,
+		unsend:   s.hs.unqueue,
+		report:   s.report,
+		engaged:  s.busy,
+		fail:     func(reason string) { s.end(ending{how: Failure, reason: reason}) },
+		ended:    func() bool { return s.ended.dead },
+		verifies: s.Verifies,
+		peerRows: func() uint64 { return s.hs.peerRows },
+	}
+	if f := s.env.LookupAnswered; f != nil {
+		l.answered = func(rtt time.Duration) { f(s, rtt) }
+	}
+	return l
 }
 
 // PeerID is the remote peer's identity.
@@ -155,7 +152,7 @@ func (s *Session) PinSource(addr string) {
 
 // Ready reports whether the handshake is over: the peer acked our connect
 // and we acked its (we may send freely).
-func (s *Session) Ready() bool { return s.sendReady && s.state == acked && !s.dead }
+func (s *Session) Ready() bool { return s.hs.over() && !s.ended.dead }
 
 // LastActivity is when the peer last sent us something or we sent it work.
 func (s *Session) LastActivity() time.Time { return s.lastActivity }
@@ -166,21 +163,31 @@ func (s *Session) Dialed() bool { return s.dialed }
 // OpenedAt is when the session started.
 func (s *Session) OpenedAt() time.Time { return s.openedAt }
 
-// Dead reports whether the session ended; the owner then calls Close.
-func (s *Session) Dead() bool { return s.dead }
+// Dead reports whether the session ended; the owner then calls Release.
+func (s *Session) Dead() bool { return s.ended.dead }
 
 // DeathReason says why the session ended.
-func (s *Session) DeathReason() string { return s.deathReason }
+func (s *Session) DeathReason() string { return s.ended.reason }
 
 // DeathLogged reports whether the session already logged why it ended.
-func (s *Session) DeathLogged() bool { return s.deathLogged }
+func (s *Session) DeathLogged() bool { return s.ended.logged }
 
 // Orderly reports whether the session ended as normal lifecycle.
-func (s *Session) Orderly() bool { return s.orderly }
+func (s *Session) Orderly() bool { return s.ended.orderly() }
 
 // RejectCause is why the handshake failed ("" if it did not), one of
 // RejectionCauses.
-func (s *Session) RejectCause() string { return s.rejectCause }
+func (s *Session) RejectCause() string { return s.ended.rejectCause }
+
+// Unheard reports whether we dialed the peer and have heard nothing from it.
+func (s *Session) Unheard() bool { return s.dialed && s.hs.seen == nil && !s.ended.dead }
+
+// ConnectFailed reports whether the session ended because it never reached
+// the peer, with the transport's cause ("" for a handshake that timed out
+// with nothing heard) and whether that is a guess.
+func (s *Session) ConnectFailed() (cause string, unsure, failed bool) {
+	return s.ended.connectFailed()
+}
 
 // Causes of a failed handshake (metric label values).
 const (
@@ -204,12 +211,12 @@ var RejectionCauses = []string{
 // HasPendingWork is true while the handshake, loads, transfers or lookups
 // still need progress.
 func (s *Session) HasPendingWork() bool {
-	return !s.sendReady || s.state != acked || s.consumer.busy() || s.producer.busy()
+	return !s.hs.over() || s.consumer.busy() || s.producer.busy()
 }
 
 // Handle dispatches one decoded message from the peer.
 func (s *Session) Handle(m protocol.Message) {
-	if s.dead {
+	if s.ended.dead {
 		return
 	}
 	s.lastActivity = s.env.Now()
@@ -234,10 +241,10 @@ func (s *Session) HandleDecodeError(err error) {
 // so the owner need not decode it. It reports whether it handled the frame;
 // false means decode it and call Handle or HandleDecodeError.
 func (s *Session) RefuseType(t protocol.Type) bool {
-	if s.dead {
+	if s.ended.dead {
 		return true // Handle would ignore it
 	}
-	err := s.refusesType(t)
+	err := s.hs.refusesType(t)
 	if err == nil {
 		return false
 	}
@@ -246,74 +253,15 @@ func (s *Session) RefuseType(t protocol.Type) bool {
 	return true
 }
 
-// refusesType says why no message of type t may come in the session's
-// state, or nil. connect and disconnect may always come.
-func (s *Session) refusesType(t protocol.Type) error {
-	switch t {
-	case protocol.TypeConnect, protocol.TypeDisconnect:
-		return nil
-	}
-	if s.peer == nil {
-		return fmt.Errorf("%s before connect", t)
-	}
-	switch t {
-	case protocol.TypeConnectAck, protocol.TypeProof, protocol.TypePaths:
-		return nil
-	}
-	// A peer may send requests only after our ack: vLLM queues them until
-	// then, and so do we.
-	if s.state != acked {
-		return fmt.Errorf("%s before the handshake finished", t)
-	}
-	return nil
-}
-
-// Kill ends the session without a goodbye, e.g. when the connection dropped.
-func (s *Session) Kill(reason string) { s.markDead(reason) }
-
-// Unheard reports whether we dialed the peer and have heard nothing from it.
-func (s *Session) Unheard() bool { return s.dialed && s.seen == nil && !s.dead }
-
-// FailConnect ends a session whose connection to the peer never came up;
-// cause is the transport's (control.ConnectFailureCauses), unsure when it
-// is only a guess. The owner says why, once per peer and episode.
-func (s *Session) FailConnect(cause string, unsure bool, reason string) {
-	if s.dead {
-		return
-	}
-	s.unreached, s.connectCause, s.connectUnsure = true, cause, unsure
-	s.markDead(reason)
-}
-
-// ConnectFailed reports whether the session ended because it never reached
-// the peer, with the transport's cause ("" for a handshake that timed out
-// with nothing heard) and whether that is a guess.
-func (s *Session) ConnectFailed() (cause string, unsure, failed bool) {
-	return s.connectCause, s.connectUnsure, s.unreached
-}
-
 func (s *Session) dispatch(m protocol.Message) error {
 	switch msg := m.(type) {
 	case *protocol.Connect:
 		return s.onConnect(msg)
 	case *protocol.Disconnect:
-		if s.Ready() {
-			s.orderly = true
-			s.markDead("it closed the session")
-		} else {
-			s.rejectCause = CauseRefusedByPeer
-			s.refused = msg.Refused
-			if len(msg.Refused) > 0 {
-				s.markDead(fmt.Sprintf("it refused our connect, naming as different from its own: %s (its log has the values)",
-					strings.Join(msg.Refused, ", ")))
-			} else {
-				s.markDead("it refused our connect (its log names why: block_len, config fingerprint, hash seed, " +
-					"auth secret, or its session limits)")
-			}
-		}
+		s.peerSaidGoodbye(msg)
 		return nil
 	}
-	if err := s.refusesType(m.MsgType()); err != nil {
+	if err := s.hs.refusesType(m.MsgType()); err != nil {
 		return err
 	}
 	switch msg := m.(type) {
@@ -346,380 +294,40 @@ func (s *Session) dispatch(m protocol.Message) error {
 	return nil
 }
 
-// checkFields refuses a connect whose block_len, fingerprint or hash seed
-// differ from ours, naming every one that does: in the log with both
-// values, and to a peerkv peer by name only (a stranger learns no value).
-func (s *Session) checkFields(c *protocol.Connect) error {
-	cfg := s.env.Cfg
-	var causes, names, why []string
-	if c.BlockLen != s.env.Region.RowLen {
-		causes, names = append(causes, CauseBlockLen), append(names, "block_len")
-		why = append(why, fmt.Sprintf("block_len mismatch: peer %d bytes per row, local %d (peers must run the same "+
-			"model, dtype, block size and parallel layout)", c.BlockLen, s.env.Region.RowLen))
-	}
-	if cfg.ConfigFingerprint != "" && c.ConfigFingerprint != "" && c.ConfigFingerprint != cfg.ConfigFingerprint {
-		causes, names = append(causes, CauseFingerprint), append(names, "config_fingerprint")
-		why = append(why, fmt.Sprintf("config fingerprint mismatch: peer %q, local %q (model, dtype, block size or "+
-			"KV layout differ)", c.ConfigFingerprint, cfg.ConfigFingerprint))
-	}
-	if c.HashSeed != cfg.HashSeed {
-		causes, names = append(causes, CauseHashSeed), append(names, "hash_seed")
-		why = append(why, fmt.Sprintf("hash seed mismatch: peer %q, local %q (set the same PYTHONHASHSEED on every "+
-			"peer, or leave it unset everywhere with a sha256 prefix-cache hash)", c.HashSeed, cfg.HashSeed))
-	}
-	if len(causes) == 0 {
-		return nil
-	}
-	reason := strings.Join(why, "; ")
-	s.env.Logf("ERROR", "rejecting peer %s: %s", s.peerID, reason)
-	s.failHandshake(causes[0])
-	if s.dead {
-		return nil
-	}
-	goodbye := &protocol.Disconnect{}
-	if c.PeerKV != nil && cfg.AuthSecret == "" {
-		// With a secret, a dialer that has not proved it yet learns nothing.
-		goodbye.Refused = names
-	}
-	if !s.refusesQuietly() {
-		_ = s.env.Send(s.peerID, goodbye)
-	}
-	s.markDead("rejected its connect: " + reason)
-	return nil
-}
-
-// RefuseQuietly makes a refusal of a stock vLLM peer send no goodbye, as
-// vLLM's own refusals do. A stock peer opens a session, and sends its
-// connect, for any frame from a peer it holds none with: the owner sets
-// this on the session that goodbye of ours drew, so two ends that refuse
-// each other stop after one exchange instead of trading connects and
-// goodbyes for as long as both run.
-func (s *Session) RefuseQuietly() { s.quietRefusal = true }
-
-// refusesQuietly: a refusal of this peer sends no goodbye.
-func (s *Session) refusesQuietly() bool {
-	return s.quietRefusal && s.seen != nil && !s.seen.PeerKV
-}
-
-// refuse ends a handshake we refused: with a goodbye, unless quiet.
-func (s *Session) refuse(reason string) {
-	if s.refusesQuietly() {
-		s.markDead(reason)
-		return
-	}
-	s.disconnect(reason)
-}
-
-// reject refuses the peer for cause: one line logged, goodbye sent,
-// session dead.
-func (s *Session) reject(cause, format string, args ...any) error {
-	reason := fmt.Sprintf(format, args...)
-	s.env.Logf("ERROR", "rejecting peer %s: %s", s.peerID, reason)
-	s.failHandshake(cause)
-	s.refuse("rejected its connect: " + reason)
-	return nil
-}
-
-// failHandshake records that the handshake failed for cause and that the
-// reason was logged already.
-func (s *Session) failHandshake(cause string) {
-	if !s.dead {
-		s.rejectCause = cause
-		s.deathLogged = true
-	}
-}
-
-// Restarted reports whether c, a connect under this session's peer id,
-// comes from a new start (incarnation) of the peer rather than from the
-// one this session has spoken with, and says how it tells. A peer sends
-// connect only from a session it just opened, so once the session has seen
-// the peer's connect another one means the peer holds no session with us:
-// it restarted (its epoch differs), or it is a peer that names no epoch
-// (stock vLLM, or an older peerkv), whose fresh connect is all a restart
-// looks like on its wire, once our handshake with it is over. The same
-// epoch again is the same incarnation sending a duplicate connect: a
-// protocol error, as before (and what stops two ends from replacing each
-// other's sessions back and forth).
-func (s *Session) Restarted(c *protocol.Connect) (bool, string) {
-	if s.dead || s.seen == nil {
-		return false, "" // no connect seen yet: this one is the handshake's
-	}
-	var epoch uint64
-	if c.PeerKV != nil {
-		epoch = c.PeerKV.Epoch
-	}
-	switch {
-	case epoch == 0 && s.peerEpoch == 0:
-		// Only once the handshake is over: before, a stock peer's connect
-		// is the one our own refusal drew (see RefuseQuietly), not a restart.
-		if !s.Ready() {
-			return false, ""
-		}
-		return true, "it sent a new connect (a peer without restart epochs: a new session on its side)"
-	case epoch != s.peerEpoch:
-		return true, fmt.Sprintf("it restarted (epoch %016x, was %016x)", epoch, s.peerEpoch)
-	}
-	return false, ""
-}
-
-func (s *Session) onConnect(c *protocol.Connect) error {
-	if s.state != awaitingPeerConnect {
-		return errors.New("duplicate connect")
-	}
-	s.seen = &PeerConnect{At: s.env.Now(), PeerID: c.PeerID, BlockLen: c.BlockLen, NumBlocks: c.NumBlocks,
-		ConfigFingerprint: c.ConfigFingerprint, HashSeed: c.HashSeed, PeerKV: c.PeerKV != nil}
-	if c.PeerKV != nil {
-		s.seen.CapsVersion, s.seen.DataTransport = c.PeerKV.Version, c.PeerKV.DataTransport
-		s.peerEpoch = c.PeerKV.Epoch
-	}
-	if err := s.checkFields(c); err != nil || s.dead {
-		return err
-	}
-	cfg := s.env.Cfg
-	// vLLM sends its own id as both; a mismatch is a confused or lying peer.
-	if c.PeerID != s.peerID {
-		return s.reject(CauseIdentity, "its connect names %q but its connection identity is %q", c.PeerID, s.peerID)
-	}
-	if c.PeerID == s.env.LocalID {
-		return s.reject(CauseIdentity, "it claims our own id %q", c.PeerID)
-	}
-	s.peer = c
-	if cfg.AuthSecret != "" {
-		n, err := peerNonce(c)
-		if err != nil {
-			return s.reject(CauseAuth, "authentication failed: %v", err)
-		}
-		s.peerNonce = bytes.Clone(n)
-		if !s.connectSent {
-			s.sendConnect()
-		}
-		s.state = awaitingProof
-		s.sendNow(&protocol.Proof{PeerID: s.env.LocalID,
-			Proof: proof(cfg.AuthSecret, s.env.LocalID, s.peerID, s.peerNonce, s.nonce)})
-		return nil
-	}
-	if !s.connectSent {
-		s.sendConnect()
-	}
-	info := data.PeerInfo{
-		AgentMetadata: bytes.Clone(c.AgentMetadata),
-		BaseAddr:      c.BaseAddr,
-		NumRows:       c.NumBlocks,
-		RowLen:        c.BlockLen,
-	}
-	if c.PeerKV != nil {
-		info.DataAddr = c.PeerKV.DataAddr
-		info.SameHost = c.PeerKV.SameHost
-		info.DataToken = c.PeerKV.DataToken
-	}
-	c.AgentMetadata = nil // handed to the data path; the session keeps no blobs
-	s.register(info)
-	return nil
-}
-
-// onProof checks the peer's answer to our challenge.
-func (s *Session) onProof(m *protocol.Proof) error {
-	if s.state != awaitingProof {
-		return errors.New("unexpected peerkv_proof")
-	}
-	want := proof(s.env.Cfg.AuthSecret, s.peerID, s.env.LocalID, s.nonce, s.peerNonce)
-	if m.PeerID != s.peerID || !hmac.Equal(m.Proof, want) {
-		return s.reject(CauseAuth, "authentication failed: its proof does not match our auth secret "+
-			"(a different secret on that peer, or a proof replayed or relayed from another session)")
-	}
-	s.state = awaitingPaths
-	p := &protocol.Paths{
-		AgentMetadata: s.env.Data.AgentMetadata(),
-		BaseAddr:      s.env.Region.BaseAddr(),
-		NumBlocks:     s.env.Region.NumRows(),
-		DataTransport: s.env.Data.Name(),
-		DataAddr:      s.env.Data.DataAddr(),
-	}
-	g := s.grant()
-	p.SameHost, p.DataToken = g.SameHost, g.DataToken
-	if p.AgentMetadata == nil {
-		p.AgentMetadata = []byte{}
-	}
-	p.MAC = pathsMAC(s.env.Cfg.AuthSecret, s.env.LocalID, s.peerID, s.peerNonce, s.nonce, p)
-	s.sendNow(p)
-	return nil
-}
-
-// onPaths registers the data paths of a peer that proved the secret.
-func (s *Session) onPaths(m *protocol.Paths) error {
-	if s.state != awaitingPaths {
-		return errors.New("unexpected peerkv_paths")
-	}
-	if !hmac.Equal(m.MAC, pathsMAC(s.env.Cfg.AuthSecret, s.peerID, s.env.LocalID, s.nonce, s.peerNonce, m)) {
-		return s.reject(CauseAuth, "authentication failed: its peerkv_paths were altered or belong to another session")
-	}
-	s.register(data.PeerInfo{
-		AgentMetadata: bytes.Clone(m.AgentMetadata),
-		BaseAddr:      m.BaseAddr,
-		NumRows:       m.NumBlocks,
-		RowLen:        s.peer.BlockLen,
-		DataAddr:      m.DataAddr,
-		Grants:        data.Grants{SameHost: m.SameHost, DataToken: m.DataToken},
-	})
-	return nil
-}
-
-func (s *Session) register(info data.PeerInfo) {
-	s.state = registering
-	s.peerRows = info.NumRows
-	s.env.Register(s, info)
-}
-
-// RegistrationDone completes the handshake once the peer's data path is
-// registered: only then may the peer send (our ack is its permission).
-func (s *Session) RegistrationDone(err error) {
-	if s.dead || s.state != registering {
-		return
-	}
-	if err != nil {
-		s.env.Logf("ERROR", "rejecting peer %s: data path registration failed: %v", s.peerID, err)
-		s.failHandshake(CauseDataPath)
-		s.refuse(fmt.Sprintf("data path registration failed: %v", err))
-		return
-	}
-	s.state = acked
-	s.sendNow(&protocol.ConnectAck{PeerID: s.env.LocalID})
-	s.flushQueued()
-}
-
-func (s *Session) onConnectAck() {
-	if s.sendReady {
-		return
-	}
-	s.sendReady = true
-	s.flushQueued()
-}
-
-// flushQueued sends what waited for the handshake once both sides acked.
-func (s *Session) flushQueued() {
-	if !s.Ready() {
-		return
-	}
-	queued := s.queued
-	s.queued = nil
-	for _, m := range queued {
-		s.sendNow(m)
-	}
-	// Probes registered while the handshake ran go out now, not at the
-	// host's next step end (an idle host may not call in for a while).
-	s.FlushLookups()
-}
-
-// sendConnect sends our connect. With a secret it carries only the
-// challenge: the data-path fields follow in peerkv_paths once the peer
-// proved the secret. Without one it carries what vLLM peers need.
-func (s *Session) sendConnect() {
-	s.connectSent = true
-	c := &protocol.Connect{
-		PeerID:            s.env.LocalID,
-		AgentMetadata:     []byte{},
-		NumBlocks:         1,
-		BlockLen:          s.env.Region.RowLen,
-		ConfigFingerprint: s.env.Cfg.ConfigFingerprint,
-		HashSeed:          s.env.Cfg.HashSeed,
-	}
-	caps := &protocol.Capabilities{Version: capabilitiesVersion, Nonce: []byte{}, Epoch: s.env.Epoch}
-	if !s.env.Cfg.NoVerifyPulls {
-		caps.Verify = protocol.VerifyCRC32C
-	}
-	if s.env.Cfg.AuthSecret != "" {
-		caps.Nonce = s.nonce
-	} else {
-		if md := s.env.Data.AgentMetadata(); md != nil {
-			c.AgentMetadata = md
-		}
-		c.BaseAddr = s.env.Region.BaseAddr()
-		c.NumBlocks = s.env.Region.NumRows()
-		caps.DataTransport = s.env.Data.Name()
-		caps.DataAddr = s.env.Data.DataAddr()
-		g := s.grant()
-		caps.SameHost, caps.DataToken = g.SameHost, g.DataToken
-	}
-	c.PeerKV = caps
-	s.sendNow(c)
-}
-
-// Verifies reports whether this session's pulls are verified: both sides
-// offered the same row checksum in their connects.
-func (s *Session) Verifies() bool {
-	return !s.env.Cfg.NoVerifyPulls && s.peer != nil && s.peer.PeerKV != nil &&
-		s.peer.PeerKV.Verify == protocol.VerifyCRC32C
-}
-
-// grant mints what our data paths grant this session's peer alone.
-func (s *Session) grant() data.Grants {
-	gr, ok := s.env.Data.(data.Granter)
-	if !ok {
-		return data.Grants{}
-	}
-	if s.grants != (data.Grants{}) {
-		gr.Revoke(s.peerID, s.grants)
-		s.grants = data.Grants{}
-	}
-	gr.Grant(s.peerID, &s.grants)
-	return s.grants
-}
-
 // send queues m until the peer acked our connect, then sends in order.
 func (s *Session) send(m protocol.Message) {
-	if s.dead {
+	if s.ended.dead {
 		return
 	}
 	if !s.Ready() {
-		s.queued = append(s.queued, m)
+		s.hs.queue(m)
 		return
 	}
 	s.lastActivity = s.env.Now()
 	s.sendNow(m)
 }
 
-// unqueue takes m back from the messages waiting for the handshake,
-// reporting whether it was there (so never sent).
-func (s *Session) unqueue(m protocol.Message) bool {
-	if i := slices.Index(s.queued, m); i >= 0 {
-		s.queued = slices.Delete(s.queued, i, i+1)
-		return true
-	}
-	return false
-}
-
 func (s *Session) sendNow(m protocol.Message) {
 	if err := s.env.Send(s.peerID, m); err != nil {
-		s.markDead(fmt.Sprintf("send of %s failed: %v", m.MsgType(), err))
+		s.end(ending{how: Dropped, reason: fmt.Sprintf("send of %s failed: %v", m.MsgType(), err)})
 	}
 }
 
 // Tick applies every deadline of the session.
 func (s *Session) Tick(now time.Time) {
-	if s.dead {
+	if s.ended.dead {
 		return
 	}
-	if (!s.sendReady || s.state != acked) && now.Sub(s.openedAt) > s.env.Cfg.HandshakeTimeout {
-		why := "no connect from the peer"
-		switch {
-		case s.state == awaitingProof:
-			why = "the peer never proved the auth secret (a stock vLLM peer, or a peer without auth_secret)"
-		case s.state == awaitingPaths:
-			why = "the peer proved the secret but sent no data paths (it rejected our proof: check its log)"
-		case s.state == registering:
-			why = "data path registration did not finish"
-		case s.state == acked:
-			why = "the peer never acked our connect (it rejected us: check its log for a block_len, fingerprint, hash seed or authentication mismatch)"
-		}
-		if s.Unheard() {
-			// Nothing ever came from the peer: the owner names why (it may
-			// not be reachable at all), once per peer and episode.
-			s.unreached, s.connectUnsure = true, true
-		} else {
+	if !s.hs.over() && now.Sub(s.openedAt) > s.env.Cfg.HandshakeTimeout {
+		why := s.hs.stalled()
+		// Nothing ever came from the peer: the owner names why (it may not
+		// be reachable at all), once per peer and episode.
+		unheard := s.Unheard()
+		if !unheard {
 			s.env.Logf("ERROR", "peer %s: handshake timed out after %v: %s", s.peerID, s.env.Cfg.HandshakeTimeout, why)
 		}
-		s.failHandshake(CauseTimeout)
-		s.disconnect("handshake timed out: " + why)
+		s.end(ending{how: Failure, reason: "handshake timed out: " + why, logged: true, rejectCause: CauseTimeout,
+			unheard: unheard})
 		return
 	}
 	if s.holdsNothing() {
@@ -733,7 +341,7 @@ func (s *Session) Tick(now time.Time) {
 // a request (Env.Busy tells when): it ended, or its handshake is over and
 // it holds no request, job or transfer. Most of a mesh's sessions are quiet
 // between requests.
-func (s *Session) Quiet() bool { return s.dead || (s.Ready() && s.holdsNothing()) }
+func (s *Session) Quiet() bool { return s.ended.dead || (s.Ready() && s.holdsNothing()) }
 
 func (s *Session) holdsNothing() bool {
 	p := &s.producer
@@ -743,60 +351,7 @@ func (s *Session) holdsNothing() bool {
 // busy tells the owner that the session took on a request; an ended one
 // (a reaped source a pull still names) has nothing to tick.
 func (s *Session) busy() {
-	if s.env.Busy != nil && !s.dead {
+	if s.env.Busy != nil && !s.ended.dead {
 		s.env.Busy(s)
 	}
-}
-
-func (s *Session) protocolError(reason string) {
-	s.env.Logf("ERROR", "peer %s: protocol error: %s; disconnecting", s.peerID, reason)
-	if !s.Ready() {
-		s.failHandshake(CauseProtocol)
-	}
-	s.deathLogged = !s.dead
-	s.disconnect("protocol error: " + reason)
-}
-
-// disconnect tells the peer (best effort) and ends the session.
-func (s *Session) disconnect(reason string) {
-	if s.dead {
-		return
-	}
-	_ = s.env.Send(s.peerID, &protocol.Disconnect{})
-	s.markDead(reason)
-}
-
-func (s *Session) markDead(reason string) {
-	if s.dead {
-		return
-	}
-	s.dead = true
-	s.deathReason = reason
-	s.report(Report{Kind: Ended})
-}
-
-// CloseOrderly is Close as normal lifecycle (idle eviction, a peer that
-// reconnected): the owner logs it at INFO.
-func (s *Session) CloseOrderly(reason string) {
-	if !s.dead {
-		s.orderly = true
-	}
-	s.Close(reason)
-}
-
-// Close ends the session and reports every job it still holds as failed,
-// every consumer request with work toward this peer as failed, and every
-// inbound lookup as finished. Idempotent.
-func (s *Session) Close(reason string) {
-	if !s.dead {
-		_ = s.env.Send(s.peerID, &protocol.Disconnect{})
-		s.markDead(reason)
-	}
-	s.queued = nil
-	if gr, ok := s.env.Data.(data.Granter); ok && s.grants != (data.Grants{}) {
-		gr.Revoke(s.peerID, s.grants)
-		s.grants = data.Grants{}
-	}
-	s.consumer.close()
-	s.producer.close()
 }

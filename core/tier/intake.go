@@ -70,10 +70,10 @@ func (t *Tier) onPeerDown(ev control.Event) {
 	}
 	var ce *control.ConnectError
 	if s.Unheard() && errors.As(ev.Err, &ce) {
-		s.FailConnect(ce.Cause, ce.Unsure, ev.Err.Error()) // a connection that never existed was not lost
+		s.Close(ev.Err.Error(), session.Unreached(ce.Cause, ce.Unsure)) // a connection that never existed was not lost
 		return
 	}
-	s.Kill(ev.Err.Error()) // "peer connection lost (EVENT_DISCONNECTED)"
+	s.Close(ev.Err.Error(), session.Dropped) // "peer connection lost (EVENT_DISCONNECTED)"
 }
 
 // screen decides from a frame's type alone whether its sender may send it

@@ -143,7 +143,7 @@ func (t *Tier) hogLane() *lane {
 func (t *Tier) endForLane(s *session.Session, why string) {
 	t.stats.droppedFrames++
 	t.logf("WARNING", "ending the session with %s: %s", s.PeerID(), why)
-	s.Kill(why)
+	s.Close(why, session.Dropped)
 	if ln := t.lanes.byPeer[s.PeerID()]; ln != nil && ln.s == s {
 		t.dropLane(ln)
 	}

@@ -118,7 +118,7 @@ func (t *Tier) sendDeferred() bool {
 		if err != nil {
 			t.dropOutbox(peerID)
 			if s := t.peers.session(peerID); s != nil {
-				s.Kill(fmt.Sprintf("send of %s failed: %v", head.MsgType(), err))
+				s.Close(fmt.Sprintf("send of %s failed: %v", head.MsgType(), err), session.Dropped)
 			}
 		}
 	})

@@ -133,7 +133,8 @@ func (p *peerSet) endedSession(s *session.Session) { p.ended = append(p.ended, s
 func (p *peerSet) open(peerID, source string, dialed bool) *session.Session {
 	if old := p.sessions[peerID]; old != nil {
 		// Never drop a session unclosed: its jobs would go unreported.
-		old.CloseOrderly("replaced by a new session")
+		old.Close("replaced by a new session", session.Orderly)
+		old.Release()
 		p.settle()
 	}
 	s := session.New(p.env, peerID, source, dialed)
@@ -168,7 +169,7 @@ func (p *peerSet) reap() []*session.Session {
 		gone = append(gone, s)
 		p.logEnd(s)
 		p.refused.ended(s, p.now())
-		s.Close(s.DeathReason())
+		s.Release()
 		p.forget(s)
 		p.reg.remove(id)
 		if s.RejectCause() == session.CauseTimeout {
@@ -208,7 +209,8 @@ func (p *peerSet) logEnd(s *session.Session) {
 func (p *peerSet) closeAll(reason string) []*session.Session {
 	gone := make([]*session.Session, 0, len(p.sessions))
 	for id, s := range p.sessions {
-		s.Close(reason) // its goodbye: the peer logs an orderly end
+		s.Close(reason, session.Failure) // its goodbye: the peer logs an orderly end
+		s.Release()
 		p.forget(s)
 		p.ctl.Disconnect(id)
 		gone = append(gone, s)

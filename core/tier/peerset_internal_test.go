@@ -276,7 +276,7 @@ func TestPeerSetReapReturnsExactlyTheEndedAndForgetsThem(t *testing.T) {
 	b.set.setPath(victim, "tcp")
 	b.set.busy(victim)
 
-	victim.Kill("peer connection lost")
+	victim.Close("peer connection lost", session.Dropped)
 	b.settle()
 	assert.Equal(t, []string{victim.PeerID()}, ids(b.reaped))
 	b.forgotten(victim)
@@ -333,7 +333,7 @@ func TestPeerSetBackoffExpires(t *testing.T) {
 	assert.Equal(t, []string{nobody}, b.links.connects)
 
 	// It fails again: the back-off doubles.
-	s.FailConnect(control.CauseRefused, false, "connection refused")
+	s.Close("connection refused", session.Unreached(control.CauseRefused, false))
 	b.settle()
 	require.Equal(t, []string{nobody}, ids(b.reaped))
 	b.now = b.now.Add(FirstConnectBackoff)

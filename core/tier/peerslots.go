@@ -119,7 +119,8 @@ func (p *peerSet) evictStalledHandshake(now time.Time, why string) {
 		}
 	}
 	if oldest != nil {
-		oldest.Close(fmt.Sprintf("handshake unfinished after %v while %s", now.Sub(oldest.OpenedAt()).Round(time.Millisecond), why))
+		oldest.Close(fmt.Sprintf("handshake unfinished after %v while %s", now.Sub(oldest.OpenedAt()).Round(time.Millisecond), why), session.Failure)
+		oldest.Release()
 		p.settle()
 	}
 }
@@ -144,7 +145,8 @@ func (p *peerSet) evictIdle(now time.Time, one bool) {
 			continue
 		}
 		if !one {
-			s.CloseOrderly(fmt.Sprintf("idle for over %v", p.cfg.IdleTimeout))
+			s.Close(fmt.Sprintf("idle for over %v", p.cfg.IdleTimeout), session.Orderly)
+			s.Release()
 			continue
 		}
 		if oldest == nil || s.LastActivity().Before(oldest.LastActivity()) {
@@ -152,7 +154,8 @@ func (p *peerSet) evictIdle(now time.Time, one bool) {
 		}
 	}
 	if oldest != nil {
-		oldest.CloseOrderly(fmt.Sprintf("idle for over %v; its slot is needed", p.cfg.IdleTimeout))
+		oldest.Close(fmt.Sprintf("idle for over %v; its slot is needed", p.cfg.IdleTimeout), session.Orderly)
+		oldest.Release()
 	}
 	p.settle()
 }
@@ -204,8 +207,9 @@ func (p *peerSet) makeRoom(addr string, dialing bool) bool {
 		return false
 	}
 	p.counts.evicted++
-	victim.CloseOrderly(fmt.Sprintf("evicted: every session slot is taken (max_peers), %d by peers from %s, "+
-		"and a peer from a less crowded network needs one", most, crowded))
+	victim.Close(fmt.Sprintf("evicted: every session slot is taken (max_peers), %d by peers from %s, "+
+		"and a peer from a less crowded network needs one", most, crowded), session.Orderly)
+	victim.Release()
 	p.settle()
 	return true
 }

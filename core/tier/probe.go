@@ -54,7 +54,8 @@ func (t *Tier) Probe(peerID string, timeout time.Duration) (ProbeResult, error) 
 				res.Reason = why
 			}
 			if !s.Dead() {
-				s.CloseOrderly("probe finished")
+				s.Close("probe finished", session.Orderly)
+				s.Release()
 				t.settle()
 			}
 			t.mu.Unlock()

@@ -41,7 +41,7 @@ func (t *Tier) replaceRestarted(s *session.Session, m protocol.Message) bool {
 	id := s.PeerID()
 	t.logf("WARNING", "peer %s: %s; ending its old session (its jobs fail) and opening a new one", id, why)
 	// No goodbye: it would reach the new incarnation, and end its session.
-	s.Kill("the peer started anew: " + why)
+	s.Close("the peer started anew: "+why, session.Dropped)
 	t.settle() // reaps it: jobs reported, data path removed (before the new one's add), connection dropped
 	t.peers.redial(id)
 	return true
