@@ -38,13 +38,13 @@ func (t *Tier) applyChecked(r session.Report) {
 	t.observeReport(r)
 	switch r.Kind {
 	case session.LoadDone:
-		if j := t.jobs[r.JobID]; j != nil && j.load != nil {
+		if j := t.ledger.job(r.JobID); j != nil && j.load != nil {
 			t.partEnded(j.load, r)
 		} else {
 			t.logf("ERROR", "internal: load job %d ended at %s, but no such load is in flight (ignored)", r.JobID, r.Session.PeerID())
 		}
 	case session.StoreDone:
-		t.report(r.JobID, r.OK, r.Bytes)
+		t.ledger.report(r.JobID, r.OK, r.Bytes)
 	case session.ConsumerFailed:
 		for _, req := range t.requests {
 			if req.pull != nil {
@@ -56,16 +56,10 @@ func (t *Tier) applyChecked(r session.Report) {
 	case session.ProbesAnswered:
 		t.probesAnswered(r.Session, r.KVID)
 	case session.FetchArrived:
-		t.fetchArrived(r.Session, r.KVID)
+		t.desk.fetchArrived(r.Session, r.KVID)
 	case session.InboundReady:
-		t.lookups[r.Lookup.ID] = r.Lookup
-		t.queueInbound(inboundItem{id: r.Lookup.ID, kind: InboundEvaluate}, false)
-		t.stats.inboundLookups++
+		t.desk.inboundReady(r.Lookup)
 	case session.InboundFinished:
-		l := r.Lookup
-		delete(t.lookups, l.ID) // its queued Evaluate item, if any, is skipped when reached
-		if l.OwesFinish() {
-			t.queueInbound(inboundItem{id: l.ID, kind: InboundFinish, reqID: l.ReqID}, false)
-		}
+		t.desk.inboundFinished(r.Lookup)
 	}
 }

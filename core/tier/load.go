@@ -268,18 +268,18 @@ func (t *Tier) settleLoad(l *pullLoad) {
 	if len(l.parts) > 0 {
 		return
 	}
-	if t.jobs[l.jobID] == nil || t.jobs[l.jobID].load != l {
+	if j := t.ledger.job(l.jobID); j == nil || j.load != l {
 		return // reported already (shutdown, poison)
 	}
 	if l.failure != "" {
 		l.pull.failed = true // this request recomputes
 		t.markStale(l.pull)
-		t.report(l.jobID, false, 0)
+		t.ledger.report(l.jobID, false, 0)
 		return
 	}
 	l.pull.markLanded(l.keys)
 	t.releaseServed(l.pull)
-	t.report(l.jobID, true, int64(l.landed)*int64(t.region.RowLen))
+	t.ledger.report(l.jobID, true, int64(l.landed)*int64(t.region.RowLen))
 }
 
 // releaseServed ends the lookups of p's sources that can give the request
@@ -332,7 +332,7 @@ func (p *pull) markLanded(keys [][]byte) {
 
 // tickLoads applies loads' deadlines and asks probing parts again.
 func (t *Tier) tickLoads(now time.Time) {
-	for _, j := range t.jobs {
+	for _, j := range t.ledger.all() {
 		l := j.load
 		if l == nil || len(l.parts) == 0 {
 			continue
@@ -351,7 +351,7 @@ func (t *Tier) tickLoads(now time.Time) {
 
 // endLoads fails the unreported loads of a finishing request.
 func (t *Tier) endLoads(p *pull) {
-	for _, j := range t.jobs {
+	for _, j := range t.ledger.all() {
 		if j.load != nil && j.load.pull == p {
 			t.failLoad(j.load, "its request finished")
 		}

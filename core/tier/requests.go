@@ -32,7 +32,7 @@ func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
 		t.settle() // a session that died opening (its connect unsendable) is forgotten now
 	}
 	if p.Dest != nil {
-		t.claimServing(p.Dest.KVRequestID)
+		t.desk.claim(p.Dest.KVRequestID)
 		// The decoder needs every block, including prefix hits already in
 		// the CPU tier (vLLM #52808).
 		return RequestLevel, nil
@@ -96,12 +96,12 @@ func (t *Tier) SubmitLoad(reqID string, jobID int64, keys [][]byte, slots []int6
 	r := t.requests[reqID]
 	switch {
 	case len(keys) == 0:
-		t.report(jobID, true, 0)
+		t.ledger.report(jobID, true, 0)
 	case r == nil || r.pull == nil:
 		t.logf("WARNING", "load job %d for request %s, which pulls from no peer; failing it", jobID, reqID)
-		t.report(jobID, false, 0)
+		t.ledger.report(jobID, false, 0)
 	case r.pull.failed:
-		t.report(jobID, false, 0)
+		t.ledger.report(jobID, false, 0)
 	default:
 		t.startLoad(j, jobID, r.pull, copyKeys(keys), rows)
 		t.settle()
@@ -122,10 +122,10 @@ func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int
 	}
 	r := t.requests[reqID]
 	if r == nil || r.dest == nil || len(keys) == 0 {
-		t.report(jobID, true, 0) // nobody will fetch these: nothing to keep
+		t.ledger.report(jobID, true, 0) // nobody will fetch these: nothing to keep
 		return nil
 	}
-	t.store(r.dest.KVRequestID, jobID, copyKeys(keys), rows)
+	t.desk.store(r.dest.KVRequestID, jobID, copyKeys(keys), rows)
 	t.settle()
 	return nil
 }
@@ -134,14 +134,7 @@ func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int
 func (t *Tier) GetFinished(max int) []JobResult {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if max <= 0 || len(t.finished) == 0 {
-		return nil
-	}
-	n := min(max, len(t.finished))
-	out := make([]JobResult, n)
-	copy(out, t.finished)
-	t.finished = append(t.finished[:0], t.finished[n:]...)
-	return out
+	return t.ledger.take(max)
 }
 
 // FinishRequest ends a request's roles; its jobs are still reported.
@@ -160,7 +153,7 @@ func (t *Tier) FinishRequest(reqID string) error {
 		r.pull.finish()
 	}
 	if dst := r.dest; dst != nil {
-		t.finishServing(dst.KVRequestID)
+		t.desk.finishServing(dst.KVRequestID)
 	}
 	t.settle()
 	return nil
@@ -171,9 +164,9 @@ func (t *Tier) HasPendingWork() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return len(t.finished) > 0
+		return t.ledger.unreported() > 0
 	}
-	if len(t.jobs) > 0 || len(t.finished) > 0 || t.inbound.len() > 0 || t.parkedStores() > 0 {
+	if t.ledger.inFlight() > 0 || t.ledger.unreported() > 0 || t.desk.pending() {
 		return true
 	}
 	for s := range t.active { // a quiet session has none
@@ -206,7 +199,7 @@ func (t *Tier) Drain() error {
 // for a transfer, and stay reported by their own deadlines (as upstream).
 func (t *Tier) inFlight() int {
 	n := 0
-	for _, j := range t.jobs {
+	for _, j := range t.ledger.all() {
 		if j.isLoad {
 			n++
 		}
@@ -234,12 +227,12 @@ func (t *Tier) shutdown() error {
 	}
 	t.mu.Lock()
 	t.closed = true
-	sessions, jobs := len(t.sessions), len(t.jobs)
+	sessions, jobs := len(t.sessions), t.ledger.inFlight()
 	for id, s := range t.sessions {
 		s.Close("shutting down") // its goodbye: the peer logs an orderly end
 		delete(t.sessions, id)
 		delete(t.active, s)
-		t.dropOutbox(id)
+		t.desk.purge(s)
 		t.ctl.Disconnect(id) // lingers briefly, so the goodbye goes out before Close
 	}
 	owed := t.refused.allOwed() // refused stock peers still waiting for their goodbye
@@ -248,19 +241,9 @@ func (t *Tier) shutdown() error {
 	}
 	clear(t.obs.sessionPath)
 	t.logf("INFO", "shutting down: %d session(s) closed, %d job(s) still in flight reported failed", sessions, jobs)
-	t.settle() // what the sessions reported as they closed
-	for kv, sk := range t.serving {
-		for _, b := range sk.parked {
-			t.report(b.jobID, false, 0)
-		}
-		delete(t.serving, kv)
-	}
-	t.parkedBatches = 0
-	for id := range t.jobs {
-		t.report(id, false, 0)
-	}
-	clear(t.lookups)
-	t.inbound = inboundQueue{}
+	t.settle()         // what the sessions reported as they closed
+	t.ledger.failAll() // parked stores too
+	t.desk.clear()
 	t.failCachedPulls()
 	t.news.bumpAll()
 	t.notify.signal() // once: the host collects the failed jobs and stops waiting
@@ -274,7 +257,7 @@ func (t *Tier) shutdown() error {
 	close(t.stop)
 	<-t.loopDone
 	t.checking.Wait()
-	<-t.outbox.done
+	<-t.desk.outbox.done
 	<-t.lanes.done
 	<-t.reg.done
 	errs := []error{t.ctl.Close(), t.rows.Close()}
@@ -296,17 +279,13 @@ func (t *Tier) transfersInFlight() bool {
 	return false
 }
 
-// admitJob records a new job; called with t.mu held.
+// admitJob records a new job while the peer takes work; called with t.mu
+// held.
 func (t *Tier) admitJob(jobID int64, isLoad bool, rows []uint64) (*job, error) {
 	if err := t.usable(); err != nil {
 		return nil, err
 	}
-	if _, dup := t.jobs[jobID]; dup {
-		return nil, fmt.Errorf("%w: job %d is already in flight", ErrDuplicate, jobID)
-	}
-	j := &job{isLoad: isLoad, at: t.now()}
-	t.jobs[jobID] = j
-	return j, nil
+	return t.ledger.admit(jobID, isLoad)
 }
 
 func (t *Tier) checkJob(keys [][]byte, slots []int64) ([]uint64, error) {

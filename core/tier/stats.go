@@ -97,7 +97,6 @@ func (t *Tier) snapshot(peers bool) Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c := t.stats
-	parked := t.parkedStores()
 	kvIDs, wanted := 0, 0
 	for _, s := range t.sessions {
 		k, w := s.Holds()
@@ -113,9 +112,9 @@ func (t *Tier) snapshot(peers bool) Stats {
 	t.guardMu.RUnlock()
 	st := Stats{
 		LocalID: t.env.LocalID, DataPaths: t.dt.Name(), Sessions: len(t.sessions), SessionsOpened: c.sessionsOpened,
-		SessionsClosed: c.sessionsClosed, Requests: len(t.requests), JobsInFlight: len(t.jobs),
-		JobsUnreported: len(t.finished), ParkedStores: parked, InboundQueued: t.inbound.len(),
-		InboundActive: len(t.lookups), ExpectedRows: expected,
+		SessionsClosed: c.sessionsClosed, Requests: len(t.requests), JobsInFlight: t.ledger.inFlight(),
+		JobsUnreported: t.ledger.unreported(), ParkedStores: t.desk.parkedStores(), InboundQueued: t.desk.inboundQueued(),
+		InboundActive: t.desk.inboundActive(), ExpectedRows: expected,
 		FramesIn: c.framesIn, FramesOut: c.framesOut, DroppedFrames: c.droppedFrames, BadFrames: c.badFrames,
 		LookupHits: c.lookupHits, LookupMisses: c.lookupMisses, InboundLookups: c.inboundLookups,
 		LoadsOK: c.loadsOK, LoadsFailed: c.loadsFailed, StoresOK: c.storesOK, StoresFailed: c.storesFailed,

@@ -38,13 +38,6 @@ type request struct {
 	dest *params.Dest
 }
 
-// job is a submitted job not yet reported.
-type job struct {
-	isLoad bool
-	at     time.Time
-	load   *pullLoad // loads from a source: its parts and deadline
-}
-
 // idleReapHeadroom: idle sessions are evicted only once this close to
 // max_peers, so a quiet mesh is not torn down (vLLM's _IDLE_REAP_HEADROOM).
 const idleReapHeadroom = 8
@@ -83,25 +76,20 @@ type Tier struct {
 	// and asked for pending work, so a step costs O(sessions in use), not
 	// O(peers). A session joins when opened and when it takes on a request
 	// (Env.Busy), and leaves when a tick finds it quiet or it is reaped.
-	active        map[*session.Session]struct{}
-	jobs          map[int64]*job
-	finished      []JobResult
-	serving       map[string]*serveKV // PD kv ids this peer serves as a prefiller
-	parkedBatches int                 // store batches parked in serving, summed
-	inbound       inboundQueue        // work for the host's serve pass
-	lookups       map[int64]*session.InboundLookup
-	pulls         pullIndex // live pulls by kv id (answers.go)
-	stale         []*pull   // pulls to re-evaluate at the end of settle
-	answered      []*pull   // pulls with changes for TakeAnswers
-	toRegister    []*pull   // pulls with a first ask to register (asked.go)
-	registerWake  chan struct{}
-	nextLookup    int64
-	pending       []session.Report   // sessions' reports not yet applied (see settle)
-	ended         []*session.Session // sessions that reported their end, for reapDead
-	stats         counters
-	obs           observations // by cause, by path, histograms (observe.go)
-	refused       refusals     // stock peers we dialed and refused lately (refusals.go)
-	adm           admission    // allowed_peers and fair admission (admission.go)
+	active       map[*session.Session]struct{}
+	ledger       *ledger    // jobs and their results (ledger.go)
+	desk         *serveDesk // what we serve: PD kv ids, inbound lookups, the outbox (servedesk.go)
+	pulls        pullIndex  // live pulls by kv id (answers.go)
+	stale        []*pull    // pulls to re-evaluate at the end of settle
+	answered     []*pull    // pulls with changes for TakeAnswers
+	toRegister   []*pull    // pulls with a first ask to register (asked.go)
+	registerWake chan struct{}
+	pending      []session.Report   // sessions' reports not yet applied (see settle)
+	ended        []*session.Session // sessions that reported their end, for reapDead
+	stats        counters
+	obs          observations // by cause, by path, histograms (observe.go)
+	refused      refusals     // stock peers we dialed and refused lately (refusals.go)
+	adm          admission    // allowed_peers and fair admission (admission.go)
 
 	// Peers we could not connect to lately (unreachable.go), and what
 	// goroutines found of peers off the lock, for the loop to apply.
@@ -113,8 +101,7 @@ type Tier struct {
 	expected map[uint64]string // consumer row -> peer allowed to write it
 	owed     map[string]int    // peer -> how many rows of expected it may write
 
-	outbox       outbox // frames waiting behind a deferred answer (outbox.go)
-	lanes        lanes  // sessions' large frames waiting to be decoded (lanes.go)
+	lanes        lanes // sessions' large frames waiting to be decoded (lanes.go)
 	registered   chan registration
 	stop         chan struct{}
 	loopDone     chan struct{}
@@ -155,9 +142,6 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		requests:     map[string]*request{},
 		sessions:     map[string]*session.Session{},
 		active:       map[*session.Session]struct{}{},
-		jobs:         map[int64]*job{},
-		serving:      map[string]*serveKV{},
-		lookups:      map[int64]*session.InboundLookup{},
 		pulls:        pullIndex{},
 		expected:     map[uint64]string{},
 		owed:         map[string]int{},
@@ -167,11 +151,21 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		found:        make(chan func(), maxDiagnoses),
 		obs:          newObservations(),
 		adm:          adm,
-		outbox:       newOutbox(),
 		lanes:        newLanes(),
 		stop:         make(chan struct{}),
 		loopDone:     make(chan struct{}),
 	}
+	t.ledger = newLedger(now, t.logf, &t.stats, func(r JobResult) {
+		if r.IsLoad {
+			t.observeLoad(r.Success, r.Duration)
+		}
+		t.news.bump(NewsResults)
+		t.notify.signal()
+	})
+	t.desk = newServeDesk(cfg, now, t.logf, t.ledger.report, &t.stats, func() {
+		t.news.bump(NewsInbound)
+		t.notify.signal()
+	})
 	dt, err := deps.NewData(rowGuard{t}, t.logf)
 	if err != nil {
 		return nil, err
@@ -190,7 +184,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		Send:           t.sessionSend,
 		Report:         func(r session.Report) { t.pending = append(t.pending, r) },
 		Logf:           t.logf,
-		NextLookupID:   func() int64 { t.nextLookup++; return t.nextLookup },
+		NextLookupID:   t.desk.nextLookupID,
 		LookupAnswered: t.lookupAnswered,
 		LookupServed:   func(held time.Duration) { t.obs.lookupServed.observe(held.Seconds()) },
 		Register:       func(s *session.Session, info data.PeerInfo) { t.reg.add(s, info) },
@@ -268,7 +262,7 @@ func (t *Tier) unowe(peerID string) {
 }
 
 func (t *Tier) send(peerID string, m protocol.Message) error {
-	if t.deferSend(peerID, m) {
+	if t.desk.outbox.deferSend(peerID, m) {
 		return nil
 	}
 	frame, err := protocol.Encode(m)
@@ -284,7 +278,7 @@ func (t *Tier) send(peerID string, m protocol.Message) error {
 // (refusals.go): one that finds the peer without a session draws a connect.
 func (t *Tier) sessionSend(peerID string, m protocol.Message) error {
 	if _, bye := m.(*protocol.Disconnect); bye {
-		t.dropOutbox(peerID) // the session ends: what waited for it is moot
+		t.desk.outbox.drop(peerID) // the session ends: what waited for it is moot
 		s := t.sessions[peerID]
 		if s != nil && !s.Dialed() && !s.Ready() && !t.closed { // at shutdown nothing can loop
 			if seen, ok := s.Seen(); ok && !seen.PeerKV && !t.refused.goodbyeNow(peerID, t.now()) {
@@ -618,7 +612,7 @@ func (t *Tier) onTick() {
 			delete(t.active, s)
 		}
 	}
-	t.tickServing(now)
+	t.desk.tick(now)
 	t.tickLoads(now)
 	t.expireEpisodes(now)
 	t.flushLogs(now)
@@ -694,10 +688,8 @@ func (t *Tier) reapDead() bool {
 		s.Close(s.DeathReason())
 		delete(t.sessions, id)
 		delete(t.active, s)
-		t.unbindServing(s)
-		t.dropInbound(s)
+		t.desk.purge(s)
 		t.reg.remove(id)
-		t.dropOutbox(id)
 		if s.RejectCause() == session.CauseTimeout {
 			// Never take this connection back: the handshake got no answer
 			// on it (say, one the peer's ROUTER never reads).
@@ -708,38 +700,6 @@ func (t *Tier) reapDead() bool {
 		t.stats.sessionsClosed++
 	}
 	return reaped
-}
-
-// report delivers a job's single outcome to the host.
-func (t *Tier) report(jobID int64, ok bool, bytes int64) {
-	j := t.jobs[jobID]
-	if j == nil {
-		t.logf("ERROR", "internal: job %d reported twice or never submitted (ignored)", jobID)
-		return
-	}
-	delete(t.jobs, jobID)
-	if j.isLoad {
-		t.observeLoad(ok, t.now().Sub(j.at))
-		if ok {
-			t.stats.loadsOK++
-			t.stats.bytesIn += bytes
-		} else {
-			t.stats.loadsFailed++
-		}
-	} else {
-		if ok {
-			t.stats.storesOK++
-			t.stats.bytesOut += bytes
-		} else {
-			t.stats.storesFailed++
-		}
-	}
-	// The one place results are queued for GetFinished.
-	t.finished = append(t.finished, JobResult{
-		JobID: jobID, Success: ok, IsLoad: j.isLoad, Bytes: bytes, Duration: t.now().Sub(j.at),
-	})
-	t.news.bump(NewsResults)
-	t.notify.signal()
 }
 
 // usable is nil while host calls may change state, else why not.
@@ -776,9 +736,7 @@ func (t *Tier) poison(cause error) {
 		t.logf("ERROR", "%v", cause)
 	}
 	t.closed = true
-	for id := range t.jobs {
-		t.report(id, false, 0)
-	}
+	t.ledger.failAll()
 	t.guardMu.Lock()
 	clear(t.expected) // no peer may write our rows any more
 	clear(t.owed)
@@ -789,10 +747,7 @@ func (t *Tier) poison(cause error) {
 	clear(t.obs.sessionPath)
 	clear(t.obs.peers)
 	t.pending = nil
-	clear(t.serving)
-	t.parkedBatches = 0
-	clear(t.lookups)
-	t.inbound = inboundQueue{}
+	t.desk.clear()
 	if first { // wake the host once: collect the failed jobs; new work fails
 		t.failCachedPulls()
 		t.news.bumpAll()
