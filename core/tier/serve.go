@@ -142,6 +142,13 @@ func (d *serveDesk) unbindServing(s *session.Session) {
 	}
 }
 
+// clearServing forgets every served kv id (the peer stops); their parked
+// stores are jobs the ledger fails.
+func (d *serveDesk) clearServing() {
+	clear(d.serving)
+	d.parkedBatches = 0
+}
+
 // tick applies the serving deadlines.
 func (d *serveDesk) tick(now time.Time) {
 	for kv, sk := range d.serving {

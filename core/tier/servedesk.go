@@ -59,8 +59,7 @@ func (d *serveDesk) purge(s *session.Session) {
 // clear forgets everything at the peer's end. Parked stores are jobs: the
 // ledger fails them with every other job.
 func (d *serveDesk) clear() {
-	clear(d.serving)
-	d.parkedBatches = 0
+	d.clearServing()
 	clear(d.lookups)
 	d.inbound = inboundQueue{}
 	d.outbox.clear()
