@@ -22,14 +22,16 @@
 //
 // State has one owner each: a request here; its pull (sources, what the host
 // was told per key, its failure) in a pull (pull.go); a load job spread over
-// sources, its parts and deadline, in a pullLoad (load.go); a served PD kv id
-// in a serveKV (serve.go); the data path's peers in the registry; a round, a
-// fetch in flight or an inbound lookup in its session. Sessions
-// report what happened as values (session.Report); settle applies them and
-// reaps ended sessions, in one step after every call into sessions. The
-// host's notification fd is owned by a notifier (notify.go), signalled only
-// where inbound items (queueInbound) and job results (report) are queued,
-// and once when the peer shuts down or is poisoned.
+// sources, its parts and deadline, in a pullLoad (load.go); jobs and their
+// results in the ledger (ledger.go); served PD kv ids, inbound lookups and
+// the outbox in the serve desk (servedesk.go); the data path's peers in the
+// registry; a round, a fetch in flight or an inbound lookup's answers in its
+// session. Sessions report what happened as values (session.Report); settle
+// applies them and reaps ended sessions, in one step after every call into
+// sessions. The host's notification fd is owned by a notifier (notify.go),
+// signalled only where inbound items (serveDesk.queue) and job results
+// (ledger.report) are queued, and once when the peer shuts down or is
+// poisoned.
 package tier
 
 import (

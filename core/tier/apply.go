@@ -40,7 +40,7 @@ func (t *Tier) applyChecked(r session.Report) {
 	case session.LoadDone:
 		t.book.loadDone(r.Session, r)
 	case session.StoreDone:
-		t.report(r.JobID, r.OK, r.Bytes)
+		t.ledger.report(r.JobID, r.OK, r.Bytes)
 	case session.ConsumerFailed:
 		t.book.sourceFailed(r.Session, r.KVID, "its session ended with lookups unanswered")
 	case session.Ended:
@@ -48,16 +48,10 @@ func (t *Tier) applyChecked(r session.Report) {
 	case session.ProbesAnswered:
 		t.book.probesAnswered(r.Session, r.KVID)
 	case session.FetchArrived:
-		t.fetchArrived(r.Session, r.KVID)
+		t.desk.fetchArrived(r.Session, r.KVID)
 	case session.InboundReady:
-		t.lookups[r.Lookup.ID] = r.Lookup
-		t.queueInbound(inboundItem{id: r.Lookup.ID, kind: InboundEvaluate}, false)
-		t.stats.inboundLookups++
+		t.desk.inboundReady(r.Lookup)
 	case session.InboundFinished:
-		l := r.Lookup
-		delete(t.lookups, l.ID) // its queued Evaluate item, if any, is skipped when reached
-		if l.OwesFinish() {
-			t.queueInbound(inboundItem{id: l.ID, kind: InboundFinish, reqID: l.ReqID}, false)
-		}
+		t.desk.inboundFinished(r.Lookup)
 	}
 }

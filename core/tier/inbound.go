@@ -28,33 +28,7 @@ func (q *inboundQueue) len() int                { return len(q.now) + len(q.late
 func (t *Tier) NextInbound(fits func(Inbound) bool) (Inbound, bool, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for {
-		if len(t.inbound.now) == 0 {
-			// End of a pass: what was deferred is offered in the next one.
-			t.inbound.now, t.inbound.later = t.inbound.later, t.inbound.now[:0]
-			return Inbound{}, false, false
-		}
-		it := t.inbound.now[0]
-		in := Inbound{LookupID: it.id, Kind: it.kind, ReqID: it.reqID}
-		var l *session.InboundLookup
-		if it.kind == InboundEvaluate {
-			if l = t.lookups[it.id]; l == nil { // ended while queued: nothing is owed
-				t.inbound.now = t.inbound.now[1:]
-				continue
-			}
-			in.ReqID = l.ReqID
-			in.First = !l.Evaluated()
-			in.Keys = l.Pending()
-		}
-		if fits != nil && !fits(in) {
-			return in, true, false
-		}
-		t.inbound.now = t.inbound.now[1:]
-		if l != nil {
-			l.CheckOut()
-		}
-		return in, true, true
-	}
+	return t.desk.next(fits)
 }
 
 // AnswerInbound applies the host's answers to an Evaluate item.
@@ -81,45 +55,42 @@ func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID in
 			return false, fmt.Errorf("%w: results[%d]=%d is not a lookup result", ErrInvalidArgument, i, r)
 		}
 	}
-	l := t.lookups[lookupID]
+	l := t.desk.lookup(lookupID)
 	if l != nil && !l.CheckedOut() {
 		return false, fmt.Errorf("%w: lookup %d was not handed out for evaluation", ErrInvalidArgument, lookupID)
 	}
-	if len(pinSlots) > 0 {
-		if _, err := t.admitJob(pinJobID, false, rows); err != nil {
+	pins := len(pinSlots) > 0
+	if pins {
+		if err := t.ledger.mayAdmit(pinJobID); err != nil {
 			return false, err
 		}
 	}
 	if l == nil {
 		// Dropped while the host evaluated it: release the pins now.
-		if len(pinSlots) > 0 {
-			t.report(pinJobID, false, 0)
+		if pins {
+			t.admitPins(pinJobID)
+			t.ledger.report(pinJobID, false, 0)
 		}
 		return true, nil
 	}
 	finished, err := l.Session().AnswerLookup(l, answers, pinJobID, rows)
-	if err != nil { // nothing changed: the lookup stays checked out
-		if len(pinSlots) > 0 {
-			delete(t.jobs, pinJobID)
-		}
+	if err != nil { // nothing changed: the lookup stays checked out, no job was admitted
 		return false, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	if finished {
-		delete(t.lookups, lookupID)
-	} else {
-		// The rest of a large lookup is offered in this pass; keys
-		// answered "later" in the next.
-		t.queueInbound(inboundItem{id: lookupID, kind: InboundEvaluate}, l.NextPass())
+	if pins {
+		// Admitted once the answer holds (a job is deleted only by its
+		// report); its report comes from the session, applied in settle.
+		t.admitPins(pinJobID)
 	}
+	t.desk.answered(l, finished)
 	t.settle()
 	return finished, nil
 }
 
-// dropInbound forgets the inbound work of a closed session.
-func (t *Tier) dropInbound(s *session.Session) {
-	for id, l := range t.lookups {
-		if l.Session() == s {
-			delete(t.lookups, id) // queued items for it are skipped when reached
-		}
+// admitPins records the store job that holds an answer's pinned rows;
+// AnswerInbound checked it may be admitted.
+func (t *Tier) admitPins(jobID int64) {
+	if _, err := t.ledger.admit(jobID, false); err != nil {
+		t.logf("ERROR", "internal: %v", err)
 	}
 }

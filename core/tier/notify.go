@@ -91,7 +91,7 @@ func (t *Tier) NotifyFD() (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	if created && (len(t.finished) > 0 || t.inbound.len() > 0 || t.closed) {
+	if created && (t.ledger.unreported() > 0 || t.desk.inboundQueued() > 0 || t.closed) {
 		t.notify.signal()
 	}
 	return fd, nil
@@ -100,17 +100,3 @@ func (t *Tier) NotifyFD() (int, error) {
 // CloseNotify closes the notification fd; capi calls it from peerkv_destroy,
 // after Shutdown. Idempotent; NotifyFD fails afterwards.
 func (t *Tier) CloseNotify() error { return t.notify.Close() }
-
-// queueInbound is the one place inbound items are queued for NextInbound:
-// now for this serve pass, or (re-offers of HIT_PENDING/RETRY keys) for the
-// next one. Either way the host must call again, so the fd is signalled.
-// Called with t.mu held.
-func (t *Tier) queueInbound(it inboundItem, nextPass bool) {
-	if nextPass {
-		t.inbound.postpone(it)
-	} else {
-		t.inbound.push(it)
-	}
-	t.news.bump(NewsInbound)
-	t.notify.signal()
-}

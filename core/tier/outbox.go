@@ -15,7 +15,7 @@ import (
 // what is still waiting (the peer is done with it).
 
 // outbox holds, per peer, the frames waiting behind a deferred answer.
-// Owned under t.mu.
+// The serve desk owns it, under t.mu.
 type outbox struct {
 	queues map[string][]protocol.Message
 	peers  []string // peers with a queue, oldest first
@@ -28,47 +28,79 @@ func newOutbox() outbox {
 }
 
 // deferSend queues m to peerID when it must wait: it is a deferred answer,
-// or frames to the peer wait already. Called with t.mu held.
-func (t *Tier) deferSend(peerID string, m protocol.Message) bool {
-	q, waiting := t.outbox.queues[peerID]
+// or frames to the peer wait already.
+func (o *outbox) deferSend(peerID string, m protocol.Message) bool {
+	_, waiting := o.queues[peerID]
 	if _, heavy := m.(*session.DeferredAnswer); !heavy && !waiting {
 		return false
 	}
-	if !waiting {
-		t.outbox.peers = append(t.outbox.peers, peerID)
-	}
-	t.outbox.queues[peerID] = append(q, m)
-	select {
-	case t.outbox.wake <- struct{}{}:
-	default:
-	}
+	o.enqueue(peerID, m)
 	return true
 }
 
-// dropOutbox forgets what waits for peerID. Called with t.mu held.
-func (t *Tier) dropOutbox(peerID string) {
-	if _, ok := t.outbox.queues[peerID]; !ok {
+// enqueue appends ms to peerID's queue and wakes the outbox goroutine.
+func (o *outbox) enqueue(peerID string, ms ...protocol.Message) {
+	q, waiting := o.queues[peerID]
+	if !waiting {
+		o.peers = append(o.peers, peerID)
+	}
+	o.queues[peerID] = append(q, ms...)
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+// drop forgets what waits for peerID.
+func (o *outbox) drop(peerID string) {
+	if _, ok := o.queues[peerID]; !ok {
 		return
 	}
-	delete(t.outbox.queues, peerID)
-	for i, p := range t.outbox.peers {
+	delete(o.queues, peerID)
+	for i, p := range o.peers {
 		if p == peerID {
-			t.outbox.peers = append(t.outbox.peers[:i], t.outbox.peers[i+1:]...)
+			o.peers = append(o.peers[:i], o.peers[i+1:]...)
 			break
 		}
 	}
 }
 
+// clear forgets every queue (the peer stops).
+func (o *outbox) clear() {
+	clear(o.queues)
+	o.peers = nil
+}
+
+// head is the oldest waiting peer and the frame at the head of its queue.
+func (o *outbox) head() (string, protocol.Message, bool) {
+	if len(o.peers) == 0 {
+		return "", nil, false
+	}
+	peerID := o.peers[0]
+	return peerID, o.queues[peerID][0], true
+}
+
+// takeFrom removes peerID's queue if head still heads it, returning the
+// frames behind head; false if it was dropped meanwhile.
+func (o *outbox) takeFrom(peerID string, head protocol.Message) ([]protocol.Message, bool) {
+	q := o.queues[peerID]
+	if len(q) == 0 || q[0] != head {
+		return nil, false
+	}
+	o.drop(peerID)
+	return q[1:], true
+}
+
 // runOutbox builds and encodes deferred answers off the lock, then sends
 // each with the frames queued behind it, until the tier stops.
 func (t *Tier) runOutbox() {
-	defer close(t.outbox.done)
+	defer close(t.desk.outbox.done)
 	defer t.recoverLoop("the answer outbox")
 	for {
 		select {
 		case <-t.stop:
 			return
-		case <-t.outbox.wake:
+		case <-t.desk.outbox.wake:
 		}
 		for t.sendDeferred() {
 		}
@@ -78,12 +110,11 @@ func (t *Tier) runOutbox() {
 // sendDeferred handles the oldest peer's queue once; false when none waits.
 func (t *Tier) sendDeferred() bool {
 	t.mu.Lock()
-	if len(t.outbox.peers) == 0 || t.closed {
+	peerID, head, ok := t.desk.outbox.head()
+	if !ok || t.closed {
 		t.mu.Unlock()
 		return false
 	}
-	peerID := t.outbox.peers[0]
-	head := t.outbox.queues[peerID][0]
 	t.mu.Unlock()
 
 	var frame []byte
@@ -94,29 +125,27 @@ func (t *Tier) sendDeferred() bool {
 		frame, err = protocol.Encode(head)
 	}
 	t.locked(func() {
-		q := t.outbox.queues[peerID]
-		if len(q) == 0 || q[0] != head {
+		behind, ok := t.desk.outbox.takeFrom(peerID, head)
+		if !ok {
 			return // dropped meanwhile: the session ended
 		}
-		t.dropOutbox(peerID)
 		if err == nil {
 			t.stats.framesOut++
 			err = t.ctl.Send(peerID, frame)
 		}
 		// What followed it goes now, up to the next deferred answer.
-		for i, m := range q[1:] {
+		for i, m := range behind {
 			if err != nil {
 				break
 			}
 			if _, heavy := m.(*session.DeferredAnswer); heavy {
-				t.outbox.peers = append(t.outbox.peers, peerID)
-				t.outbox.queues[peerID] = q[1+i:]
+				t.desk.outbox.enqueue(peerID, behind[i:]...)
 				break
 			}
 			err = t.send(peerID, m)
 		}
 		if err != nil {
-			t.dropOutbox(peerID)
+			t.desk.outbox.drop(peerID)
 			if s := t.peers.session(peerID); s != nil {
 				s.Close(fmt.Sprintf("send of %s failed: %v", head.MsgType(), err), session.Dropped)
 			}

@@ -28,7 +28,7 @@ func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
 		t.settle() // a session that died opening (its connect unsendable) is forgotten now
 	}
 	if p.Dest != nil {
-		t.claimServing(p.Dest.KVRequestID)
+		t.desk.claim(p.Dest.KVRequestID)
 		// The decoder needs every block, including prefix hits already in
 		// the CPU tier (vLLM #52808).
 		return RequestLevel, nil
@@ -108,10 +108,10 @@ func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int
 	}
 	r := t.book.request(reqID)
 	if r == nil || r.dest == nil || len(keys) == 0 {
-		t.report(jobID, true, 0) // nobody will fetch these: nothing to keep
+		t.ledger.report(jobID, true, 0) // nobody will fetch these: nothing to keep
 		return nil
 	}
-	t.store(r.dest.KVRequestID, jobID, copyKeys(keys), rows)
+	t.desk.store(r.dest.KVRequestID, jobID, copyKeys(keys), rows)
 	t.settle()
 	return nil
 }
@@ -120,14 +120,7 @@ func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int
 func (t *Tier) GetFinished(max int) []JobResult {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if max <= 0 || len(t.finished) == 0 {
-		return nil
-	}
-	n := min(max, len(t.finished))
-	out := make([]JobResult, n)
-	copy(out, t.finished)
-	t.finished = append(t.finished[:0], t.finished[n:]...)
-	return out
+	return t.ledger.take(max)
 }
 
 // FinishRequest ends a request's roles; its jobs are still reported.
@@ -142,7 +135,7 @@ func (t *Tier) FinishRequest(reqID string) error {
 		return nil
 	}
 	if dst := r.dest; dst != nil {
-		t.finishServing(dst.KVRequestID)
+		t.desk.finishServing(dst.KVRequestID)
 	}
 	t.settle()
 	return nil
@@ -153,9 +146,9 @@ func (t *Tier) HasPendingWork() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return len(t.finished) > 0
+		return t.ledger.unreported() > 0
 	}
-	if len(t.jobs) > 0 || len(t.finished) > 0 || t.inbound.len() > 0 || t.parkedStores() > 0 {
+	if t.ledger.inFlight() > 0 || t.ledger.unreported() > 0 || t.desk.pending() {
 		return true
 	}
 	for s := range t.peers.activeSessions { // a quiet session has none
@@ -188,7 +181,7 @@ func (t *Tier) Drain() error {
 // for a transfer, and stay reported by their own deadlines (as upstream).
 func (t *Tier) inFlight() int {
 	n := 0
-	for _, j := range t.jobs {
+	for _, j := range t.ledger.all() {
 		if j.isLoad {
 			n++
 		}
@@ -230,7 +223,7 @@ func (t *Tier) shutdown() error {
 	close(t.stop)
 	<-t.loopDone
 	t.checking.Wait()
-	<-t.outbox.done
+	<-t.desk.outbox.done
 	<-t.lanes.done
 	<-t.peers.reg.done
 	errs := []error{t.ctl.Close(), t.rows.Close()}
@@ -252,17 +245,13 @@ func (t *Tier) transfersInFlight() bool {
 	return false
 }
 
-// admitJob records a new job; called with t.mu held.
+// admitJob records a new job while the peer takes work; called with t.mu
+// held.
 func (t *Tier) admitJob(jobID int64, isLoad bool, rows []uint64) (*job, error) {
 	if err := t.usable(); err != nil {
 		return nil, err
 	}
-	if _, dup := t.jobs[jobID]; dup {
-		return nil, fmt.Errorf("%w: job %d is already in flight", ErrDuplicate, jobID)
-	}
-	j := &job{isLoad: isLoad, at: t.now()}
-	t.jobs[jobID] = j
-	return j, nil
+	return t.ledger.admit(jobID, isLoad)
 }
 
 func (t *Tier) checkJob(keys [][]byte, slots []int64) ([]uint64, error) {

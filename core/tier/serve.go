@@ -43,47 +43,47 @@ type serveKV struct {
 	deadline time.Time
 }
 
-func (t *Tier) servingKV(kv string) *serveKV {
-	sk := t.serving[kv]
+func (d *serveDesk) servingKV(kv string) *serveKV {
+	sk := d.serving[kv]
 	if sk == nil {
 		sk = &serveKV{id: kv}
-		t.serving[kv] = sk
+		d.serving[kv] = sk
 	}
 	return sk
 }
 
-// claimServing records that a starting request serves kv.
-func (t *Tier) claimServing(kv string) {
-	t.servingKV(kv).claimed = true
+// claim records that a starting request serves kv.
+func (d *serveDesk) claim(kv string) {
+	d.servingKV(kv).claimed = true
 }
 
 // store hands a prefill's stored rows to the decoder, or parks them.
-func (t *Tier) store(kv string, jobID int64, keys [][]byte, rows []uint64) {
-	sk := t.servingKV(kv)
+func (d *serveDesk) store(kv string, jobID int64, keys [][]byte, rows []uint64) {
+	sk := d.servingKV(kv)
 	switch {
 	case sk.state == serveExpired:
-		t.logf("WARNING", "store job %d for kv_request_id=%s, whose earlier stores expired unfetched; failing it", jobID, kv)
-		t.report(jobID, false, 0)
+		d.logf("WARNING", "store job %d for kv_request_id=%s, whose earlier stores expired unfetched; failing it", jobID, kv)
+		d.report(jobID, false, 0)
 	case sk.state == serveBound && !sk.s.Dead():
 		sk.s.AddStoredBlocks(kv, keys, rows, jobID, 0, false)
 	default:
 		if sk.state != serveParked || len(sk.parked) == 0 {
-			sk.deadline = t.now().Add(t.cfg.UnboundStoreTimeout)
+			sk.deadline = d.now().Add(d.cfg.UnboundStoreTimeout)
 		}
 		sk.state, sk.s = serveParked, nil
 		sk.parked = append(sk.parked, parked{jobID: jobID, keys: keys, rows: rows})
-		t.parkedBatches++
+		d.parkedBatches++
 	}
 }
 
 // fetchArrived binds kv to the first session that fetches it; any other
 // session's fetch is refused, so nobody can take over a decoder's rows.
-func (t *Tier) fetchArrived(s *session.Session, kv string) {
-	sk := t.serving[kv]
+func (d *serveDesk) fetchArrived(s *session.Session, kv string) {
+	sk := d.serving[kv]
 	switch {
 	case sk == nil:
 		// The decoder asked before the prefill started here.
-		t.serving[kv] = &serveKV{id: kv, state: serveBound, s: s, deadline: t.now().Add(t.cfg.UnboundStoreTimeout)}
+		d.serving[kv] = &serveKV{id: kv, state: serveBound, s: s, deadline: d.now().Add(d.cfg.UnboundStoreTimeout)}
 		return
 	case sk.state == serveExpired:
 		s.FinishProducer(kv) // its stores are gone: fail the round now, not at the load timeout
@@ -91,7 +91,7 @@ func (t *Tier) fetchArrived(s *session.Session, kv string) {
 	case sk.state == serveBound && sk.s == s:
 		return
 	case sk.state == serveBound && !sk.s.Dead():
-		t.logf("WARNING", "peer %s fetched kv_request_id=%s, which peer %s already fetches; refusing it",
+		d.logf("WARNING", "peer %s fetched kv_request_id=%s, which peer %s already fetches; refusing it",
 			s.PeerID(), kv, sk.s.PeerID())
 		s.FinishProducer(kv)
 		return
@@ -99,77 +99,84 @@ func (t *Tier) fetchArrived(s *session.Session, kv string) {
 	sk.state, sk.s = serveBound, s
 	batches := sk.parked
 	sk.parked = nil
-	t.parkedBatches -= len(batches)
-	sk.deadline = t.now().Add(t.cfg.UnboundStoreTimeout)
+	d.parkedBatches -= len(batches)
+	sk.deadline = d.now().Add(d.cfg.UnboundStoreTimeout)
 	for _, b := range batches {
 		s.AddStoredBlocks(kv, b.keys, b.rows, b.jobID, 0, false)
 	}
 	if sk.requestDone {
-		delete(t.serving, kv)
+		delete(d.serving, kv)
 		s.FinishProducer(kv)
 	}
 }
 
 // finishServing ends the local request that served kv.
-func (t *Tier) finishServing(kv string) {
-	sk := t.serving[kv]
+func (d *serveDesk) finishServing(kv string) {
+	sk := d.serving[kv]
 	switch {
 	case sk == nil:
 	case sk.state == serveBound:
-		delete(t.serving, kv)
+		delete(d.serving, kv)
 		sk.s.FinishProducer(kv)
 	case sk.state == serveParked && len(sk.parked) > 0:
 		// The decoder has not asked yet: keep the stores until it does or
 		// they expire, and finish the round as soon as it is matched.
 		sk.requestDone = true
 	case sk.state == serveParked:
-		delete(t.serving, kv)
+		delete(d.serving, kv)
 	}
 }
 
 // unbindServing forgets a closed session's bindings. Its stores were
 // reported by the session's Close; a live prefill parks later ones.
-func (t *Tier) unbindServing(s *session.Session) {
-	for kv, sk := range t.serving {
+func (d *serveDesk) unbindServing(s *session.Session) {
+	for kv, sk := range d.serving {
 		if sk.state != serveBound || sk.s != s {
 			continue
 		}
 		if sk.claimed {
 			sk.state, sk.s = serveParked, nil
 		} else {
-			delete(t.serving, kv)
+			delete(d.serving, kv)
 		}
 	}
 }
 
-// tickServing applies the serving deadlines.
-func (t *Tier) tickServing(now time.Time) {
-	for kv, sk := range t.serving {
+// clearServing forgets every served kv id (the peer stops); their parked
+// stores are jobs the ledger fails.
+func (d *serveDesk) clearServing() {
+	clear(d.serving)
+	d.parkedBatches = 0
+}
+
+// tick applies the serving deadlines.
+func (d *serveDesk) tick(now time.Time) {
+	for kv, sk := range d.serving {
 		if sk.deadline.IsZero() || now.Before(sk.deadline) {
 			continue
 		}
 		switch {
 		case sk.state == serveParked && len(sk.parked) > 0:
 			for _, b := range sk.parked {
-				t.report(b.jobID, false, 0)
+				d.report(b.jobID, false, 0)
 			}
-			t.stats.unboundExpired += int64(len(sk.parked))
-			t.logf("WARNING", "no decoder fetched kv_request_id=%s within %v; released %d stored batch(es) (raise unbound_store_timeout_s if prefills outlast it)",
-				kv, t.cfg.UnboundStoreTimeout, len(sk.parked))
-			t.parkedBatches -= len(sk.parked)
+			d.counts.unboundExpired += int64(len(sk.parked))
+			d.logf("WARNING", "no decoder fetched kv_request_id=%s within %v; released %d stored batch(es) (raise unbound_store_timeout_s if prefills outlast it)",
+				kv, d.cfg.UnboundStoreTimeout, len(sk.parked))
+			d.parkedBatches -= len(sk.parked)
 			sk.parked = nil
 			sk.state = serveExpired
-			sk.deadline = now.Add(t.cfg.ReapedIDRetention)
+			sk.deadline = now.Add(d.cfg.ReapedIDRetention)
 		case sk.state == serveExpired:
-			delete(t.serving, kv)
+			delete(d.serving, kv)
 		case sk.state == serveBound && !sk.claimed:
 			// No prefill for it started here; the session fails its fetch
 			// at the same deadline.
-			delete(t.serving, kv)
+			delete(d.serving, kv)
 		}
 	}
 }
 
 // parkedStores counts store batches waiting for a decoder (kept as a
 // count: the host asks on every step).
-func (t *Tier) parkedStores() int { return t.parkedBatches }
+func (d *serveDesk) parkedStores() int { return d.parkedBatches }

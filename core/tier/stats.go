@@ -95,7 +95,6 @@ func (t *Tier) snapshot(peers bool) Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c := t.stats
-	parked := t.parkedStores()
 	kvIDs, wanted := 0, 0
 	for s := range t.peers.all {
 		k, w := s.Holds()
@@ -110,9 +109,9 @@ func (t *Tier) snapshot(peers bool) Stats {
 	bc := t.book.counts
 	st := Stats{
 		LocalID: t.env.LocalID, DataPaths: t.dt.Name(), Sessions: t.peers.count(), SessionsOpened: t.peers.counts.opened,
-		SessionsClosed: t.peers.counts.closed, Requests: len(t.book.requests), JobsInFlight: len(t.jobs),
-		JobsUnreported: len(t.finished), ParkedStores: parked, InboundQueued: t.inbound.len(),
-		InboundActive: len(t.lookups), ExpectedRows: expected,
+		SessionsClosed: t.peers.counts.closed, Requests: len(t.book.requests), JobsInFlight: t.ledger.inFlight(),
+		JobsUnreported: t.ledger.unreported(), ParkedStores: t.desk.parkedStores(), InboundQueued: t.desk.inboundQueued(),
+		InboundActive: t.desk.inboundActive(), ExpectedRows: expected,
 		FramesIn: c.framesIn, FramesOut: c.framesOut, DroppedFrames: c.droppedFrames, BadFrames: c.badFrames,
 		LookupHits: bc.lookupHits, LookupMisses: bc.lookupMisses, InboundLookups: c.inboundLookups,
 		LoadsOK: c.loadsOK, LoadsFailed: c.loadsFailed, StoresOK: c.storesOK, StoresFailed: c.storesFailed,

@@ -44,26 +44,16 @@ func (t *Tier) teardown(how ending) (ended, goodbyes int) {
 	// The tier stops.
 	if how == endShutdown {
 		goodbyes = t.peers.sayOwedGoodbyes() // refused stock peers still waiting for theirs
-		t.logf("INFO", "shutting down: %d session(s) closed, %d job(s) still in flight reported failed", len(gone), len(t.jobs))
+		t.logf("INFO", "shutting down: %d session(s) closed, %d job(s) still in flight reported failed", len(gone), t.ledger.inFlight())
 		t.settle() // what the sessions reported as they closed
-		for _, sk := range t.serving {
-			for _, b := range sk.parked {
-				t.report(b.jobID, false, 0)
-			}
-		}
 	} else {
 		t.pending = nil // the reports of sessions in an unknown state
 	}
-	for id := range t.jobs {
-		t.report(id, false, 0)
-	}
+	t.ledger.failAll() // parked stores included
 	if how == endPoisoned {
 		t.book.guard.revokeAll() // no peer may write our rows any more
 	}
-	clear(t.serving)
-	t.parkedBatches = 0
-	clear(t.lookups)
-	t.inbound = inboundQueue{}
+	t.desk.clear()
 	return len(gone), goodbyes
 }
 
@@ -77,10 +67,8 @@ func (t *Tier) purge(s *session.Session, how ending) {
 			t.obs.rejections[c]++
 		}
 		t.book.purge(s) // its pulls' answers may change without it
-		t.unbindServing(s)
-		t.dropInbound(s)
-		t.dropOutbox(s.PeerID())
+		t.desk.purge(s)
 	case endShutdown:
-		t.dropOutbox(s.PeerID())
+		t.desk.purge(s)
 	}
 }

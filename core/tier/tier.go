@@ -30,12 +30,6 @@ type Deps struct {
 	NotAllowedAtAccept func() uint64
 }
 
-// job is a submitted job not yet reported.
-type job struct {
-	isLoad bool
-	at     time.Time
-}
-
 // Tier is one peer. See the package comment for the threading model.
 type Tier struct {
 	cfg    config.Config
@@ -67,23 +61,17 @@ type Tier struct {
 	// guard (pullbook.go).
 	book *pullBook
 	// peers holds the sessions and what is kept per peer (peerset.go).
-	peers         *peerSet
-	jobs          map[int64]*job
-	finished      []JobResult
-	serving       map[string]*serveKV // PD kv ids this peer serves as a prefiller
-	parkedBatches int                 // store batches parked in serving, summed
-	inbound       inboundQueue        // work for the host's serve pass
-	lookups       map[int64]*session.InboundLookup
-	nextLookup    int64
-	pending       []session.Report // sessions' reports not yet applied (see settle)
-	stats         counters
-	obs           observations // by cause, by path, histograms (observe.go)
+	peers   *peerSet
+	ledger  *ledger          // jobs and their results (ledger.go)
+	desk    *serveDesk       // what we serve: PD kv ids, inbound lookups, the outbox (servedesk.go)
+	pending []session.Report // sessions' reports not yet applied (see settle)
+	stats   counters
+	obs     observations // by cause, by path, histograms (observe.go)
 
 	// What goroutines found of peers off the lock, for the loop to apply.
 	found chan func()
 
-	outbox       outbox // frames waiting behind a deferred answer (outbox.go)
-	lanes        lanes  // sessions' large frames waiting to be decoded (lanes.go)
+	lanes        lanes // sessions' large frames waiting to be decoded (lanes.go)
 	registered   chan registration
 	stop         chan struct{}
 	loopDone     chan struct{}
@@ -121,18 +109,25 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		now:        now,
 		logs:       newLogRing(1 << 20),
 		news:       newNews(),
-		jobs:       map[int64]*job{},
-		serving:    map[string]*serveKV{},
-		lookups:    map[int64]*session.InboundLookup{},
 		registered: make(chan registration, 64),
 		checked:    make(chan checked, 64),
 		found:      make(chan func(), maxDiagnoses),
 		obs:        newObservations(),
-		outbox:     newOutbox(),
 		lanes:      newLanes(),
 		stop:       make(chan struct{}),
 		loopDone:   make(chan struct{}),
 	}
+	t.ledger = newLedger(now, t.logf, &t.stats, func(r JobResult) {
+		if r.IsLoad {
+			t.observeLoad(r.Success, r.Duration)
+		}
+		t.news.bump(NewsResults)
+		t.notify.signal()
+	})
+	t.desk = newServeDesk(cfg, now, t.logf, t.ledger.report, &t.stats, func() {
+		t.news.bump(NewsInbound)
+		t.notify.signal()
+	})
 	t.book = newPullBook(t.bookHooks(), cfg.LoadTimeout, cfg.KeyLen, region.RowLen)
 	dt, err := deps.NewData(t.book.guard, t.logf)
 	if err != nil {
@@ -152,7 +147,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		Send:           t.sessionSend,
 		Report:         func(r session.Report) { t.pending = append(t.pending, r) },
 		Logf:           t.logf,
-		NextLookupID:   func() int64 { t.nextLookup++; return t.nextLookup },
+		NextLookupID:   t.desk.nextLookupID,
 		LookupAnswered: t.lookupAnswered,
 		LookupServed:   func(held time.Duration) { t.obs.lookupServed.observe(held.Seconds()) },
 		Register:       t.register,
@@ -210,7 +205,7 @@ func (t *Tier) bookHooks() bookHooks {
 			}
 			return s, nil
 		},
-		report: t.report,
+		report: t.ledger.report,
 		fence: func(peerID string) {
 			if f, ok := t.dt.(data.Fencer); ok {
 				f.Fence(peerID)
@@ -228,7 +223,7 @@ func (t *Tier) bookHooks() bookHooks {
 }
 
 func (t *Tier) send(peerID string, m protocol.Message) error {
-	if t.deferSend(peerID, m) {
+	if t.desk.outbox.deferSend(peerID, m) {
 		return nil
 	}
 	frame, err := protocol.Encode(m)
@@ -244,7 +239,7 @@ func (t *Tier) send(peerID string, m protocol.Message) error {
 // (refusals.go): one that finds the peer without a session draws a connect.
 func (t *Tier) sessionSend(peerID string, m protocol.Message) error {
 	if _, bye := m.(*protocol.Disconnect); bye {
-		t.dropOutbox(peerID) // the session ends: what waited for it is moot
+		t.desk.outbox.drop(peerID) // the session ends: what waited for it is moot
 		s := t.peers.session(peerID)
 		if s != nil && !s.Dialed() && !s.Ready() && !t.closed { // at shutdown nothing can loop
 			if seen, ok := s.Seen(); ok && !seen.PeerKV && !t.peers.goodbyeNow(peerID) {
@@ -453,44 +448,12 @@ func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
 func (t *Tier) onTick() {
 	now := t.now()
 	t.peers.tick(now)
-	t.tickServing(now)
+	t.desk.tick(now)
 	t.book.tickLoads(now)
 	t.peers.expireEpisodes(now)
 	t.flushLogs(now)
 	t.peers.sayDueGoodbyes(now)
 	t.peers.reapIdle(now)
-}
-
-// report delivers a job's single outcome to the host.
-func (t *Tier) report(jobID int64, ok bool, bytes int64) {
-	j := t.jobs[jobID]
-	if j == nil {
-		t.logf("ERROR", "internal: job %d reported twice or never submitted (ignored)", jobID)
-		return
-	}
-	delete(t.jobs, jobID)
-	if j.isLoad {
-		t.observeLoad(ok, t.now().Sub(j.at))
-		if ok {
-			t.stats.loadsOK++
-			t.stats.bytesIn += bytes
-		} else {
-			t.stats.loadsFailed++
-		}
-	} else {
-		if ok {
-			t.stats.storesOK++
-			t.stats.bytesOut += bytes
-		} else {
-			t.stats.storesFailed++
-		}
-	}
-	// The one place results are queued for GetFinished.
-	t.finished = append(t.finished, JobResult{
-		JobID: jobID, Success: ok, IsLoad: j.isLoad, Bytes: bytes, Duration: t.now().Sub(j.at),
-	})
-	t.news.bump(NewsResults)
-	t.notify.signal()
 }
 
 // usable is nil while host calls may change state, else why not.
