@@ -132,7 +132,7 @@ func startHost(t *testing.T, i int, name string, options map[string]any, env ...
 	t.Helper()
 	opts, err := json.Marshal(options)
 	require.NoError(t, err)
-	cmd := exec.Command("/proc/self/exe")
+	cmd := reexec()
 	cmd.Env = append(append(os.Environ(), peerEnv+"="+string(opts)), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
 	h := &host{t: t, index: i, name: fmt.Sprintf("%s (%s)", name, hostIP(i)), cmd: cmd,

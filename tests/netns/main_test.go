@@ -60,7 +60,7 @@ func launch() int {
 	netOnly := &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
 	var tried []string
 	for _, attr := range []*syscall.SysProcAttr{userns, netOnly} {
-		cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
+		cmd := reexec(os.Args[1:]...)
 		cmd.Env = append(os.Environ(), worldEnv+"=1")
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 		cmd.SysProcAttr = attr
@@ -78,4 +78,11 @@ func launch() int {
 		"the multi-host suite needs root (CAP_SYS_ADMIN) or unprivileged user namespaces "+
 		"(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)\n", tried[0], os.Getuid(), tried[1])
 	return 1
+}
+
+// reexec runs this binary again, under its own name in ps.
+func reexec(args ...string) *exec.Cmd {
+	cmd := exec.Command("/proc/self/exe", args...)
+	cmd.Args[0] = os.Args[0]
+	return cmd
 }
