@@ -39,6 +39,7 @@ func (t *Tier) replaceRestarted(s *session.Session, m protocol.Message) bool {
 		return false
 	}
 	id := s.PeerID()
+	t.stats.peerRestarts++
 	t.logf("WARNING", "peer %s: %s; ending its old session (its jobs fail) and opening a new one", id, why)
 	// No goodbye: it would reach the new incarnation, and end its session.
 	s.Close("the peer started anew: "+why, session.Dropped)

@@ -85,6 +85,7 @@ func TestRestartedConsumerIsServedAtOnce(t *testing.T) {
 			}
 			assert.Contains(t, logs.String(), "restarted (epoch")
 			assert.NotContains(t, logs.String(), "duplicate connect")
+			assert.EqualValues(t, trials, prod.Stats().PeerRestarts, "each restart counted once")
 			assertQuiet(t, prod, dec)
 		})
 	}

@@ -10,6 +10,7 @@ type counters struct {
 	unboundExpired, badParams                     int64
 	sessionsRefused                               int64 // connects refused before a session opened
 	integrityMismatch, integrityMissing           int64
+	peerRestarts                                  int64 // restart.go
 }
 
 // Stats is a snapshot of the peer's counters and gauges.
@@ -55,6 +56,10 @@ type Stats struct {
 	KVIDsMinted     int64 `json:"kv_ids_minted"`
 	LoadsSpread     int64 `json:"loads_spread"`
 	SourceFailovers int64 `json:"source_failovers"`
+	// PeerRestarts counts peers heard starting anew under an identity we
+	// held a session with (restart.go): the old session ended, a new one
+	// opened.
+	PeerRestarts int64 `json:"peer_restarts"`
 	// DataPeers is how many peers the data path holds registered.
 	DataPeers int `json:"data_peers"`
 	// ServeKVIDs and ServeKeysWanted are what remote consumers make this
@@ -117,7 +122,7 @@ func (t *Tier) snapshot(peers bool) Stats {
 		LoadsOK: c.loadsOK, LoadsFailed: c.loadsFailed, StoresOK: c.storesOK, StoresFailed: c.storesFailed,
 		BytesIn: c.bytesIn, BytesOut: c.bytesOut, UnboundExpired: c.unboundExpired, BadParams: c.badParams,
 		SessionsRefused: c.sessionsRefused, SessionsEvicted: t.peers.counts.evicted, KVIDsMinted: bc.kvIDsMinted, LoadsSpread: bc.loadsSpread,
-		SourceFailovers: bc.sourceFailovers, DataPeers: t.peers.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
+		SourceFailovers: bc.sourceFailovers, PeerRestarts: c.peerRestarts, DataPeers: t.peers.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
 		Poisoned:          poisoned,
 		IntegrityFailures: map[string]int64{IntegrityMismatch: c.integrityMismatch, IntegrityMissing: c.integrityMissing},
 	}

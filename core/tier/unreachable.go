@@ -116,6 +116,11 @@ func (p *peerSet) diagnosed(d diagnosis) {
 		return // heard from meanwhile: the episode is over
 	}
 	ep.diagnosing = false
+	// The back-off the log line promises counts from now: diagnosing dropped
+	// packets takes diagnoseTimeout, longer than the first back-off.
+	if until := p.now().Add(ep.backoff); until.After(ep.until) {
+		ep.until = until
+	}
 	cause, detail := d.cause, d.detail
 	if cause == "" { // reachable now: the transport's guess, in its words
 		cause, detail = ep.guess, ep.detail+" (a TCP connection to it opens now: it may have just started, "+

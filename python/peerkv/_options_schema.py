@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "29fcea7cc5d5ab016cd1f39dec04887c9128f4e95ab89b1a1efde7663e294c07"
+DIGEST = "080ef84841b29c1ee1069f10a5b5d74f2b87ebefaa7ad462135022fba937df13"
 
 SCHEMA = json.loads(
     r"""
@@ -477,6 +477,7 @@ SCHEMA = json.loads(
    "kv_ids_minted",
    "loads_spread",
    "source_failovers",
+   "peer_restarts",
    "data_peers",
    "serve_kv_ids",
    "serve_keys_wanted",

@@ -110,6 +110,11 @@ _STATS_METRICS: dict[str, tuple[str, str, str]] = {
         "counter",
         "Sessions ended to give their slot to a peer from a less crowded network while max_peers was full.",
     ),
+    "peer_restarts": (
+        "peer_restarts",
+        "counter",
+        "Peers heard starting anew under an identity we held a session with: the old session ended, a new one opened.",
+    ),
     "lookup_hits": ("lookup_hits", "counter", "Keys a remote source reported present."),
     "lookup_misses": ("lookup_misses", "counter", "Keys a remote source reported absent."),
     "inbound_lookups": ("inbound_lookups", "counter", "Lookups served to remote consumers."),

@@ -80,6 +80,12 @@ func (c *Cluster) Open(port, rows int, seed uint64, mutate ...func(*config.Confi
 	return &Peer{Tier: tr, ID: id, Region: region, Wire: w, ledger: c.Ledger, held: map[string]int64{}}, nil
 }
 
+// Adopt wraps a tier opened elsewhere (a real node, as in tests/netns),
+// recording its jobs in ledger; it has no Wire.
+func Adopt(tr *tier.Tier, region data.Region, ledger *Ledger) *Peer {
+	return &Peer{Tier: tr, ID: tr.LocalID(), Region: region, ledger: ledger, held: map[string]int64{}}
+}
+
 // Row returns row i of the peer's region.
 func (p *Peer) Row(i int64) []byte { return p.Region.Row(uint64(i)) }
 

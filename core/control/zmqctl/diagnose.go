@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"syscall"
 	"time"
@@ -74,7 +75,9 @@ func dialFailure(err error, timeout time.Duration) (cause, detail string) {
 			"check the address and this host's routes)", err)
 	case errors.As(err, &dnsErr):
 		return control.CauseUnresolvable, fmt.Sprintf("its host name does not resolve: %v", err)
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, syscall.ETIMEDOUT):
+	// A dial past its context's deadline fails with os.ErrDeadlineExceeded
+	// ("i/o timeout"), not context.DeadlineExceeded.
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded), errors.Is(err, syscall.ETIMEDOUT):
 		return control.CauseTimeout, fmt.Sprintf("no answer within %v: packets to it are dropped (a firewall, "+
 			"a partition) or its host is down", timeout)
 	}

@@ -82,6 +82,8 @@ func TestDialFailuresAreNamed(t *testing.T) {
 		{dial(syscall.ENETUNREACH), control.CauseUnreachable},
 		{dial(syscall.EHOSTUNREACH), control.CauseUnreachable},
 		{&net.OpError{Op: "dial", Net: "tcp", Err: context.DeadlineExceeded}, control.CauseTimeout},
+		// What DialContext returns when its deadline passes (a black hole).
+		{&net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}, control.CauseTimeout},
 		{&net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "x"}}, control.CauseUnresolvable},
 	} {
 		got, detail := dialFailure(c.err, time.Second)
