@@ -109,7 +109,8 @@ func TestASlowlorisFromTheWritersAddressCannotEvictItsHello(t *testing.T) {
 // most.
 func TestHellosGiveWayByProgress(t *testing.T) {
 	tr := newTransport(t, "b", sentinelRegion(4), func(o *Options) {
-		o.MaxHelloConns, o.MaxHelloConnsPerHost, o.IOTimeout = 4, 3, DefaultIOTimeout
+		o.MaxHelloConns, o.MaxHelloConnsPerHost = 4, 3
+		o.IOTimeout, o.HelloTimeout = time.Minute, time.Minute // only a newcomer closes a hello here
 	})
 	var conns []net.Conn
 	defer func() {
