@@ -100,6 +100,7 @@ func runVictim(raw string) int {
 		return fail("open: %v", err)
 	}
 	v := &victimHost{tr: tr, held: held}
+	defer startVictimProfile(&v.watch)()
 	v.resetStats()
 	go v.sample()
 	stop := make(chan struct{})
@@ -169,6 +170,7 @@ type victimHost struct {
 	held map[string]int64 // key -> row
 
 	runWait func() time.Duration // the host thread's time waiting for a CPU so far
+	watch   callWatch            // the call in progress, for victimProfileEnv
 
 	mu          sync.Mutex
 	slowest     time.Duration
@@ -203,7 +205,9 @@ func (v *victimHost) stat() victimStat {
 func (v *victimHost) timed(name string, call func()) {
 	waited := v.runWait()
 	start := time.Now()
+	v.watch.begin(name)
 	call()
+	v.watch.end()
 	wall := time.Since(start)
 	d := wall - (v.runWait() - waited)
 	v.mu.Lock()

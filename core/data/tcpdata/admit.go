@@ -1,16 +1,14 @@
 package tcpdata
 
 import (
+	"cmp"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"slices"
 	"sync/atomic"
 	"time"
 )
-
-// helloGrace is how long a connection that has sent bytes is safe from
-// eviction: long enough for a writer's hello, TLS included, on a LAN.
-const helloGrace = 200 * time.Millisecond
 
 // provenGrace is how long a proven connection is safe from eviction after
 // it was admitted or last received rows its writer was owed: a producer
@@ -26,23 +24,27 @@ const connsPerStream = 4
 // never finish a hello cannot take the places of writers who did:
 //
 //   - in the hello: at most MaxHelloConns (MaxHelloConnsPerHost from one
-//     source IP), each for at most HelloTimeout. A new connection beyond
-//     either bound closes one still in its hello (from that IP, or at all),
-//     chosen by progress (see evictionCandidate): one whose first bytes do
-//     not start a hello (helloShape) goes first, then one that never sent
-//     a byte, so a slowloris gives way before a writer mid-hello. Only when
-//     all are younger than helloGrace and sent the start of a hello is the
-//     newcomer refused instead. A writer's connection has sent nothing
-//     until it has our server hello, so a slowloris redialling from its IP
-//     can still close it in that one round trip: the producer then dials
-//     again (sender.connect).
+//     source IP), each for at most HelloTimeout. A newcomer is let in: beyond
+//     the bound of its IP it closes one still in its hello from that IP,
+//     beyond the total one from the IP holding the most, chosen among those
+//     we have begun to serve as the furthest from finishing a hello as a
+//     writer does (see evictionCandidate). A writer sends each message of
+//     its hello whole and answers ours at once, so connections that sent
+//     stray bytes, stopped mid-message (the start of a real hello, never
+//     the rest) or have owed us their next bytes longest give way before
+//     it. Only strangers dialling a whole budget from its IP within one
+//     round trip of the writer can still close it; the producer then dials
+//     again (sender.connect). The accept loop paces itself on the hellos
+//     it starts (servePace), and refuses a newcomer only when none it
+//     could replace has been served yet.
 //   - proven (the hello passed): at most MaxConns (MaxConnsPerHost from one
 //     source IP, connsPerStream × Streams from one writer). A hello beyond
 //     any of them closes the proven connection (of that writer, that IP, or
 //     at all) that has gone longest without receiving rows it was owed, if
 //     that is longer than provenGrace and it is not receiving a part now;
 //     else it is refused with statusBusy. So a stranger holding a token but
-//     owed nothing cannot keep places a writer with rows owed needs.
+//     owed nothing cannot keep places a writer with rows owed needs, and a
+//     connection still in its hello never closes a proven one.
 
 // connStage is where an inbound connection stands.
 type connStage uint8
@@ -68,6 +70,19 @@ type inboundConn struct {
 	// shaped counts the first bytes read that fit the start of a hello
 	// (helloShape), up to its length; -1 once one did not.
 	shaped atomic.Int32
+	// waitingSince is when its goroutine began waiting to read from it
+	// (unix ns, below TLS; 0 while not waiting): since then the writer owes
+	// us its next bytes. While we work on what it sent, it owes nothing.
+	waitingSince atomic.Int64
+	// served is closed once its goroutine has begun reading from it. Until
+	// then it had no chance to show progress, so it is never closed for a
+	// newcomer; isServed is set with it.
+	served   chan struct{}
+	isServed atomic.Bool
+	// midRecord: its bytes end inside a TLS record (encrypted mode);
+	// midHello: part of its client hello has arrived, not all of it.
+	midRecord, midHello atomic.Bool
+	records             recordFraming // its goroutine's, for midRecord
 
 	lastUseful atomic.Int64 // unix ns: promoted, or last received rows it was owed
 	inPart     atomic.Bool  // receiving a part whose rows it is owed
@@ -81,9 +96,25 @@ func (in *inboundConn) idleFor(now time.Time) time.Duration {
 	return now.Sub(time.Unix(0, in.lastUseful.Load()))
 }
 
+// stopped says whether in stopped mid-message: a writer sends each
+// message of its hello whole, so only a stranger stays there.
+func (in *inboundConn) stopped() bool { return in.midRecord.Load() || in.midHello.Load() }
+
+// owesFor is how long we have waited for in's next bytes (0 while we are
+// not waiting for it).
+func (in *inboundConn) owesFor(now time.Time) time.Duration {
+	since := in.waitingSince.Load()
+	if since == 0 {
+		return 0
+	}
+	return now.Sub(time.Unix(0, since))
+}
+
 // countingConn counts the bytes read from a raw connection, and checks
-// the first against helloShape, so admission can tell a writer mid-hello
-// from a connection that never sent a byte or sent stray ones.
+// the first against helloShape and the rest against the TLS record framing
+// (encrypted mode), so admission can tell a writer mid-hello from a
+// connection that never sent a byte, sent stray ones or stopped
+// mid-message.
 type countingConn struct {
 	net.Conn
 	in    *inboundConn
@@ -91,7 +122,17 @@ type countingConn struct {
 }
 
 func (c countingConn) Read(b []byte) (int, error) {
+	if c.in.isServed.CompareAndSwap(false, true) {
+		close(c.in.served)
+	}
+	c.in.waitingSince.Store(time.Now().UnixNano())
 	n, err := c.Conn.Read(b)
+	c.in.waitingSince.Store(0)
+	if n > 0 {
+		if c.shape.encrypted {
+			c.in.midRecord.Store(c.in.records.inside(b[:n]))
+		}
+	}
 	defer c.in.bytesIn.Add(int64(n)) // after shaped: bytes counted are bytes checked
 	if k := c.in.shaped.Load(); k >= 0 && int(k) < c.shape.len() {
 		for _, x := range b[:n] {
@@ -144,6 +185,30 @@ func (s helloShape) fits(i int, b byte) bool {
 	return true // the record's length
 }
 
+// recordFraming follows TLS record boundaries in the bytes a connection
+// sends: a writer's TLS client writes whole records.
+type recordFraming struct {
+	header [5]byte // type, version u16, length u16
+	got    int     // bytes of header read
+	left   int     // bytes of the current record's body still to come
+}
+
+// inside consumes b and says whether the bytes so far end inside a record.
+func (f *recordFraming) inside(b []byte) bool {
+	for len(b) > 0 {
+		if f.left > 0 {
+			k := min(f.left, len(b))
+			f.left, b = f.left-k, b[k:]
+			continue
+		}
+		f.header[f.got], f.got, b = b[0], f.got+1, b[1:]
+		if f.got == len(f.header) {
+			f.left, f.got = int(binary.BigEndian.Uint16(f.header[3:])), 0
+		}
+	}
+	return f.got > 0 || f.left > 0
+}
+
 // admission counts inbound connections by stage; t.mu guards it.
 type admission struct {
 	hello         []*inboundConn // in the hello, oldest first
@@ -151,13 +216,12 @@ type admission struct {
 	proven        int
 	provenPerHost map[string]int
 	provenPerPeer map[string]int
-	grace         time.Duration // helloGrace; tests change it
 	provenGrace   time.Duration // provenGrace; tests change it
 }
 
 func newAdmission() admission {
 	return admission{helloPerHost: map[string]int{}, provenPerHost: map[string]int{}, provenPerPeer: map[string]int{},
-		grace: helloGrace, provenGrace: provenGrace}
+		provenGrace: provenGrace}
 }
 
 // inboundCounters count what happened to inbound connections and parts.
@@ -175,7 +239,7 @@ type InboundStats struct {
 	HeldBytes  int64 // held for parts being received now (MaxHeldBytes at most)
 
 	HelloEvicted  uint64 // connections closed in their hello to admit a newer one
-	HelloRefused  uint64 // newcomers closed at once: every hello was young and under way
+	HelloRefused  uint64 // newcomers closed at once: we had not begun to serve any hello they could replace
 	HelloFailed   uint64 // hellos refused or not finished within HelloTimeout
 	OverConnLimit uint64 // proven writers refused: MaxConns, MaxConnsPerHost or the per-writer bound reached, none idle
 	ProvenEvicted uint64 // proven connections closed, idle (owed no rows) past provenGrace, to admit a newer one
@@ -204,8 +268,10 @@ func (t *Transport) InboundStats() InboundStats {
 }
 
 // admitHello registers a new connection in its hello, closing one in the
-// hello from its IP, or at all, to make room, and says whether it did; when
-// none may be closed the newcomer is not registered; t.mu held.
+// hello from its IP, or from the IP with the most, to make room, and says
+// whether it did; when every one that could make room was accepted so
+// recently that we have not begun to serve it (we are that busy), the
+// newcomer is not registered; t.mu held.
 func (t *Transport) admitHello(in *inboundConn) bool {
 	a := &t.admit
 	if a.helloPerHost[in.host] >= t.opts.MaxHelloConnsPerHost {
@@ -215,8 +281,12 @@ func (t *Transport) admitHello(in *inboundConn) bool {
 		}
 	}
 	if len(a.hello) >= t.opts.MaxHelloConns {
-		why := fmt.Sprintf("%d connections in their hello", len(a.hello))
-		if !t.makeRoom(in, func(*inboundConn) bool { return true }, why) {
+		most := 0
+		for _, n := range a.helloPerHost {
+			most = max(most, n)
+		}
+		why := fmt.Sprintf("%d connections in their hello, %d from one IP", len(a.hello), most)
+		if !t.makeRoom(in, func(o *inboundConn) bool { return a.helloPerHost[o.host] == most }, why) {
 			return false
 		}
 	}
@@ -228,12 +298,12 @@ func (t *Transport) admitHello(in *inboundConn) bool {
 // makeRoom closes the hello connection evictionCandidate picks among those
 // matching, or counts and logs in's refusal when it picks none; t.mu held.
 func (t *Transport) makeRoom(in *inboundConn, match func(*inboundConn) bool, why string) bool {
-	i := evictionCandidate(t.admit.hello, match, in.accepted, t.admit.grace, helloShape{encrypted: t.tls != nil})
+	i := evictionCandidate(t.admit.hello, match, in.accepted)
 	if i < 0 {
 		t.stats.helloRefused.Add(1)
-		t.logs.logf("connection refused: every hello under way",
-			"%s refused: %s, each younger than %v and under way (at most %d, %d from one IP)", in.conn.RemoteAddr(), why,
-			t.admit.grace, t.opts.MaxHelloConns, t.opts.MaxHelloConnsPerHost)
+		t.logs.logf("connection refused: every hello just accepted",
+			"%s refused: %s, none served yet (at most %d, %d from one IP)", in.conn.RemoteAddr(), why,
+			t.opts.MaxHelloConns, t.opts.MaxHelloConnsPerHost)
 		return false
 	}
 	t.evictHello(i, why)
@@ -241,39 +311,54 @@ func (t *Transport) makeRoom(in *inboundConn, match func(*inboundConn) bool, why
 }
 
 // evictionCandidate picks whom a newcomer displaces among the hello
-// connections matching (hello is oldest first), or -1 for none, by
-// progress toward a hello first, age second: the oldest whose bytes do not
-// start a hello (stray, or fewer than shape checks); else the oldest that
-// never sent a byte (a writer answers our server hello at once); else,
-// among those older than grace, the one that sent the fewest bytes, the
-// oldest on a tie. A young connection that sent the start of a hello is
-// never displaced. Bytes waiting unread in the socket count as sent, and
-// as the start of a hello when there are enough of them.
-func evictionCandidate(hello []*inboundConn, match func(*inboundConn) bool, now time.Time, grace time.Duration,
-	shape helloShape) int {
-	silent, pick, least := -1, -1, int64(0)
+// connections matching that we have begun to serve (hello is oldest
+// first), or -1 for none: the one furthest from finishing a hello as a
+// writer does, which sends each message whole and answers ours at once.
+// First the oldest whose first bytes do not start a hello (helloShape);
+// else the one stopped mid-message (the start of a record or of the client
+// hello, not the rest) that we have waited longest to read from; else the
+// one we have waited longest to read from whose answer is not waiting
+// unread in the socket; else (we are working on, or have not yet read,
+// what each sent) the one that sent us the fewest bytes, the oldest on a
+// tie.
+func evictionCandidate(hello []*inboundConn, match func(*inboundConn) bool, now time.Time) int {
+	type candidate struct {
+		i    int
+		owes time.Duration
+	}
+	stopped := -1
+	var owing, busy []candidate
 	for i, o := range hello {
-		if !match(o) {
-			continue
-		}
-		n, started := o.bytesIn.Load(), int(o.shaped.Load()) == shape.len()
-		if n == 0 {
-			n = pendingBytes(o.conn) // sent, but not read yet
-			started = n >= int64(shape.len())
-		}
 		switch {
-		case n == 0:
-			if silent < 0 {
-				silent = i
+		case !match(o) || !o.isServed.Load():
+		case o.shaped.Load() < 0:
+			return i // the oldest stray: a writer's bytes start a hello
+		case o.stopped():
+			if stopped < 0 || o.owesFor(now) > hello[stopped].owesFor(now) {
+				stopped = i
 			}
-		case !started:
-			return i
-		case now.Sub(o.accepted) >= grace && (pick < 0 || n < least):
-			pick, least = i, n
+		case o.owesFor(now) > 0:
+			owing = append(owing, candidate{i, o.owesFor(now)})
+		default:
+			busy = append(busy, candidate{i: i})
 		}
 	}
-	if silent >= 0 {
-		return silent
+	if stopped >= 0 {
+		return stopped
+	}
+	slices.SortStableFunc(owing, func(a, b candidate) int { return cmp.Compare(b.owes, a.owes) })
+	for _, c := range owing {
+		if pendingBytes(hello[c.i].conn) == 0 {
+			return c.i
+		}
+		busy = append(busy, c)
+	}
+	pick := -1
+	for _, c := range busy {
+		if pick < 0 || hello[c.i].bytesIn.Load() < hello[pick].bytesIn.Load() ||
+			hello[c.i].bytesIn.Load() == hello[pick].bytesIn.Load() && c.i < pick {
+			pick = c.i
+		}
 	}
 	return pick
 }

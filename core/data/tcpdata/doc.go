@@ -76,22 +76,26 @@
 //
 // Connections still in their hello have a budget of their own
 // (MaxHelloConns, MaxHelloConnsPerHost from one source IP) and HelloTimeout
-// to finish. A new connection beyond either bound closes one still in its
-// hello (from that IP, else at all), chosen by progress toward a hello
-// first, age second: the oldest whose first bytes do not start a hello (a
-// stray byte, or fewer than the plaintext client hello's magic and version,
-// or, encrypted, a TLS record header and the ClientHello type); else the
-// oldest that has sent no byte (bytes read below TLS, or waiting in the
-// socket); else, among those older than a grace of 200 ms, the one that
-// sent the fewest bytes. A connection younger than the grace that has sent
-// the start of a hello is never closed for a newcomer: when all are, the
-// newcomer is closed at once (HelloRefused). So strangers that never send,
-// or send stray bytes, even from a writer's own IP and redialling faster
-// than the grace, give way before a writer whose hello is under way. A writer's connection sends nothing until it
-// has the server hello, so in that one round trip it can still be closed
-// for a newcomer; the producer dials again when the receiver closes a
-// connection without answering its hello (at most 8 dials, within one
-// IOTimeout). Only a writer whose hello passed (proving its session's
+// to finish. A new connection beyond either bound is let in and closes one
+// still in its hello (from its IP, else from the IP holding the most) that
+// the receiver has begun to serve, the furthest from finishing a hello as a
+// writer does: a writer sends each message of its hello whole and answers
+// the receiver's at once. First the oldest whose first bytes do not start a
+// hello (a stray byte, or not the plaintext client hello's magic and
+// version, or, encrypted, a TLS record header and the ClientHello type);
+// else one stopped mid-message (part of the client hello, or of a TLS
+// record, never the rest); else the one the receiver has waited longest to
+// read from (bytes read below TLS; one whose bytes it is working on, or
+// that wait unread in the socket, owes nothing). So strangers that never
+// send, send stray bytes or send the start of a real hello and stop, even
+// from a writer's own IP and redialled as soon as they are closed, give
+// way before a writer. The accept loop takes the next connection once the
+// last one's hello has started (at most 20 ms later); a newcomer is closed
+// at once (HelloRefused) only when none it could replace was served yet.
+// A writer can still be closed by strangers from its IP that dial a whole
+// budget's worth within one of its round trips; the producer dials again
+// when the receiver closes a connection without answering its hello (at
+// most 8 dials, within one IOTimeout). Only a writer whose hello passed (proving its session's
 // token, and the secret, when required) counts against MaxConns,
 // MaxConnsPerHost and 4 × Streams connections per writer (peer id). A hello
 // beyond any of them closes the connection (of that writer, that IP, else

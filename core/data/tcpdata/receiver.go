@@ -17,8 +17,17 @@ import (
 // acceptBackoff paces the accept loop after a transient error (e.g. EMFILE).
 const acceptBackoff = 50 * time.Millisecond
 
-// acceptLoop accepts writers until the listener closes.
+// servePace bounds how long the accept loop waits for a newcomer's hello
+// to start before it accepts the next.
+const servePace = 20 * time.Millisecond
+
+// acceptLoop accepts writers until the listener closes. It accepts the
+// next connection once the last one's hello has started (or servePace has
+// passed): under a flood it would otherwise admit connections faster than
+// their hellos start, and could only close them unseen to make room.
 func (t *Transport) acceptLoop() {
+	pace := time.NewTimer(servePace)
+	defer pace.Stop()
 	for {
 		c, err := t.listener.Accept()
 		if err != nil {
@@ -39,7 +48,8 @@ func (t *Transport) acceptLoop() {
 			_ = c.Close()
 			return
 		}
-		in := &inboundConn{conn: c, host: remoteHost(c), done: make(chan struct{}), accepted: time.Now()}
+		in := &inboundConn{conn: c, host: remoteHost(c), done: make(chan struct{}), served: make(chan struct{}),
+			accepted: time.Now()}
 		if !t.admitHello(in) { // may close another connection still in its hello
 			t.mu.Unlock()
 			_ = c.Close()
@@ -48,6 +58,14 @@ func (t *Transport) acceptLoop() {
 		t.inbound[c] = in
 		t.goSafe("receiver "+c.RemoteAddr().String(), func() { t.serveInbound(in) })
 		t.mu.Unlock()
+		pace.Reset(servePace)
+		select {
+		case <-in.served:
+		case <-in.done:
+		case <-pace.C:
+		case <-t.closing:
+			return
+		}
 	}
 }
 
@@ -199,7 +217,8 @@ func (t *Transport) helloAsReceiver(h helloConn, in *inboundConn) (string, error
 	}
 
 	client := make([]byte, h.clientFixedLen())
-	if _, err := io.ReadFull(h, client); err != nil {
+	msg := &helloReader{h: h, in: in, need: len(client)} // marks in mid-hello until the id is read
+	if _, err := io.ReadFull(msg, client); err != nil {
 		return "", fmt.Errorf("read hello: %w", err)
 	}
 	refuse := func(st status, reason string) (string, error) {
@@ -220,7 +239,9 @@ func (t *Transport) helloAsReceiver(h helloConn, in *inboundConn) (string, error
 		return refuse(statusBadRequest, fmt.Sprintf("peer id of %d bytes", idLen))
 	}
 	id := make([]byte, idLen)
-	if _, err := io.ReadFull(h, id); err != nil {
+	msg.need += len(id)
+	in.midHello.Store(true)
+	if _, err := io.ReadFull(msg, id); err != nil {
 		return "", fmt.Errorf("read hello peer id: %w", err)
 	}
 	peerID := string(id)
@@ -264,6 +285,22 @@ func (t *Transport) helloAsReceiver(h helloConn, in *inboundConn) (string, error
 		return "", fmt.Errorf("answer hello of %s: %w", peerID, err)
 	}
 	return peerID, nil
+}
+
+// helloReader reads a client hello and marks its connection mid-hello
+// from its first byte to its need-th, for admission: a writer sends the
+// hello whole.
+type helloReader struct {
+	h         helloConn
+	in        *inboundConn
+	got, need int
+}
+
+func (r *helloReader) Read(b []byte) (int, error) {
+	n, err := r.h.Read(b)
+	r.got += n
+	r.in.midHello.Store(r.got > 0 && r.got < r.need)
+	return n, err
 }
 
 // idleDeadline is when a receiver stops waiting for the next part: longer

@@ -96,45 +96,51 @@ func TestASlowlorisFromTheWritersAddressCannotEvictItsHello(t *testing.T) {
 			stop()
 			assertRowsAt(t, src, dst, seq(0, writes), seq(0, writes))
 			st := b.InboundStats()
-			t.Logf("%s: %d connections closed in their hello for newer ones, %d newcomers refused", mode.name,
-				st.HelloEvicted, st.HelloRefused)
+			t.Logf("%s: %d connections closed in their hello for newer ones", mode.name, st.HelloEvicted)
 		})
 	}
 }
 
-// When the hello budget of an address is full, a newcomer closes the
-// connection that made the least progress: one whose bytes do not start a
-// hello first, then one that never sent a byte, even if it is not the
-// oldest; while every connection has sent the start of a hello and is
-// within the grace, the newcomer is refused instead; past the grace, the
-// one that sent the fewest bytes gives way.
+// When a hello budget is full, a newcomer is always let in and closes the
+// connection furthest from finishing a hello as a writer does, even if it
+// is not the oldest: one whose bytes do not start a hello first, then one
+// stopped mid-hello, then the one that has owed us bytes longest. Beyond
+// the total budget the connection closed is from the address holding the
+// most.
 func TestHellosGiveWayByProgress(t *testing.T) {
 	tr := newTransport(t, "b", sentinelRegion(4), func(o *Options) {
-		o.MaxHelloConns, o.MaxHelloConnsPerHost, o.IOTimeout = 16, 3, DefaultIOTimeout
+		o.MaxHelloConns, o.MaxHelloConnsPerHost = 4, 3
+		o.IOTimeout, o.HelloTimeout = time.Minute, time.Minute // only a newcomer closes a hello here
 	})
-	setGrace := func(d time.Duration) { tr.mu.Lock(); tr.admit.grace = d; tr.mu.Unlock() }
-	setGrace(time.Hour) // every connection is young until said otherwise
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
 			_ = c.Close()
 		}
 	}()
-	// A client hello's start, the magic and version, then its pad and id
-	// length.
-	start := []byte{'P', 'K', 'V', 'D', protocolVersion, 0, 1, 0}
-	// dial opens a connection, reads the server hello and sends the first n
-	// bytes of a client hello.
-	dial := func(n int) net.Conn {
-		c := dialFrom(t, "127.0.0.1", tr.DataAddr())
+	// dial opens a connection from ip, reads the server hello and sends
+	// first.
+	dial := func(ip string, first ...byte) net.Conn {
+		c := dialFrom(t, ip, tr.DataAddr())
 		conns = append(conns, c)
 		_ = c.SetReadDeadline(time.Now().Add(waitLimit))
 		_, err := io.ReadFull(c, make([]byte, serverHelloLen))
-		require.NoError(t, err, "every newcomer that gets in gets the server hello")
-		if n > 0 {
-			_, err = c.Write(start[:n])
+		require.NoError(t, err, "every newcomer gets in: it gets the server hello")
+		if len(first) > 0 {
+			_, err = c.Write(first)
 			require.NoError(t, err)
 		}
+		// Served, and what it sent read, before the next dial.
+		require.Eventually(t, func() bool {
+			tr.mu.Lock()
+			defer tr.mu.Unlock()
+			for _, in := range tr.inbound {
+				if in.conn.RemoteAddr().String() == c.LocalAddr().String() {
+					return in.isServed.Load() && in.bytesIn.Load() == int64(len(first))
+				}
+			}
+			return false
+		}, waitLimit, time.Millisecond)
 		return c
 	}
 	isClosed := func(c net.Conn) bool {
@@ -146,49 +152,40 @@ func TestHellosGiveWayByProgress(t *testing.T) {
 		t.Helper()
 		require.Eventually(t, func() bool { return isClosed(c) }, waitLimit, time.Millisecond, what)
 	}
+	const ip = "127.0.0.1"
+	// The magic and version of a client hello, never the rest.
+	start := []byte{'P', 'K', 'V', 'D', protocolVersion}
 
-	a, silent, partial := dial(8), dial(0), dial(3)
-	d := dial(0)
-	waitClosed(partial, "the one whose bytes do not start a hello yet gave way before the one that sent nothing")
-	c := dial(5)
-	waitClosed(silent, "the one that sent nothing gave way, though it is not the oldest")
-	e := dial(6)
-	waitClosed(d, "then the newest, which sent nothing either")
-	for _, o := range []net.Conn{a, c, e} {
-		assert.False(t, isClosed(o), "a young connection that sent the start of a hello stays")
+	silent, stopped, stray := dial(ip), dial(ip, start...), dial(ip, 0xff)
+	d := dial(ip)
+	waitClosed(stray, "the one whose bytes do not start a hello gave way first, though the newest")
+	e := dial(ip)
+	waitClosed(stopped, "then the one stopped mid-hello, though the one that sent nothing is older")
+	f := dial(ip)
+	waitClosed(silent, "then the one that owed its hello longest")
+	for _, o := range []net.Conn{d, e, f} {
+		assert.False(t, isClosed(o))
 	}
 
-	// Every hello is young and under way: the newcomer is refused.
-	f := dialFrom(t, "127.0.0.1", tr.DataAddr())
-	conns = append(conns, f)
-	_ = f.SetReadDeadline(time.Now().Add(waitLimit))
-	_, err := f.Read(make([]byte, 1))
-	require.Error(t, err, "refused without a server hello")
-	st := tr.InboundStats()
-	assert.EqualValues(t, 3, st.HelloEvicted)
-	assert.EqualValues(t, 1, st.HelloRefused)
-
-	// Past the grace, the one that sent the fewest bytes gives way.
-	setGrace(0)
-	dial(0)
-	waitClosed(c, "c sent 5 bytes, a 8 and e 6")
-	assert.False(t, isClosed(a))
-	assert.False(t, isClosed(e))
+	// The total budget (4) is full with a stray one from another address:
+	// a third address's newcomer closes one from the address holding the
+	// most, not the stray one.
+	other := dial("127.0.0.2", 0xff)
+	dial("127.0.0.3")
+	waitClosed(d, "the longest owing of the address holding the most gave way")
+	assert.False(t, isClosed(other))
+	assert.EqualValues(t, 4, tr.InboundStats().HelloEvicted)
 }
 
-// Connections that each sent one stray byte, not the start of a hello, and
-// are always younger than the grace (an attacker redialling each faster
-// than that), fill the hello budget of the writer's address: they are not
-// progress toward a hello, so in every mode the writer's connection takes
-// the place of one of them.
+// Connections that each sent one stray byte, not the start of a hello,
+// fill the hello budget of the writer's address: they are not progress
+// toward a hello, so in every mode the writer's connection takes the place
+// of one of them.
 func TestStrayBytesDoNotCountAsHelloProgress(t *testing.T) {
 	for _, mode := range nodeModes {
 		t.Run(mode.name, func(t *testing.T) {
 			src, dst := randomRegion(t, 4), sentinelRegion(4)
 			b := newTransport(t, "b", dst, func(o *Options) { mode.set(o); o.HelloTimeout = waitLimit })
-			b.mu.Lock()
-			b.admit.grace = time.Hour // every connection is young, as if redialled before the grace
-			b.mu.Unlock()
 			var stray []net.Conn
 			defer func() {
 				for _, c := range stray {

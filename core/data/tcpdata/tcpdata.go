@@ -25,8 +25,8 @@ const (
 	// DefaultMaxHelloConns and DefaultMaxHelloConnsPerHost bound
 	// connections still in the hello, a budget of their own: strangers
 	// cannot take the places of writers that proved themselves, and when
-	// it is full the oldest one is closed so a newcomer always gets in
-	// (all 128 peers' streams may dial at once).
+	// it is full the one furthest from finishing a hello is closed so a
+	// newcomer gets in (all 128 peers' streams may dial at once).
 	DefaultMaxHelloConns        = 256
 	DefaultMaxHelloConnsPerHost = 32
 	// DefaultHelloTimeout bounds the hello, TLS included (less when
