@@ -31,12 +31,14 @@ const connsPerStream = 4
 //     writer does (see evictionCandidate). A writer sends each message of
 //     its hello whole and answers ours at once, so connections that sent
 //     stray bytes, stopped mid-message (the start of a real hello, never
-//     the rest) or have owed us their next bytes longest give way before
-//     it. Only strangers dialling a whole budget from its IP within one
-//     round trip of the writer can still close it; the producer then dials
-//     again (sender.connect). The accept loop paces itself on the hellos
-//     it starts (servePace), and refuses a newcomer only when none it
-//     could replace has been served yet.
+//     the rest) or sent nothing give way before one that sent each message
+//     whole, which waits on its own round trip; that one is never closed
+//     while one from its IP is not served yet. Only strangers from its IP
+//     that each send whole messages and have waited less than the writer
+//     can still close it; the producer then dials again (sender.connect).
+//     The accept loop paces itself on the hellos it starts (servePace),
+//     and refuses a newcomer only when none it could replace has been
+//     served yet, or only a writer's progress could make room.
 //   - proven (the hello passed): at most MaxConns (MaxConnsPerHost from one
 //     source IP, connsPerStream × Streams from one writer). A hello beyond
 //     any of them closes the proven connection (of that writer, that IP, or
@@ -239,7 +241,7 @@ type InboundStats struct {
 	HeldBytes  int64 // held for parts being received now (MaxHeldBytes at most)
 
 	HelloEvicted  uint64 // connections closed in their hello to admit a newer one
-	HelloRefused  uint64 // newcomers closed at once: we had not begun to serve any hello they could replace
+	HelloRefused  uint64 // newcomers closed at once: we had not begun to serve any hello they could replace, or only one that sent each message whole
 	HelloFailed   uint64 // hellos refused or not finished within HelloTimeout
 	OverConnLimit uint64 // proven writers refused: MaxConns, MaxConnsPerHost or the per-writer bound reached, none idle
 	ProvenEvicted uint64 // proven connections closed, idle (owed no rows) past provenGrace, to admit a newer one
@@ -270,8 +272,9 @@ func (t *Transport) InboundStats() InboundStats {
 // admitHello registers a new connection in its hello, closing one in the
 // hello from its IP, or from the IP with the most, to make room, and says
 // whether it did; when every one that could make room was accepted so
-// recently that we have not begun to serve it (we are that busy), the
-// newcomer is not registered; t.mu held.
+// recently that we have not begun to serve it (we are that busy), or only
+// one that sent each message whole could while another is not served yet,
+// the newcomer is not registered; t.mu held.
 func (t *Transport) admitHello(in *inboundConn) bool {
 	a := &t.admit
 	if a.helloPerHost[in.host] >= t.opts.MaxHelloConnsPerHost {
@@ -302,7 +305,7 @@ func (t *Transport) makeRoom(in *inboundConn, match func(*inboundConn) bool, why
 	if i < 0 {
 		t.stats.helloRefused.Add(1)
 		t.logs.logf("connection refused: every hello just accepted",
-			"%s refused: %s, none served yet (at most %d, %d from one IP)", in.conn.RemoteAddr(), why,
+			"%s refused: %s, not yet served or sending each message whole (at most %d, %d from one IP)", in.conn.RemoteAddr(), why,
 			t.opts.MaxHelloConns, t.opts.MaxHelloConnsPerHost)
 		return false
 	}
@@ -316,26 +319,39 @@ func (t *Transport) makeRoom(in *inboundConn, match func(*inboundConn) bool, why
 // writer does, which sends each message whole and answers ours at once.
 // First the oldest whose first bytes do not start a hello (helloShape);
 // else the one stopped mid-message (the start of a record or of the client
-// hello, not the rest) that we have waited longest to read from; else the
-// one we have waited longest to read from whose answer is not waiting
-// unread in the socket; else (we are working on, or have not yet read,
-// what each sent) the one that sent us the fewest bytes, the oldest on a
-// tie.
+// hello, not the rest) that we have waited longest to read from; else one
+// that has not sent us a byte we read: the one we have waited longest to
+// read from, then the oldest whose first bytes wait unread. A connection
+// that sent every message whole (a writer waiting on its own round trip,
+// or whose bytes we work on) is chosen last, and never while one matching
+// is not served yet: then the newcomer is refused. Among those, the one
+// we have waited longest to read from whose answer is not waiting unread,
+// else the one that sent the fewest bytes, the oldest on a tie.
 func evictionCandidate(hello []*inboundConn, match func(*inboundConn) bool, now time.Time) int {
 	type candidate struct {
 		i    int
 		owes time.Duration
 	}
-	stopped := -1
+	stopped, silent, silentUnread, unserved := -1, -1, -1, false
 	var owing, busy []candidate
 	for i, o := range hello {
 		switch {
-		case !match(o) || !o.isServed.Load():
+		case !match(o):
+		case !o.isServed.Load():
+			unserved = true
 		case o.shaped.Load() < 0:
 			return i // the oldest stray: a writer's bytes start a hello
 		case o.stopped():
 			if stopped < 0 || o.owesFor(now) > hello[stopped].owesFor(now) {
 				stopped = i
+			}
+		case o.bytesIn.Load() == 0:
+			if pendingBytes(o.conn) > 0 {
+				if silentUnread < 0 {
+					silentUnread = i
+				}
+			} else if silent < 0 || o.owesFor(now) > hello[silent].owesFor(now) {
+				silent = i
 			}
 		case o.owesFor(now) > 0:
 			owing = append(owing, candidate{i, o.owesFor(now)})
@@ -343,8 +359,15 @@ func evictionCandidate(hello []*inboundConn, match func(*inboundConn) bool, now 
 			busy = append(busy, candidate{i: i})
 		}
 	}
-	if stopped >= 0 {
+	switch {
+	case stopped >= 0:
 		return stopped
+	case silent >= 0:
+		return silent
+	case silentUnread >= 0:
+		return silentUnread
+	case unserved:
+		return -1 // it may be a stranger's: never close a writer's progress for it
 	}
 	slices.SortStableFunc(owing, func(a, b candidate) int { return cmp.Compare(b.owes, a.owes) })
 	for _, c := range owing {

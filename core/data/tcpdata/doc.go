@@ -84,16 +84,24 @@
 // hello (a stray byte, or not the plaintext client hello's magic and
 // version, or, encrypted, a TLS record header and the ClientHello type);
 // else one stopped mid-message (part of the client hello, or of a TLS
-// record, never the rest); else the one the receiver has waited longest to
-// read from (bytes read below TLS; one whose bytes it is working on, or
-// that wait unread in the socket, owes nothing). So strangers that never
-// send, send stray bytes or send the start of a real hello and stop, even
-// from a writer's own IP and redialled as soon as they are closed, give
-// way before a writer. The accept loop takes the next connection once the
-// last one's hello has started (at most 20 ms later); a newcomer is closed
-// at once (HelloRefused) only when none it could replace was served yet.
-// A writer can still be closed by strangers from its IP that dial a whole
-// budget's worth within one of its round trips; the producer dials again
+// record, never the rest); else one that has sent no byte the receiver
+// read (the one it has waited longest to read from, then one whose first
+// bytes wait unread in the socket). Last, one that sent each message
+// whole: a writer waiting on its own round trip (mid TLS handshake, say),
+// or whose bytes the receiver is working on; it is never closed while a
+// connection from its IP has not been served yet. Among those, the one the
+// receiver has waited longest to read from (bytes read below TLS; one
+// whose bytes wait unread owes nothing), else the one that sent the fewest
+// bytes. So strangers that never send, send stray bytes or send the start
+// of a real hello and stop, even from a writer's own IP and redialled as
+// soon as they are closed, give way before a writer, however long its
+// round trip. The accept loop takes the next connection once the last
+// one's hello has started (at most 20 ms later); a newcomer is closed at
+// once (HelloRefused) when none it could replace was served yet, or it
+// could replace only a connection that sent each message whole while one
+// was not served yet.
+// A writer can still be closed by strangers from its IP that each send a
+// whole ClientHello and have waited less than it; the producer dials again
 // when the receiver closes a connection without answering its hello (at
 // most 8 dials, within one IOTimeout). Only a writer whose hello passed (proving its session's
 // token, and the secret, when required) counts against MaxConns,

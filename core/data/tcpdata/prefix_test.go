@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -117,4 +118,90 @@ func TestHelloPrefixesFromTheWritersAddressDoNotLockItOut(t *testing.T) {
 			t.Logf("%s: %d connections closed in their hello for newer ones", mode.name, st.HelloEvicted)
 		})
 	}
+}
+
+// A writer's TLS hello sends its ClientHello whole and then waits on its
+// own round trip. Strangers that dialled after it and have sent nothing
+// have waited less for their first bytes than it has for its next, yet
+// they give way first: a newcomer closes the silent ones, not the writer
+// mid-handshake.
+func TestAWriterMidHandshakeOutlastsSilentStrangers(t *testing.T) {
+	tr := newTransport(t, "b", sentinelRegion(4), func(o *Options) {
+		encrypted(o)
+		o.MaxHelloConns, o.MaxHelloConnsPerHost = 8, 3
+		o.IOTimeout, o.HelloTimeout = time.Minute, time.Minute // only a newcomer closes a hello here
+	})
+	const ip = "127.0.0.1"
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	// dial opens a connection from ip, reads the clear server hello, sends
+	// first and waits until the receiver read it and waits for more.
+	dial := func(first []byte) net.Conn {
+		c := dialFrom(t, ip, tr.DataAddr())
+		conns = append(conns, c)
+		_ = c.SetReadDeadline(time.Now().Add(waitLimit))
+		_, err := io.ReadFull(c, make([]byte, serverHelloLen))
+		require.NoError(t, err, "every newcomer gets in: it gets the server hello")
+		if len(first) > 0 {
+			_, err = c.Write(first)
+			require.NoError(t, err)
+		}
+		require.Eventually(t, func() bool {
+			tr.mu.Lock()
+			defer tr.mu.Unlock()
+			for _, in := range tr.inbound {
+				if in.conn.RemoteAddr().String() == c.LocalAddr().String() {
+					return in.bytesIn.Load() == int64(len(first)) && in.owesFor(time.Now()) > 0
+				}
+			}
+			return false
+		}, waitLimit, time.Millisecond)
+		return c
+	}
+	isClosed := func(c net.Conn) bool {
+		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		_, err := io.Copy(io.Discard, c) // the server's TLS flight, then EOF once closed
+		return err == nil
+	}
+
+	writer := dial(genuineHelloStart(t, true)) // its ClientHello whole; it owes its Finished
+	silent1, silent2 := dial(nil), dial(nil)
+	dial(nil)
+	require.Eventually(t, func() bool { return isClosed(silent1) }, waitLimit, time.Millisecond,
+		"the silent stranger gave way, though it has waited less than the writer")
+	dial(nil)
+	require.Eventually(t, func() bool { return isClosed(silent2) }, waitLimit, time.Millisecond,
+		"then the next silent one")
+	assert.False(t, isClosed(writer), "the writer mid-handshake is still in its hello")
+	assert.EqualValues(t, 2, tr.InboundStats().HelloEvicted)
+}
+
+// A connection that sent its hello's messages whole and waits on its own
+// round trip is never closed while one from its IP has not been served
+// yet (that one may be a stranger's): the newcomer is refused instead.
+// Once every one is served, the writer is chosen only when no stranger is
+// stopped mid-message or silent.
+func TestAWriterMidHandshakeIsNotClosedForAnUnservedConnection(t *testing.T) {
+	now := time.Now()
+	conn := func() *inboundConn {
+		ours, theirs := net.Pipe()
+		t.Cleanup(func() { _ = ours.Close(); _ = theirs.Close() })
+		return &inboundConn{conn: ours, host: "127.0.0.1", served: make(chan struct{})}
+	}
+	writer, unserved := conn(), conn()
+	writer.isServed.Store(true)
+	writer.shaped.Store(6)
+	writer.bytesIn.Store(1400)                                            // its ClientHello, whole
+	writer.waitingSince.Store(now.Add(-50 * time.Millisecond).UnixNano()) // for its Finished
+	hello := []*inboundConn{writer, unserved}
+	all := func(*inboundConn) bool { return true }
+	assert.Equal(t, -1, evictionCandidate(hello, all, now), "refused: the other was not served yet")
+
+	unserved.isServed.Store(true)
+	unserved.waitingSince.Store(now.Add(-time.Millisecond).UnixNano())
+	assert.Equal(t, 1, evictionCandidate(hello, all, now), "served and silent, it gives way first")
 }
