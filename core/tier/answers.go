@@ -61,7 +61,7 @@ func (rk RequestKeys) key(i, keyLen int) []byte {
 func (t *Tier) LookupMode(reqID string) LookupMode {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
+	if t.life.closed {
 		return LookupsMiss
 	}
 	return t.book.lookupMode(reqID)

@@ -37,7 +37,7 @@ func StubResolver(addrs map[string][]string) (restore func()) {
 func (t *Tier) BeforeCheck(f func(rows []uint64)) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.beforeCheck = f
+	t.checks.before = f
 }
 
 // BeforeSend runs f after each summed write's sums were taken and before

@@ -35,7 +35,7 @@ func (t *Tier) NextInbound(fits func(Inbound) bool) (Inbound, bool, bool) {
 func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID int64, pinSlots []int64) (bool, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err := t.usable(); err != nil {
+	if err := t.life.usable(); err != nil {
 		return true, err
 	}
 	rows, err := t.checkSlots(pinSlots)

@@ -175,7 +175,7 @@ func (t *Tier) runLanes() {
 	defer t.recoverLoop("the intake lanes")
 	for {
 		select {
-		case <-t.stop:
+		case <-t.life.stop:
 			return
 		case <-t.lanes.wake:
 		}
@@ -188,7 +188,7 @@ func (t *Tier) runLanes() {
 // handles it under it; false when no frame waits.
 func (t *Tier) takeFromLane() bool {
 	t.mu.Lock()
-	if t.closed || len(t.lanes.turn) == 0 {
+	if t.life.closed || len(t.lanes.turn) == 0 {
 		t.mu.Unlock()
 		return false
 	}

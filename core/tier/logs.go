@@ -72,7 +72,7 @@ type Logf func(level, format string, args ...any)
 // registered, or closed) goes through peerInfo instead.
 func (t *Tier) logf(level, format string, args ...any) {
 	if level == "INFO" {
-		t.logs.add(logLine(level, fmt.Sprintf(format, args...)))
+		t.log.ring.add(logLine(level, fmt.Sprintf(format, args...)))
 		t.news.bump(NewsLogs)
 		return
 	}
@@ -93,12 +93,12 @@ func (t *Tier) peerInfo(s *session.Session, format string, args ...any) {
 // logLimited logs one line through the rate limit of its cause.
 func (t *Tier) logLimited(level, format string, args ...any) {
 	now := t.now()
-	emit, summary := t.limiter.admit(level, format, args, now)
+	emit, summary := t.log.limiter.admit(level, format, args, now)
 	if summary != "" {
-		t.logs.add(summary)
+		t.log.ring.add(summary)
 	}
 	if emit {
-		t.logs.add(logLine(level, fmt.Sprintf(format, args...)))
+		t.log.ring.add(logLine(level, fmt.Sprintf(format, args...)))
 	}
 	if emit || summary != "" {
 		t.news.bump(NewsLogs)
@@ -108,9 +108,9 @@ func (t *Tier) logLimited(level, format string, args ...any) {
 // flushLogs logs what the rate limit suppressed in windows that are over,
 // so a flood that stopped is still reported; the progress loop calls it.
 func (t *Tier) flushLogs(now time.Time) {
-	if lines := t.limiter.due(now); len(lines) > 0 {
+	if lines := t.log.limiter.due(now); len(lines) > 0 {
 		for _, l := range lines {
-			t.logs.add(l)
+			t.log.ring.add(l)
 		}
 		t.news.bump(NewsLogs)
 	}
@@ -132,6 +132,14 @@ const (
 	// so real code has far fewer); beyond it, new causes share one budget.
 	maxLogCauses = 1024
 )
+
+// hostLog is what the host reads of our log: a ring of lines, and a
+// limiter per cause. Each has its own lock, as data paths log from their
+// goroutines.
+type hostLog struct {
+	ring    *logRing
+	limiter logLimiter
+}
 
 type logLimiter struct {
 	mu     sync.Mutex
@@ -222,4 +230,4 @@ func (l *logLimiter) due(now time.Time) []string {
 }
 
 // TakeLogs returns pending log lines ("LEVEL message\n"), at most max bytes.
-func (t *Tier) TakeLogs(max int) []byte { return t.logs.take(max) }
+func (t *Tier) TakeLogs(max int) []byte { return t.log.ring.take(max) }

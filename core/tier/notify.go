@@ -91,7 +91,7 @@ func (t *Tier) NotifyFD() (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	if created && (t.ledger.unreported() > 0 || t.desk.inboundQueued() > 0 || t.closed) {
+	if created && (t.ledger.unreported() > 0 || t.desk.inboundQueued() > 0 || t.life.closed) {
 		t.notify.signal()
 	}
 	return fd, nil

@@ -98,7 +98,7 @@ func (t *Tier) runOutbox() {
 	defer t.recoverLoop("the answer outbox")
 	for {
 		select {
-		case <-t.stop:
+		case <-t.life.stop:
 			return
 		case <-t.desk.outbox.wake:
 		}
@@ -111,7 +111,7 @@ func (t *Tier) runOutbox() {
 func (t *Tier) sendDeferred() bool {
 	t.mu.Lock()
 	peerID, head, ok := t.desk.outbox.head()
-	if !ok || t.closed {
+	if !ok || t.life.closed {
 		t.mu.Unlock()
 		return false
 	}

@@ -27,7 +27,7 @@ type ProbeResult struct {
 // to timeout (polling: probes are rare and run off the host's hot path).
 func (t *Tier) Probe(peerID string, timeout time.Duration) (ProbeResult, error) {
 	t.mu.Lock()
-	if err := t.usable(); err != nil {
+	if err := t.life.usable(); err != nil {
 		t.mu.Unlock()
 		return ProbeResult{}, err
 	}

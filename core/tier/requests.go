@@ -14,7 +14,7 @@ func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
 	p, err := params.Parse(kvParams, t.cfg.MaxSourcesPerRequest)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err := t.usable(); err != nil {
+	if err := t.life.usable(); err != nil {
 		return BlockLevel, err
 	}
 	if err != nil {
@@ -64,7 +64,7 @@ func (t *Tier) OnScheduleEnd() error {
 // flushLookups sends the lookups registered since the last flush. Called
 // with t.mu held.
 func (t *Tier) flushLookups() {
-	if t.closed {
+	if t.life.closed {
 		return
 	}
 	dead := false
@@ -127,7 +127,7 @@ func (t *Tier) GetFinished(max int) []JobResult {
 func (t *Tier) FinishRequest(reqID string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
+	if t.life.closed {
 		return nil
 	}
 	r := t.book.finish(reqID)
@@ -145,7 +145,7 @@ func (t *Tier) FinishRequest(reqID string) error {
 func (t *Tier) HasPendingWork() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
+	if t.life.closed {
 		return t.ledger.unreported() > 0
 	}
 	if t.ledger.inFlight() > 0 || t.ledger.unreported() > 0 || t.desk.pending() {
@@ -197,8 +197,8 @@ func (t *Tier) inFlight() int {
 // Shutdown stops the peer; see peerkv_shutdown. Any number of goroutines
 // may call it at once: each returns only after the one teardown finished.
 func (t *Tier) Shutdown() error {
-	t.shutdownOnce.Do(func() { t.shutdownErr = t.shutdown() })
-	return t.shutdownErr
+	t.life.shutdownOnce.Do(func() { t.life.shutdownErr = t.shutdown() })
+	return t.life.shutdownErr
 }
 
 func (t *Tier) shutdown() error {
@@ -208,7 +208,7 @@ func (t *Tier) shutdown() error {
 		time.Sleep(time.Millisecond)
 	}
 	t.mu.Lock()
-	t.closed = true
+	t.life.close()
 	sessions, owed := t.teardown(endShutdown)
 	t.book.failAll()
 	t.news.bumpAll()
@@ -220,9 +220,9 @@ func (t *Tier) shutdown() error {
 		// end rather than a lost connection.
 		time.Sleep(min(goodbyeGrace, t.cfg.ShutdownDrainTimeout))
 	}
-	close(t.stop)
-	<-t.loopDone
-	t.checking.Wait()
+	close(t.life.stop)
+	<-t.life.loopDone
+	t.checks.running.Wait()
 	<-t.desk.outbox.done
 	<-t.lanes.done
 	<-t.peers.reg.done
@@ -248,7 +248,7 @@ func (t *Tier) transfersInFlight() bool {
 // admitJob records a new job while the peer takes work; called with t.mu
 // held.
 func (t *Tier) admitJob(jobID int64, isLoad bool, rows []uint64) (*job, error) {
-	if err := t.usable(); err != nil {
+	if err := t.life.usable(); err != nil {
 		return nil, err
 	}
 	return t.ledger.admit(jobID, isLoad)

@@ -107,8 +107,8 @@ func (t *Tier) snapshot(peers bool) Stats {
 		wanted += w
 	}
 	poisoned := ""
-	if t.poisoned != nil {
-		poisoned = t.poisoned.Error()
+	if t.life.poisoned != nil {
+		poisoned = t.life.poisoned.Error()
 	}
 	expected := t.book.guard.rowsExpected()
 	bc := t.book.counts

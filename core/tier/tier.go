@@ -30,6 +30,13 @@ type Deps struct {
 	NotAllowedAtAccept func() uint64
 }
 
+// loopInbox is what goroutines found off the lock, for the progress loop
+// to apply under it.
+type loopInbox struct {
+	registered chan registration // the registry's data-path registrations
+	found      chan func()       // diagnoses, resolved names (onLoop)
+}
+
 // Tier is one peer. See the package comment for the threading model.
 type Tier struct {
 	cfg    config.Config
@@ -37,26 +44,15 @@ type Tier struct {
 	ctl    control.Transport
 	dt     data.Transport
 	rows   *rowsum.Writer // starts dt's writes, summing those of verified pulls
-	// checked carries verified loads' checks back to the loop (verify.go);
-	// checking counts the checks reading the region, which Shutdown waits
-	// for (the host may free the region once it returns).
-	checked  chan checked
-	checking sync.WaitGroup
-	// beforeCheck, if set (tests), runs before a verified load's rows are
-	// checked, on the checking goroutine.
-	beforeCheck func(rows []uint64)
-	now         func() time.Time
-	env         *session.Env
-	logs        *logRing
-	// limiter rate-limits log lines per cause (logs.go); it has its own
-	// lock, as data paths log from their goroutines.
-	limiter logLimiter
-	notify  notifier // the host's notification fd; see notify.go
-	news    news     // what the host has to collect, read without a call; see news.go
+	checks checker        // verified loads' row checks under way (verify.go)
+	now    func() time.Time
+	env    *session.Env
+	log    hostLog  // the host's log lines, rate-limited per cause (logs.go)
+	notify notifier // the host's notification fd; see notify.go
+	news   news     // what the host has to collect, read without a call; see news.go
 
-	mu       sync.Mutex
-	closed   bool
-	poisoned error // set once a goroutine of ours panicked
+	mu   sync.Mutex
+	life lifecycle // open, closed or poisoned; the goroutines' stop (lifecycle.go)
 	// book holds the host's requests, their pulls and loads, and the row
 	// guard (pullbook.go).
 	book *pullBook
@@ -68,15 +64,8 @@ type Tier struct {
 	stats   counters
 	obs     observations // by cause, by path, histograms (observe.go)
 
-	// What goroutines found of peers off the lock, for the loop to apply.
-	found chan func()
-
-	lanes        lanes // sessions' large frames waiting to be decoded (lanes.go)
-	registered   chan registration
-	stop         chan struct{}
-	loopDone     chan struct{}
-	shutdownOnce sync.Once
-	shutdownErr  error
+	inbox loopInbox // what goroutines hand the progress loop
+	lanes lanes     // sessions' large frames waiting to be decoded (lanes.go)
 }
 
 type registration struct {
@@ -103,19 +92,17 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	t := &Tier{
-		cfg:        cfg,
-		region:     region,
-		ctl:        deps.Control,
-		now:        now,
-		logs:       newLogRing(1 << 20),
-		news:       newNews(),
-		registered: make(chan registration, 64),
-		checked:    make(chan checked, 64),
-		found:      make(chan func(), maxDiagnoses),
-		obs:        newObservations(),
-		lanes:      newLanes(),
-		stop:       make(chan struct{}),
-		loopDone:   make(chan struct{}),
+		cfg:    cfg,
+		region: region,
+		ctl:    deps.Control,
+		now:    now,
+		log:    hostLog{ring: newLogRing(1 << 20)},
+		news:   newNews(),
+		checks: checker{done: make(chan checked, 64)},
+		inbox:  loopInbox{registered: make(chan registration, 64), found: make(chan func(), maxDiagnoses)},
+		obs:    newObservations(),
+		lanes:  newLanes(),
+		life:   lifecycle{stop: make(chan struct{}), loopDone: make(chan struct{})},
 	}
 	t.ledger = newLedger(now, t.logf, &t.stats, func(r JobResult) {
 		if r.IsLoad {
@@ -155,7 +142,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		Keys:           &session.KeyBudget{},
 	}
 	reg := newRegistry(registryDeps{
-		dt: dt, stop: t.stop, registered: t.registered, crashed: t.crashed, logPath: t.logPath,
+		dt: dt, stop: t.life.stop, registered: t.inbox.registered, crashed: t.crashed, logPath: t.logPath,
 	})
 	t.peers = newPeerSet(peerDeps{
 		cfg: cfg, env: t.env, now: now, ctl: deps.Control, logf: t.logf, peerInfo: t.peerInfo,
@@ -197,7 +184,7 @@ func (t *Tier) LocalID() string { return t.env.LocalID }
 func (t *Tier) bookHooks() bookHooks {
 	return bookHooks{
 		now:    t.now,
-		closed: func() bool { return t.closed },
+		closed: func() bool { return t.life.closed },
 		sessionFor: func(peerID string) (sourceSession, error) {
 			s, err := t.sessionFor(peerID)
 			if err != nil {
@@ -241,7 +228,7 @@ func (t *Tier) sessionSend(peerID string, m protocol.Message) error {
 	if _, bye := m.(*protocol.Disconnect); bye {
 		t.desk.outbox.drop(peerID) // the session ends: what waited for it is moot
 		s := t.peers.session(peerID)
-		if s != nil && !s.Dialed() && !s.Ready() && !t.closed { // at shutdown nothing can loop
+		if s != nil && !s.Dialed() && !s.Ready() && !t.life.closed { // at shutdown nothing can loop
 			if seen, ok := s.Seen(); ok && !seen.PeerKV && !t.peers.goodbyeNow(peerID) {
 				return nil // owed: sent at the end of the pace
 			}
@@ -273,7 +260,7 @@ func (t *Tier) logPath(s *session.Session) {
 // loop is the progress goroutine: inbound frames, transfer completions,
 // registrations and deadlines.
 func (t *Tier) loop() {
-	defer close(t.loopDone)
+	defer close(t.life.loopDone)
 	defer t.recoverLoop("the progress loop")
 	tick := time.NewTicker(t.cfg.Tick)
 	defer tick.Stop()
@@ -281,7 +268,7 @@ func (t *Tier) loop() {
 	completions := t.rows.Completions()
 	for {
 		select {
-		case <-t.stop:
+		case <-t.life.stop:
 			return
 		case ev, ok := <-events:
 			if !ok {
@@ -301,9 +288,9 @@ func (t *Tier) loop() {
 					s.Complete(c)
 				}
 			})
-		case c := <-t.checked:
+		case c := <-t.checks.done:
 			t.locked(func() { t.verdict(c) })
-		case r := <-t.registered:
+		case r := <-t.inbox.registered:
 			t.locked(func() {
 				if r.err == nil {
 					t.observeRegistered(r.s)
@@ -311,7 +298,7 @@ func (t *Tier) loop() {
 				r.s.RegistrationDone(r.err)
 				t.observeReady(r.s)
 			})
-		case f := <-t.found:
+		case f := <-t.inbox.found:
 			t.locked(f)
 		case <-t.book.registerWake:
 			more := false
@@ -332,7 +319,7 @@ func (t *Tier) loop() {
 func (t *Tier) locked(f func()) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
+	if t.life.closed {
 		return
 	}
 	testPanic("loop")
@@ -456,17 +443,6 @@ func (t *Tier) onTick() {
 	t.peers.reapIdle(now)
 }
 
-// usable is nil while host calls may change state, else why not.
-func (t *Tier) usable() error {
-	if t.poisoned != nil {
-		return t.poisoned
-	}
-	if t.closed {
-		return ErrClosed
-	}
-	return nil
-}
-
 // recoverLoop turns a panic in one of our goroutines into a poisoned peer:
 // its state is unknown, so it stops, and every job still outstanding is
 // reported failed (once) so the host recomputes instead of waiting forever.
@@ -487,12 +463,10 @@ func (t *Tier) crashed(where string, r any) {
 func (t *Tier) poison(cause error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	first := t.poisoned == nil
+	first := t.life.poison(cause)
 	if first {
-		t.poisoned = cause
 		t.logf("ERROR", "%v", cause)
 	}
-	t.closed = true
 	t.teardown(endPoisoned) // sessions dropped, not closed: their state is what may be broken
 	if first {              // wake the host once: collect the failed jobs; new work fails
 		t.book.failAll()

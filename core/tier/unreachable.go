@@ -102,8 +102,8 @@ func (p *peerSet) connectFailed(peerID, cause string, unsure bool, reason string
 // off the lock (a diagnosis, a name resolved). Dropped at shutdown.
 func (t *Tier) onLoop(f func()) {
 	select {
-	case t.found <- f:
-	case <-t.stop:
+	case t.inbox.found <- f:
+	case <-t.life.stop:
 	}
 }
 

@@ -3,6 +3,7 @@ package tier
 import (
 	"github.com/peerkv/peerkv/core/data/rowsum"
 	"github.com/peerkv/peerkv/core/session"
+	"sync"
 )
 
 // Integrity failure causes (stats integrity_failures, the metric's cause
@@ -15,6 +16,16 @@ const (
 
 // IntegrityCauses lists every cause, in documentation order.
 var IntegrityCauses = []string{IntegrityMismatch, IntegrityMissing}
+
+// checker holds the checks of verified loads under way, which read the
+// region off the lock.
+type checker struct {
+	done    chan checked   // checks back to the loop (verdict)
+	running sync.WaitGroup // checks reading the region; Shutdown waits (the host may free it after)
+	// before, if set (tests), runs before a verified load's rows are
+	// checked, on the checking goroutine.
+	before func(rows []uint64)
+}
 
 // checked is a verified load's report with the outcome of its check.
 type checked struct {
@@ -36,18 +47,18 @@ func (t *Tier) checkRows(r session.Report) (session.Report, bool) {
 	if !r.OK || r.Sums == nil {
 		return r, true
 	}
-	hook := t.beforeCheck
-	t.checking.Add(1)
+	hook := t.checks.before
+	t.checks.running.Add(1)
 	go func() {
-		defer t.checking.Done()
+		defer t.checks.running.Done()
 		if hook != nil {
 			hook(r.Rows)
 		}
 		t.book.guard.barrier() // this read comes after every copy made so far
 		bad := rowsum.Mismatch(t.region, r.Rows, r.Sums)
 		select {
-		case t.checked <- checked{r, bad}:
-		case <-t.stop:
+		case t.checks.done <- checked{r, bad}:
+		case <-t.life.stop:
 		}
 	}()
 	return r, false
