@@ -195,11 +195,12 @@ test: setup-python ## everything: build + visibility gate, vet, go test -race, f
 	if [ -n "$$left" ]; then echo "make test: files left in /dev/shm:"; echo "$$left"; exit 1; fi; \
 	echo "make test: all passed in $$(( $$(date +%s) - start ))s"
 
-bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, pull latency vs upstream, scheduler-thread cost of the tier calls vs upstream, each peer's link figures (round trips, setup, fitted pull cost), lookup round trips, host-call cost, one prefix from 1/2/3 sources and a 1 GiB same-host fetch into a warm and a cold region vs memcpy, an idle peer's CPU per data_transport and an idle engine process's vs upstream, lookup latency of a 64-peer mesh vs 2 peers and memory/fds per session; then Go micro-benchmarks
+bench: setup-python $(LIB) ## headline figures: data paths vs memcpy and vs upstream vLLM NIXL, pull latency vs upstream, the first pull to a new peer vs a warm one (both tiers), scheduler-thread cost of the tier calls vs upstream, each peer's link figures (round trips, setup, fitted pull cost), lookup round trips, host-call cost, one prefix from 1/2/3 sources and a 1 GiB same-host fetch into a warm and a cold region vs memcpy, an idle peer's CPU per data_transport and an idle engine process's vs upstream, lookup latency of a 64-peer mesh vs 2 peers and memory/fds per session; then Go micro-benchmarks
 	$(GO) run ./tests/bench/datapath
 	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/p2p_latency.py 2>/dev/null
 	PEERKV_LIBRARY=$(abspath $(LIB)) P2P_LATENCY_STEP_MS=0.05 P2P_LATENCY_ROUND_ONLY=1 $(PYTHON) tests/bench/p2p_latency.py 2>/dev/null
 	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/scheduler_calls.py
+	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/first_pull.py 2>/dev/null
 	PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) tests/bench/links.py 2>/dev/null
 	$(GO) run ./tests/bench/control
 	$(GO) run ./tests/bench/zmqfloor
