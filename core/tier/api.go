@@ -1,4 +1,4 @@
-// Package tier is the host-facing peer: the calls vLLM's secondary-tier
+// Package tier is the host-facing node: the calls vLLM's secondary-tier
 // interface makes (through capi), over sessions with remote peers.
 //
 // Threading: every exported method may be called from any goroutine; state is
@@ -7,12 +7,15 @@
 // completions, deadlines) runs on the tier's own goroutine.
 //
 // Glossary (one word per concept, here and in core/session):
+//   - node: this process's tier (one vLLM engine's); peer: always a remote
+//     node we hold, or could hold, a session with. (The C API's handle and
+//     Python's Peer class name the node, for compatibility.)
 //   - host request: a vLLM request (req_id) and its kv_transfer_params.
 //   - kv id: the kv_request_id shared by both ends of a transfer: the
 //     orchestrator's, or minted by this consumer for a remote_kv_source entry
 //     without one.
-//   - pull: this peer as consumer, loading rows from its sources (remote_prefiller,
-//     or remote_kv_source's list); serve: this peer as producer, writing rows to a consumer.
+//   - pull: this node as consumer, loading rows from its sources (remote_prefiller,
+//     or remote_kv_source's list); serve: this node as producer, writing rows to a consumer.
 //   - part: the keys of one load placed at one source (one fetch round there).
 //   - round: one fetch of one kv id (round_seq), with its supply (stored or pinned
 //     rows), its demand (the fetch's keys and rows) and its writes in flight.
@@ -20,18 +23,24 @@
 //   - job: a load or store the host submitted, reported exactly once.
 //   - inbound lookup: a remote consumer's lookup, evaluated by the host.
 //
-// State has one owner each: a request here; its pull (sources, what the host
-// was told per key, its failure) in a pull (pull.go); a load job spread over
-// sources, its parts and deadline, in a pullLoad (load.go); jobs and their
-// results in the ledger (ledger.go); served PD kv ids, inbound lookups and
-// the outbox in the serve desk (servedesk.go); the data path's peers in the
-// registry; a round, a fetch in flight or an inbound lookup's answers in its
-// session. Sessions report what happened as values (session.Report); settle
-// applies them and reaps ended sessions, in one step after every call into
-// sessions. The host's notification fd is owned by a notifier (notify.go),
-// signalled only where inbound items (serveDesk.queue) and job results
-// (ledger.report) are queued, and once when the peer shuts down or is
-// poisoned.
+// The Tier is a coordinator over owners, each the only writer and deleter of
+// its state, none holding the Tier:
+//   - lifecycle (lifecycle.go): open, closed or poisoned.
+//   - peerSet (peerset.go, peerslots.go): the sessions, admission and
+//     eviction, refusal pacing, the unreachable back-off, the registry of
+//     data-path peers; the only place a session ends (reap returns them).
+//   - pullBook (pullbook.go): host requests, their pulls (pull.go), loads
+//     and their deadlines (load.go), answers, and the row guard (rowguard.go).
+//   - ledger (ledger.go): jobs and their one result each.
+//   - serveDesk (servedesk.go, serve.go, outbox.go): served PD kv ids,
+//     inbound lookups, the outbox.
+//
+// Sessions report what happened as values (session.Report); settle routes
+// each to its owner and runs the one teardown (teardown.go) for sessions
+// that ended, in one step after every call into sessions. The host's
+// notification fd is owned by a notifier (notify.go), signalled only where
+// inbound items (serveDesk.queue) and job results (ledger.report) are
+// queued, and once when the node shuts down or is poisoned.
 package tier
 
 import (
