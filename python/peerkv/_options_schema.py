@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "29fcea7cc5d5ab016cd1f39dec04887c9128f4e95ab89b1a1efde7663e294c07"
+DIGEST = "d38f8e49b6139cd97b757b13efce33c9f772ca421e641d76f4f311225408f96e"
 
 SCHEMA = json.loads(
     r"""
@@ -76,8 +76,8 @@ SCHEMA = json.loads(
    "type": "integer",
    "min": 0,
    "max": 65535,
-   "default": "0",
-   "doc": "TCP data listener port (0: ephemeral)",
+   "default": "port + 1000",
+   "doc": "TCP data listener port, fixed so a firewall can name it (0: ephemeral); vLLM's tier adds the DP rank to both ports",
    "want": "an integer in 0..65535"
   },
   {

@@ -143,6 +143,7 @@ def probe(peer: str, options: dict[str, Any], want: dict[str, Any], timeout: flo
         **options,
         "host": address,
         "port": _free_port(address),
+        "data_port": 0,  # a probe's data listener: ephemeral, never the default port + 1000 an engine may hold
         "hash_seed": str(want.get("hash_seed", "")),
         "config_fingerprint": str(want.get("config_fingerprint", "")),
         "handshake_timeout_s": timeout,

@@ -114,7 +114,8 @@ class Engine:
             tier = {"type": "p2p"}
         else:
             raise ValueError(f"unknown tier {self.tier!r}")
-        tier.update(host="127.0.0.1", port=self.kv_port, **self.tier_options)
+        # data_port 0: ephemeral; kv_port + 1000 (the default) is not known to be free.
+        tier.update({"host": "127.0.0.1", "port": self.kv_port, "data_port": 0, **self.tier_options})
         return {
             "kv_connector": "OffloadingConnector",
             "kv_role": "kv_both",

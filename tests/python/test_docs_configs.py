@@ -100,6 +100,7 @@ def _for_this_machine(doc: dict, secret_file: Path) -> dict:
                 if key in tier:
                     tier[key] = "127.0.0.1"
             tier["port"] = control_port()
+            tier.setdefault("data_port", 0)  # port + 1000 is not known to be free here
             if "auth_secret_file" in tier:
                 tier["auth_secret_file"] = str(secret_file)
     return doc
