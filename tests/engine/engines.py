@@ -109,13 +109,13 @@ class Engine:
 
     def kv_transfer_config(self) -> dict[str, Any]:
         if self.tier == "peerkv":
-            tier = {"type": "PeerKVTier", "module_path": "peerkv.vllm"}
+            # data_port 0: ephemeral; kv_port + 1000 (the default) is not known to be free.
+            tier = {"type": "PeerKVTier", "module_path": "peerkv.vllm", "data_port": 0}
         elif self.tier == "p2p":
             tier = {"type": "p2p"}
         else:
             raise ValueError(f"unknown tier {self.tier!r}")
-        # data_port 0: ephemeral; kv_port + 1000 (the default) is not known to be free.
-        tier.update({"host": "127.0.0.1", "port": self.kv_port, "data_port": 0, **self.tier_options})
+        tier.update(host="127.0.0.1", port=self.kv_port, **self.tier_options)
         return {
             "kv_connector": "OffloadingConnector",
             "kv_role": "kv_both",
