@@ -103,6 +103,9 @@ func TestDataPortInUseIsATransportError(t *testing.T) {
 	_, err = Open(cfg, testRegion())
 	require.ErrorIs(t, err, ErrTransport)
 	assert.Contains(t, err.Error(), "data path")
+	// The option to change is named, with the port.
+	assert.Contains(t, err.Error(), fmt.Sprintf("data_port %d is in use", ln.Addr().(*net.TCPAddr).Port))
+	assert.Contains(t, err.Error(), "set data_port to a free port")
 }
 
 func TestInvalidConfigIsAnInvalidArgument(t *testing.T) {

@@ -238,7 +238,15 @@ def test_check_config_command(tmp_path):
     good = _transfer_config({"type": "peerkv", "host": "127.0.0.1", "port": 5710})
     out = _check_config("--single-host", json.dumps(good))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.strip() == "kv_connector_extra_config.secondary_tiers[1]: ok"
+    where = "kv_connector_extra_config.secondary_tiers[1]"
+    # Both ports a firewall must open, each + the DP rank, then the verdict.
+    assert out.stdout.strip().splitlines() == [
+        f"{where}: listens on control 5710 + the DP rank and TCP data 6710 + the DP rank: open both between the engines",
+        f"{where}: ok",
+    ]
+    fixed = _check_config("--single-host", "--output", "json", json.dumps(
+        _transfer_config({"type": "peerkv", "host": "127.0.0.1", "port": 5710, "data_port": 7000})))
+    assert json.loads(fixed.stdout)["ports"][where] == {"control_port": 5710, "data_port": 7000, "plus_dp_rank": True}
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"type": "PeerKVTier", "module_path": "peerkv.vllm", "prot": 1, "host": "0.0.0.0"}))
     out = _check_config("@" + str(bad))
@@ -350,7 +358,7 @@ def test_the_multiconnector_form_with_nixl_pd_is_checked_inside():
     out = _check_config("--single-host", json.dumps(doc))
     assert out.returncode == 0, out.stdout + out.stderr
     where = "kv_connector_extra_config.connectors[1].kv_connector_extra_config.secondary_tiers[1]"
-    assert out.stdout.strip() == f"{where}: ok"
+    assert out.stdout.strip().splitlines()[-1] == f"{where}: ok"
     offloading["kv_connector_extra_config"]["secondary_tiers"][1] = {**_PEERKV, "encrypt": True}
     out = _check_config("--single-host", json.dumps(doc))
     assert out.returncode == 1 and f"{where}: encrypt needs a cluster secret" in out.stdout
