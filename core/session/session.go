@@ -117,6 +117,9 @@ type Session struct {
 	quietRefusal bool
 	seen         *PeerConnect // the peer's connect as it arrived, before our checks
 	peerEpoch    uint64       // the epoch in the peer's connect (0: none sent)
+	// probing: we opened this session as a handshake-only probe (NewProbe);
+	// probed: the peer's connect marked it as one. Either way no rows move.
+	probing, probed bool
 
 	consumer consumer
 	producer producer
@@ -126,8 +129,20 @@ type Session struct {
 // out at once, otherwise it waits for the peer's. source is the address the
 // peer's connection came from as the kernel reports it ("" if unknown).
 func New(env *Env, peerID, source string, dialed bool) *Session {
+	return open(env, peerID, source, dialed, false)
+}
+
+// NewProbe dials peerID for a handshake-only probe (`peerkv doctor`): its
+// connect says so, and it compares no block_len (the prober compares the
+// peer's itself, from the connect the peer sends).
+func NewProbe(env *Env, peerID string) *Session {
+	return open(env, peerID, "", true, true)
+}
+
+func open(env *Env, peerID, source string, dialed, probing bool) *Session {
 	now := env.Now()
-	s := &Session{env: env, peerID: peerID, source: source, dialed: dialed, openedAt: now, lastActivity: now}
+	s := &Session{env: env, peerID: peerID, source: source, dialed: dialed, openedAt: now, lastActivity: now,
+		probing: probing}
 	if env.Cfg.AuthSecret != "" {
 		s.nonce = newNonce()
 	}
@@ -159,6 +174,19 @@ func (s *Session) Ready() bool { return s.sendReady && s.state == acked && !s.de
 
 // LastActivity is when the peer last sent us something or we sent it work.
 func (s *Session) LastActivity() time.Time { return s.lastActivity }
+
+// Probe reports whether the session is a handshake-only probe, ours or
+// the peer's: its failures are logged at INFO and counted as no rejection.
+func (s *Session) Probe() bool { return s.probing || s.probed }
+
+// failLevel is the level of a line saying why the handshake failed: a
+// probe's failure is the answer it asked for, not an engine's problem.
+func (s *Session) failLevel() string {
+	if s.probed {
+		return "INFO"
+	}
+	return "ERROR"
+}
 
 // Dialed reports whether we opened the session (a peer we pull from).
 func (s *Session) Dialed() bool { return s.dialed }
@@ -265,6 +293,9 @@ func (s *Session) refusesType(t protocol.Type) error {
 	if s.state != acked {
 		return fmt.Errorf("%s before the handshake finished", t)
 	}
+	if s.probed {
+		return fmt.Errorf("%s from a probe (a probe's session carries no requests)", t)
+	}
 	return nil
 }
 
@@ -367,11 +398,14 @@ func (s *Session) checkFields(c *protocol.Connect) error {
 		why = append(why, fmt.Sprintf("hash seed mismatch: peer %q, local %q (set the same PYTHONHASHSEED on every "+
 			"peer, or leave it unset everywhere with a sha256 prefix-cache hash)", c.HashSeed, cfg.HashSeed))
 	}
+	if s.probed && len(causes) == 1 && causes[0] == CauseBlockLen {
+		return nil // a probe's own block_len: answered once the rest passed (refuseProbeBlockLen)
+	}
 	if len(causes) == 0 {
 		return nil
 	}
 	reason := strings.Join(why, "; ")
-	s.env.Logf("ERROR", "rejecting peer %s: %s", s.peerID, reason)
+	s.env.Logf(s.failLevel(), "rejecting %s: %s", s.describe(), reason)
 	s.failHandshake(causes[0])
 	if s.dead {
 		return nil
@@ -386,6 +420,30 @@ func (s *Session) checkFields(c *protocol.Connect) error {
 	}
 	s.markDead("rejected its connect: " + reason)
 	return nil
+}
+
+// refuseProbeBlockLen answers a probe that passed every other check but
+// gave another block_len (it may not know ours): our connect first, which
+// tells it ours, then the refusal naming block_len.
+func (s *Session) refuseProbeBlockLen(c *protocol.Connect) error {
+	if !s.connectSent {
+		s.sendConnect()
+	}
+	s.env.Logf("INFO", "rejecting %s: block_len %d, local %d (our connect told it ours)", s.describe(),
+		c.BlockLen, s.env.Region.RowLen)
+	s.failHandshake(CauseBlockLen)
+	_ = s.env.Send(s.peerID, &protocol.Disconnect{Refused: []string{"block_len"}})
+	s.markDead(fmt.Sprintf("rejected its connect: block_len mismatch: probe %d bytes per row, local %d",
+		c.BlockLen, s.env.Region.RowLen))
+	return nil
+}
+
+// describe names the peer in log lines: a probe says it is one.
+func (s *Session) describe() string {
+	if s.probed {
+		return "probe " + s.peerID + " (peerkv doctor)"
+	}
+	return "peer " + s.peerID
 }
 
 // RefuseQuietly makes a refusal of a stock vLLM peer send no goodbye, as
@@ -414,8 +472,15 @@ func (s *Session) refuse(reason string) {
 // session dead.
 func (s *Session) reject(cause, format string, args ...any) error {
 	reason := fmt.Sprintf(format, args...)
-	s.env.Logf("ERROR", "rejecting peer %s: %s", s.peerID, reason)
+	s.env.Logf(s.failLevel(), "rejecting %s: %s", s.describe(), reason)
 	s.failHandshake(cause)
+	if s.probed && cause == CauseAuth && !s.dead {
+		// A probe is told which check failed, never why: whoever runs it
+		// acts on "auth_secret"; the values stay here.
+		_ = s.env.Send(s.peerID, &protocol.Disconnect{Refused: []string{"auth_secret"}})
+		s.markDead("rejected its connect: " + reason)
+		return nil
+	}
 	s.refuse("rejected its connect: " + reason)
 	return nil
 }
@@ -470,7 +535,13 @@ func (s *Session) onConnect(c *protocol.Connect) error {
 		ConfigFingerprint: c.ConfigFingerprint, HashSeed: c.HashSeed, PeerKV: c.PeerKV != nil}
 	if c.PeerKV != nil {
 		s.seen.CapsVersion, s.seen.DataTransport = c.PeerKV.Version, c.PeerKV.DataTransport
+		s.seen.Challenges = len(c.PeerKV.Nonce) > 0
 		s.peerEpoch = c.PeerKV.Epoch
+		if c.PeerKV.Probe && !s.dialed {
+			s.probed = true
+			s.env.Logf("INFO", "%s connected: handshake only (its outcome is logged at INFO and counted as no "+
+				"rejection; it may send no requests)", s.describe())
+		}
 	}
 	if err := s.checkFields(c); err != nil || s.dead {
 		return err
@@ -482,6 +553,9 @@ func (s *Session) onConnect(c *protocol.Connect) error {
 	}
 	if c.PeerID == s.env.LocalID {
 		return s.reject(CauseIdentity, "it claims our own id %q", c.PeerID)
+	}
+	if s.probed && c.BlockLen != s.env.Region.RowLen {
+		return s.refuseProbeBlockLen(c)
 	}
 	s.peer = c
 	if cfg.AuthSecret != "" {
@@ -577,7 +651,7 @@ func (s *Session) RegistrationDone(err error) {
 		return
 	}
 	if err != nil {
-		s.env.Logf("ERROR", "rejecting peer %s: data path registration failed: %v", s.peerID, err)
+		s.env.Logf(s.failLevel(), "rejecting %s: data path registration failed: %v", s.describe(), err)
 		s.failHandshake(CauseDataPath)
 		s.refuse(fmt.Sprintf("data path registration failed: %v", err))
 		return
@@ -623,7 +697,7 @@ func (s *Session) sendConnect() {
 		ConfigFingerprint: s.env.Cfg.ConfigFingerprint,
 		HashSeed:          s.env.Cfg.HashSeed,
 	}
-	caps := &protocol.Capabilities{Version: capabilitiesVersion, Nonce: []byte{}, Epoch: s.env.Epoch}
+	caps := &protocol.Capabilities{Version: capabilitiesVersion, Nonce: []byte{}, Epoch: s.env.Epoch, Probe: s.probing}
 	if !s.env.Cfg.NoVerifyPulls {
 		caps.Verify = protocol.VerifyCRC32C
 	}
@@ -716,7 +790,7 @@ func (s *Session) Tick(now time.Time) {
 			// not be reachable at all), once per peer and episode.
 			s.unreached, s.connectUnsure = true, true
 		} else {
-			s.env.Logf("ERROR", "peer %s: handshake timed out after %v: %s", s.peerID, s.env.Cfg.HandshakeTimeout, why)
+			s.env.Logf(s.failLevel(), "%s: handshake timed out after %v: %s", s.describe(), s.env.Cfg.HandshakeTimeout, why)
 		}
 		s.failHandshake(CauseTimeout)
 		s.disconnect("handshake timed out: " + why)
@@ -749,7 +823,7 @@ func (s *Session) busy() {
 }
 
 func (s *Session) protocolError(reason string) {
-	s.env.Logf("ERROR", "peer %s: protocol error: %s; disconnecting", s.peerID, reason)
+	s.env.Logf(s.failLevel(), "%s: protocol error: %s; disconnecting", s.describe(), reason)
 	if !s.Ready() {
 		s.failHandshake(CauseProtocol)
 	}

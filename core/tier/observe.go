@@ -182,7 +182,7 @@ func (t *Tier) observeRegistered(s *session.Session) {
 func (t *Tier) observeEnded(s *session.Session) {
 	delete(t.obs.sessionPath, s)
 	delete(t.obs.peers, s)
-	if c := s.RejectCause(); c != "" {
+	if c := s.RejectCause(); c != "" && !s.Probe() { // a probe's refusal is the answer it asked for
 		t.obs.rejections[c]++
 	}
 }

@@ -189,7 +189,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		Now:            now,
 		Send:           t.sessionSend,
 		Report:         func(r session.Report) { t.pending = append(t.pending, r) },
-		Logf:           t.logf,
+		Logf:           t.logLimited, // a peer, even a stranger, can make a session log: every level rate-limited
 		NextLookupID:   func() int64 { t.nextLookup++; return t.nextLookup },
 		LookupAnswered: t.lookupAnswered,
 		LookupServed:   func(held time.Duration) { t.obs.lookupServed.observe(held.Seconds()) },
@@ -559,12 +559,16 @@ func (t *Tier) evictStalledHandshake(now time.Time, why string) {
 // openSession starts a session; source is the kernel-reported address of a
 // peer that dialed us ("" for one we dial).
 func (t *Tier) openSession(peerID, source string, dialed bool) *session.Session {
+	return t.open(peerID, func() *session.Session { return session.New(t.env, peerID, source, dialed) })
+}
+
+func (t *Tier) open(peerID string, newSession func() *session.Session) *session.Session {
 	if old := t.sessions[peerID]; old != nil {
 		// Never drop a session unclosed: its jobs would go unreported.
 		old.CloseOrderly("replaced by a new session")
 		t.settle()
 	}
-	s := session.New(t.env, peerID, source, dialed)
+	s := newSession()
 	t.sessions[peerID] = s
 	t.obs.peerOpened(s)
 	t.active[s] = struct{}{} // its handshake has a deadline
@@ -575,6 +579,11 @@ func (t *Tier) openSession(peerID, source string, dialed bool) *session.Session 
 
 // sessionFor returns the live session to peerID, opening one if allowed.
 func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
+	return t.dial(peerID, false)
+}
+
+// dial is sessionFor; probing opens a handshake-only probe (Probe).
+func (t *Tier) dial(peerID string, probing bool) (*session.Session, error) {
 	if err := t.mayDial(peerID); err != nil {
 		return nil, err // before an open session too: it may be a peer that dialed us claiming that name
 	}
@@ -606,6 +615,9 @@ func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
 		// A stock peer we refused inside the pace still waits for its
 		// goodbye, which our session would otherwise cancel: it goes first.
 		_ = t.send(peerID, &protocol.Disconnect{})
+	}
+	if probing {
+		return t.open(peerID, func() *session.Session { return session.NewProbe(t.env, peerID) }), nil
 	}
 	return t.openSession(peerID, "", true), nil
 }
