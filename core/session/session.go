@@ -133,8 +133,8 @@ func New(env *Env, peerID, source string, dialed bool) *Session {
 }
 
 // NewProbe dials peerID for a handshake-only probe (`peerkv doctor`): its
-// connect says so, and it compares no block_len (the prober compares the
-// peer's itself, from the connect the peer sends).
+// connect says so (protocol.Capabilities.Probe), so a peerkv peer tells it
+// its block_len instead of refusing it unnamed.
 func NewProbe(env *Env, peerID string) *Session {
 	return open(env, peerID, "", true, true)
 }
@@ -176,7 +176,8 @@ func (s *Session) Ready() bool { return s.sendReady && s.state == acked && !s.de
 func (s *Session) LastActivity() time.Time { return s.lastActivity }
 
 // Probe reports whether the session is a handshake-only probe, ours or
-// the peer's: its failures are logged at INFO and counted as no rejection.
+// the peer's: its failure counts as no rejection (and a peer's probe is
+// logged at INFO).
 func (s *Session) Probe() bool { return s.probing || s.probed }
 
 // failLevel is the level of a line saying why the handshake failed: a
