@@ -131,7 +131,8 @@ int32_t peerkv_info(char *buf, size_t len, size_t *needed, char *err, size_t err
  *       peerkv peers on this host),
  *     "verify_pulls" (bool, default true: CRC-32C of every row between
  *       peerkv peers that both offer it; a mismatch fails the load),
- *     "data_host" (str), "data_port" (int, 0 = ephemeral),
+ *     "data_host" (str), "data_port" (int, default port + 1000,
+ *       0 = ephemeral),
  *     "auth_secret" (str, peers must prove it; refuses stock vLLM peers),
  *     "max_peers" (int), "max_sources_per_request" (int, 1..16, default 4:
  *       the most sources one remote_kv_source may list),

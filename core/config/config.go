@@ -18,6 +18,12 @@ import (
 	"github.com/peerkv/peerkv/core/params"
 )
 
+// DataPortOffset puts the default TCP data port at port + 1000, a fixed port
+// a firewall can name. vLLM gives data-parallel rank r the control port
+// base + r, so rank r's data port is base + r + 1000: the two ranges meet
+// only with more than 1000 ranks on one host.
+const DataPortOffset = 1000
+
 // Defaults. Where vLLM's p2p tier has the same wait, the value is its value.
 const (
 	DefaultPort                 = 5710
@@ -125,7 +131,8 @@ type Config struct {
 	NoVerifyPulls bool
 	// DataHost is the address the TCP data listener binds (default Host).
 	DataHost string
-	// DataPort is the TCP data listener port (0 = ephemeral).
+	// DataPort is the TCP data listener port (0 = ephemeral). FromJSON
+	// defaults it to Port + DataPortOffset.
 	DataPort int
 	// AuthSecret, when set, makes every peer prove knowledge of it (HMAC) in
 	// connect; stock vLLM peers cannot, so they are refused.
@@ -494,6 +501,12 @@ func FromJSON(b []byte) (Config, error) {
 		}
 	}
 	c = c.WithDefaults()
+	if j.DataPort == nil {
+		if c.DataPort = c.Port + DataPortOffset; c.DataPort > 65535 {
+			return Config{}, fmt.Errorf("options: data_port defaults to port + %d = %d, above 65535: "+
+				"set data_port (0: an ephemeral port) or a lower port", DataPortOffset, c.DataPort)
+		}
+	}
 	if err := c.Validate(); err != nil {
 		return Config{}, fmt.Errorf("options: %w", err)
 	}

@@ -9,6 +9,29 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// A firewall can name the data port before the node starts: it follows the
+// control port (and so vLLM's DP rank, which the tier adds to port), and
+// 0 still asks for an ephemeral one.
+func TestDataPortIsFixedAtPortPlus1000UnlessSet(t *testing.T) {
+	for raw, want := range map[string]int{
+		`{"port": 7000}`:                    8000,
+		`{"port": 7003}`:                    8003,
+		`{"port": 7000, "data_port": 0}`:    0,
+		`{"port": 7000, "data_port": 7500}`: 7500,
+		`{"port": 64535}`:                   65535,
+	} {
+		c, err := FromJSON([]byte(raw))
+		require.NoError(t, err, raw)
+		assert.Equal(t, want, c.DataPort, raw)
+	}
+	_, err := FromJSON([]byte(`{"port": 65000}`))
+	require.EqualError(t, err, "options: data_port defaults to port + 1000 = 66000, above 65535: "+
+		"set data_port (0: an ephemeral port) or a lower port")
+	c, err := FromJSON([]byte(`{"port": 65000, "data_port": 0}`))
+	require.NoError(t, err)
+	assert.Equal(t, 0, c.DataPort)
+}
+
 func TestFromJSONDefaults(t *testing.T) {
 	for _, raw := range []string{"", " \n", "{}", "null"} {
 		c, err := FromJSON([]byte(raw))
@@ -18,7 +41,7 @@ func TestFromJSONDefaults(t *testing.T) {
 		assert.Equal(t, "localhost:5710", c.LocalID())
 		assert.Equal(t, DataAuto, c.DataTransport)
 		assert.Equal(t, "localhost", c.DataHost, "data host follows host")
-		assert.Equal(t, 0, c.DataPort, "ephemeral data port")
+		assert.Equal(t, DefaultPort+1000, c.DataPort, "a fixed data port: port + 1000")
 		assert.Equal(t, DefaultMaxPeers, c.MaxPeers)
 		assert.Equal(t, []string{"UCX"}, c.NixlBackends)
 		assert.Equal(t, 4, c.NixlNumThreads)

@@ -143,6 +143,7 @@ func TestDocumentedDefaultsAreTheAppliedOnes(t *testing.T) {
 	notAValue := map[string]string{
 		"advertise_host":     "follows host",
 		"data_host":          "follows host",
+		"data_port":          "follows port (port + 1000)",
 		"allowed_peers":      "any peer: no list",
 		"max_frame_bytes":    "derived from the region",
 		"max_list_items":     "derived from the region",

@@ -36,7 +36,7 @@ func ipv6Config(t *testing.T) config.Config {
 	port := ln.Addr().(*net.TCPAddr).Port
 	require.NoError(t, ln.Close())
 	cfg, err := config.FromJSON([]byte(`{"host":"::1","port":` + strconv.Itoa(port) +
-		`,"data_transport":"tcp","key_len":36,"hash_seed":"v6","shutdown_drain_timeout_s":0.5}`))
+		`,"data_port":0,"data_transport":"tcp","key_len":36,"hash_seed":"v6","shutdown_drain_timeout_s":0.5}`))
 	require.NoError(t, err)
 	return cfg
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/control/zmqctl"
@@ -171,6 +172,11 @@ func newTCP(cfg config.Config, region data.Region, guard data.WriteGuard, logf t
 		IOTimeout: min(tcpdata.DefaultIOTimeout, cfg.LoadTimeout),
 		Logf:      func(format string, args ...any) { logf("WARNING", format, args...) },
 	})
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("%w: data path at %s:%d: data_port %d is in use by another process (the TCP data "+
+			"port is port + %d + the DP rank unless data_port is set): stop what holds it, or set data_port to a "+
+			"free port (0: an ephemeral one)", ErrTransport, cfg.DataHost, cfg.DataPort, cfg.DataPort, config.DataPortOffset)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: data path at %s:%d: %v", ErrTransport, cfg.DataHost, cfg.DataPort, err)
 	}

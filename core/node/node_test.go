@@ -1,6 +1,7 @@
 package node
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -102,6 +103,9 @@ func TestDataPortInUseIsATransportError(t *testing.T) {
 	_, err = Open(cfg, testRegion())
 	require.ErrorIs(t, err, ErrTransport)
 	assert.Contains(t, err.Error(), "data path")
+	// The option to change is named, with the port.
+	assert.Contains(t, err.Error(), fmt.Sprintf("data_port %d is in use", ln.Addr().(*net.TCPAddr).Port))
+	assert.Contains(t, err.Error(), "set data_port to a free port")
 }
 
 func TestInvalidConfigIsAnInvalidArgument(t *testing.T) {
@@ -277,4 +281,31 @@ func TestEncryptedAndPlainNodesDoNotTalk(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond)
 	assert.False(t, res[0].Success)
 	assert.Zero(t, prod.Stats().DataPeers, "the plaintext peer never got past CURVE")
+}
+
+// A firewall is written before the node starts: with no data_port, the TCP
+// data listener is on the control port + 1000, not an ephemeral port.
+func TestTheDefaultDataPortIsTheControlPortPlus1000(t *testing.T) {
+	for range 50 {
+		port := freePort(t)
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+1000))
+		if err != nil {
+			continue // port + 1000 is someone else's: pick another pair
+		}
+		_ = ln.Close()
+		cfg, err := config.FromJSON([]byte(`{"host":"127.0.0.1","port":` + strconv.Itoa(port) +
+			`,"data_transport":"tcp","shutdown_drain_timeout_s":0.5}`))
+		require.NoError(t, err)
+		tr, err := Open(cfg, testRegion())
+		if errors.Is(err, ErrTransport) {
+			continue // one of the pair was taken meanwhile
+		}
+		require.NoError(t, err)
+		defer tr.Shutdown()
+		conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port+1000), 5*time.Second)
+		require.NoError(t, err, "nothing listens on port + 1000, the data port a firewall was told")
+		_ = conn.Close()
+		return
+	}
+	t.Fatal("no free pair of ports (port, port + 1000) in 50 tries")
 }

@@ -422,3 +422,20 @@ func TestConnectCarriesEpoch(t *testing.T) {
 	require.ErrorIs(t, err, ErrMalformed)
 	assert.Contains(t, err.Error(), "peerkv.epoch")
 }
+
+// A probe's mark survives the round trip, is absent from other connects,
+// and a wrong type is refused like any other capability of the wrong type.
+func TestConnectCarriesProbe(t *testing.T) {
+	for _, probe := range []bool{true, false} {
+		frame, err := Encode(&Connect{PeerID: "a:1", NumBlocks: 1, BlockLen: 1,
+			PeerKV: &Capabilities{Version: 2, Nonce: []byte{}, Probe: probe}})
+		require.NoError(t, err)
+		assert.Equal(t, probe, bytes.Contains(frame, []byte("probe")), "the key is sent only by a probe")
+		m, err := Decode(frame, Limits{})
+		require.NoError(t, err)
+		assert.Equal(t, probe, m.(*Connect).PeerKV.Probe)
+	}
+	_, err := Decode(build(t, validConnect(kv{"peerkv", map[string]any{"version": 2, "probe": 1}})...), Limits{})
+	require.ErrorIs(t, err, ErrMalformed)
+	assert.Contains(t, err.Error(), "peerkv.probe")
+}

@@ -199,7 +199,7 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 			return f.failPath(path, "expected %s, got %s", want, v.describe())
 		}
 		switch name {
-		case "version", "data_transport", "data_addr", "nonce", "same_host", "data_token", "verify", "epoch":
+		case "version", "data_transport", "data_addr", "nonce", "same_host", "data_token", "verify", "epoch", "probe":
 			if seen[name] {
 				return nil, f.failPath(path, "duplicate key")
 			}
@@ -234,6 +234,11 @@ func (f *parsed) capabilities() (*Capabilities, error) {
 			default:
 				c.DataToken = string(v.Bytes)
 			}
+		case "probe":
+			if v.Kind != kindBool {
+				return nil, bad("bool")
+			}
+			c.Probe = v.Bool
 		case "nonce":
 			if v.Kind != kindBin {
 				return nil, bad("bin")

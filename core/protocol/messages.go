@@ -72,6 +72,11 @@ type Capabilities struct {
 	// different epoch is a restarted peer, whose old session ends at once.
 	// Absent (0) from peers before it.
 	Epoch uint64 `codec:"epoch,omitempty"`
+	// Probe marks a handshake-only probe (`peerkv doctor`): it moves no
+	// rows, so its block_len is not compared before our connect tells it
+	// ours, and its outcome is logged at INFO, not counted as a rejection.
+	// Absent (false) from every other connect; stock vLLM ignores the map.
+	Probe bool `codec:"probe,omitempty"`
 }
 
 // VerifyCRC32C is the only row checksum: CRC-32C (Castagnoli) of each row.

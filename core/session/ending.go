@@ -153,14 +153,20 @@ func (s *Session) refuse(cause, reason string, named []string) {
 // quiet), session dead.
 func (s *Session) reject(cause, format string, args ...any) error {
 	reason := fmt.Sprintf(format, args...)
-	s.env.Logf("ERROR", "rejecting peer %s: %s", s.peerID, reason)
-	s.refuse(cause, "rejected its connect: "+reason, nil)
+	s.env.Logf(s.failLevel(), "rejecting %s: %s", s.describe(), reason)
+	var named []string
+	if s.hs.probed && cause == CauseAuth {
+		// A probe is told which check failed, never why: whoever runs it
+		// acts on "auth_secret"; the values stay here.
+		named = []string{"auth_secret"}
+	}
+	s.refuse(cause, "rejected its connect: "+reason, named)
 	return nil
 }
 
 // protocolError ends the session for a frame the peer should not have sent.
 func (s *Session) protocolError(reason string) {
-	s.env.Logf("ERROR", "peer %s: protocol error: %s; disconnecting", s.peerID, reason)
+	s.env.Logf(s.failLevel(), "%s: protocol error: %s; disconnecting", s.describe(), reason)
 	e := ending{how: Failure, reason: "protocol error: " + reason, logged: true}
 	if !s.Ready() {
 		e.rejectCause = CauseProtocol

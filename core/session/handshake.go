@@ -40,10 +40,13 @@ type handshake struct {
 	peerEpoch   uint64            // the epoch in the peer's connect (0: none sent)
 	// quietRefusal: refuse a stock peer without a goodbye (see RefuseQuietly).
 	quietRefusal bool
+	// probing: we opened this session as a handshake-only probe (NewProbe);
+	// probed: the peer's connect marked it as one. Either way no rows move.
+	probing, probed bool
 }
 
-func newHandshake(secret bool) handshake {
-	var h handshake
+func newHandshake(secret, probing bool) handshake {
+	h := handshake{probing: probing}
 	if secret {
 		h.nonce = newNonce()
 	}
@@ -63,9 +66,20 @@ func (h *handshake) sawConnect(c *protocol.Connect, now time.Time) error {
 		ConfigFingerprint: c.ConfigFingerprint, HashSeed: c.HashSeed, PeerKV: c.PeerKV != nil}
 	if c.PeerKV != nil {
 		h.seen.CapsVersion, h.seen.DataTransport = c.PeerKV.Version, c.PeerKV.DataTransport
+		h.seen.Challenges = len(c.PeerKV.Nonce) > 0
 		h.peerEpoch = c.PeerKV.Epoch
 	}
 	return nil
+}
+
+// probedBy records a peer's connect that marks it a handshake-only probe;
+// only a peer that dialed us can be one. It reports whether c did.
+func (h *handshake) probedBy(c *protocol.Connect, dialed bool) bool {
+	if c.PeerKV == nil || !c.PeerKV.Probe || dialed {
+		return false
+	}
+	h.probed = true
+	return true
 }
 
 // accepted: the peer's connect passed our checks.
@@ -160,6 +174,9 @@ func (h *handshake) refusesType(t protocol.Type) error {
 	// then, and so do we.
 	if h.step != acked {
 		return fmt.Errorf("%s before the handshake finished", t)
+	}
+	if h.probed {
+		return fmt.Errorf("%s from a probe (a probe's session carries no requests)", t)
 	}
 	return nil
 }
@@ -262,11 +279,14 @@ func (s *Session) checkFields(c *protocol.Connect) bool {
 		why = append(why, fmt.Sprintf("hash seed mismatch: peer %q, local %q (set the same PYTHONHASHSEED on every "+
 			"peer, or leave it unset everywhere with a sha256 prefix-cache hash)", c.HashSeed, cfg.HashSeed))
 	}
+	if s.hs.probed && len(causes) == 1 && causes[0] == CauseBlockLen {
+		return false // a probe's own block_len: answered once the rest passed (refuseProbeBlockLen)
+	}
 	if len(causes) == 0 {
 		return false
 	}
 	reason := strings.Join(why, "; ")
-	s.env.Logf("ERROR", "rejecting peer %s: %s", s.peerID, reason)
+	s.env.Logf(s.failLevel(), "rejecting %s: %s", s.describe(), reason)
 	if c.PeerKV == nil || cfg.AuthSecret != "" {
 		// With a secret, a dialer that has not proved it yet learns nothing.
 		names = nil
@@ -275,9 +295,27 @@ func (s *Session) checkFields(c *protocol.Connect) bool {
 	return true
 }
 
+// refuseProbeBlockLen answers a probe that passed every other check but
+// gave another block_len (it may not know ours): our connect first, which
+// tells it ours, then the refusal naming block_len.
+func (s *Session) refuseProbeBlockLen(c *protocol.Connect) error {
+	if !s.hs.connectSent {
+		s.sendConnect()
+	}
+	s.env.Logf("INFO", "rejecting %s: block_len %d, local %d (our connect told it ours)", s.describe(),
+		c.BlockLen, s.env.Region.RowLen)
+	s.refuse(CauseBlockLen, fmt.Sprintf("rejected its connect: block_len mismatch: probe %d bytes per row, local %d",
+		c.BlockLen, s.env.Region.RowLen), []string{"block_len"})
+	return nil
+}
+
 func (s *Session) onConnect(c *protocol.Connect) error {
 	if err := s.hs.sawConnect(c, s.env.Now()); err != nil {
 		return err
+	}
+	if s.hs.probedBy(c, s.dialed) {
+		s.env.Logf("INFO", "%s connected: handshake only (its outcome is logged at INFO and counted as no "+
+			"rejection; it may send no requests)", s.describe())
 	}
 	if s.checkFields(c) {
 		return nil
@@ -289,6 +327,9 @@ func (s *Session) onConnect(c *protocol.Connect) error {
 	}
 	if c.PeerID == s.env.LocalID {
 		return s.reject(CauseIdentity, "it claims our own id %q", c.PeerID)
+	}
+	if s.hs.probed && c.BlockLen != s.env.Region.RowLen {
+		return s.refuseProbeBlockLen(c)
 	}
 	s.hs.accepted(c)
 	if cfg.AuthSecret != "" {
@@ -382,7 +423,7 @@ func (s *Session) RegistrationDone(err error) {
 		return
 	}
 	if err != nil {
-		s.env.Logf("ERROR", "rejecting peer %s: data path registration failed: %v", s.peerID, err)
+		s.env.Logf(s.failLevel(), "rejecting %s: data path registration failed: %v", s.describe(), err)
 		s.refuse(CauseDataPath, fmt.Sprintf("data path registration failed: %v", err), nil)
 		return
 	}
@@ -423,7 +464,7 @@ func (s *Session) sendConnect() {
 		ConfigFingerprint: s.env.Cfg.ConfigFingerprint,
 		HashSeed:          s.env.Cfg.HashSeed,
 	}
-	caps := &protocol.Capabilities{Version: capabilitiesVersion, Nonce: []byte{}, Epoch: s.env.Epoch}
+	caps := &protocol.Capabilities{Version: capabilitiesVersion, Nonce: []byte{}, Epoch: s.env.Epoch, Probe: s.hs.probing}
 	if !s.env.Cfg.NoVerifyPulls {
 		caps.Verify = protocol.VerifyCRC32C
 	}

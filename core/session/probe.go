@@ -14,6 +14,7 @@ type PeerConnect struct {
 	PeerKV            bool      `json:"peerkv"`                   // it advertised peerkv capabilities
 	CapsVersion       uint64    `json:"peerkv_version,omitempty"` // their revision (PeerKV only)
 	DataTransport     string    `json:"data_transport,omitempty"` // the data paths it offered (PeerKV only)
+	Challenges        bool      `json:"auth,omitempty"`           // it sent a challenge: it has an auth secret
 }
 
 // Seen is the peer's connect, if one arrived.

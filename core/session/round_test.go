@@ -91,7 +91,7 @@ func TestRoundTransitionsRefuseIllegalMoves(t *testing.T) {
 
 // The handshake's steps move only forward, each through its method.
 func TestHandshakeStepsRefuseIllegalMoves(t *testing.T) {
-	h := newHandshake(true)
+	h := newHandshake(true, false)
 	assert.Len(t, h.nonce, nonceLen, "a secret: our challenge is ready")
 	assert.False(t, h.registered(), "no ack before the data path registers")
 	assert.Error(t, h.expect(awaitingProof, "peerkv_proof"))

@@ -88,9 +88,20 @@ type Session struct {
 // out at once, otherwise it waits for the peer's. source is the address the
 // peer's connection came from as the kernel reports it ("" if unknown).
 func New(env *Env, peerID, source string, dialed bool) *Session {
+	return open(env, peerID, source, dialed, false)
+}
+
+// NewProbe dials peerID for a handshake-only probe (`peerkv doctor`): its
+// connect says so (protocol.Capabilities.Probe), so a peerkv peer tells it
+// its block_len instead of refusing it unnamed.
+func NewProbe(env *Env, peerID string) *Session {
+	return open(env, peerID, "", true, true)
+}
+
+func open(env *Env, peerID, source string, dialed, probing bool) *Session {
 	now := env.Now()
 	s := &Session{env: env, peerID: peerID, source: source, dialed: dialed, openedAt: now, lastActivity: now,
-		hs: newHandshake(env.Cfg.AuthSecret != "")}
+		hs: newHandshake(env.Cfg.AuthSecret != "", probing)}
 	l := s.link()
 	s.consumer = newConsumer(l)
 	s.producer = newProducer(l)
@@ -156,6 +167,28 @@ func (s *Session) Ready() bool { return s.hs.over() && !s.ended.dead }
 
 // LastActivity is when the peer last sent us something or we sent it work.
 func (s *Session) LastActivity() time.Time { return s.lastActivity }
+
+// Probe reports whether the session is a handshake-only probe, ours or
+// the peer's: its failure counts as no rejection (and a peer's probe is
+// logged at INFO).
+func (s *Session) Probe() bool { return s.hs.probing || s.hs.probed }
+
+// failLevel is the level of a line saying why the handshake failed: a
+// probe's failure is the answer it asked for, not an engine's problem.
+func (s *Session) failLevel() string {
+	if s.hs.probed {
+		return "INFO"
+	}
+	return "ERROR"
+}
+
+// describe names the peer in log lines: a probe says it is one.
+func (s *Session) describe() string {
+	if s.hs.probed {
+		return "probe " + s.peerID + " (peerkv doctor)"
+	}
+	return "peer " + s.peerID
+}
 
 // Dialed reports whether we opened the session (a peer we pull from).
 func (s *Session) Dialed() bool { return s.dialed }
@@ -324,7 +357,7 @@ func (s *Session) Tick(now time.Time) {
 		// be reachable at all), once per peer and episode.
 		unheard := s.Unheard()
 		if !unheard {
-			s.env.Logf("ERROR", "peer %s: handshake timed out after %v: %s", s.peerID, s.env.Cfg.HandshakeTimeout, why)
+			s.env.Logf(s.failLevel(), "%s: handshake timed out after %v: %s", s.describe(), s.env.Cfg.HandshakeTimeout, why)
 		}
 		s.end(ending{how: Failure, reason: "handshake timed out: " + why, logged: true, rejectCause: CauseTimeout,
 			unheard: unheard})

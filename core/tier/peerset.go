@@ -131,13 +131,19 @@ func (p *peerSet) endedSession(s *session.Session) { p.ended = append(p.ended, s
 // open starts a session; source is the kernel-reported address of a peer
 // that dialed us ("" for one we dial).
 func (p *peerSet) open(peerID, source string, dialed bool) *session.Session {
+	return p.add(peerID, func() *session.Session { return session.New(p.env, peerID, source, dialed) })
+}
+
+// add holds the session newSession opens in peerID's slot, ending the one
+// there first: a new session may speak at once (ours dials with a connect).
+func (p *peerSet) add(peerID string, newSession func() *session.Session) *session.Session {
 	if old := p.sessions[peerID]; old != nil {
 		// Never drop a session unclosed: its jobs would go unreported.
 		old.Close("replaced by a new session", session.Orderly)
 		old.Release()
 		p.settle()
 	}
-	s := session.New(p.env, peerID, source, dialed)
+	s := newSession()
 	p.sessions[peerID] = s
 	p.stats[s] = &peerStats{PeerStats: PeerStats{Peer: peerID}, rtt: newHistogram(LookupRTTBuckets)}
 	p.active[s] = struct{}{} // its handshake has a deadline

@@ -72,6 +72,15 @@ func (p *peerSet) admit(peerID, addr string) string {
 // dial opens a session to peerID, which holds none live here, unless its
 // back-off runs or no slot can be made; the caller checked allowed_peers.
 func (p *peerSet) dial(peerID string) (*session.Session, error) {
+	return p.dialWith(peerID, func() *session.Session { return session.New(p.env, peerID, "", true) })
+}
+
+// dialProbe is dial for a handshake-only probe (session.NewProbe, Tier.Probe).
+func (p *peerSet) dialProbe(peerID string) (*session.Session, error) {
+	return p.dialWith(peerID, func() *session.Session { return session.NewProbe(p.env, peerID) })
+}
+
+func (p *peerSet) dialWith(peerID string, newSession func() *session.Session) (*session.Session, error) {
 	if err := p.backedOff(peerID); err != nil {
 		return nil, err // before any session gives its slot up for the dial
 	}
@@ -92,7 +101,7 @@ func (p *peerSet) dial(peerID string) (*session.Session, error) {
 		// goodbye, which our session would otherwise cancel: it goes first.
 		_ = p.send(peerID, &protocol.Disconnect{})
 	}
-	return p.open(peerID, "", true), nil
+	return p.add(peerID, newSession), nil
 }
 
 func (p *peerSet) countHandshaking() int {

@@ -19,7 +19,10 @@ type ProbeResult struct {
 	Refused   []string             `json:"refused,omitempty"` // our fields the peer named as refused
 	Cause     string               `json:"cause,omitempty"`   // why the handshake failed (a rejection cause)
 	Reason    string               `json:"reason,omitempty"`  // what ended the session before the handshake
-	RTTms     float64              `json:"rtt_ms"`            // our connect sent until its connect (or refusal) arrived
+	// ConnectCause is why no connection to the peer came up, when none
+	// did (one of control.ConnectFailureCauses).
+	ConnectCause string  `json:"connect_cause,omitempty"`
+	RTTms        float64 `json:"rtt_ms"` // our connect sent until its connect (or refusal) arrived
 }
 
 // Probe opens a session to peerID only for the handshake and closes it
@@ -36,7 +39,7 @@ func (t *Tier) Probe(peerID string, timeout time.Duration) (ProbeResult, error) 
 		return ProbeResult{}, fmt.Errorf("%w: a session with %s is open already; probe from a peer of its own",
 			ErrInvalidArgument, peerID)
 	}
-	s, err := t.sessionFor(peerID)
+	s, err := t.dial(peerID, true)
 	start := t.now()
 	t.mu.Unlock()
 	if err != nil {
@@ -51,7 +54,7 @@ func (t *Tier) Probe(peerID string, timeout time.Duration) (ProbeResult, error) 
 		if (s.Dead() || s.Ready() || !now.Before(start.Add(timeout))) && (!naming || !now.Before(start.Add(timeout))) {
 			res := probeResult(peerID, s, start, now)
 			if why := t.peers.unreach.why(peerID); s.Dead() && why != "" {
-				res.Reason = why
+				res.Reason, res.ConnectCause = why, t.peers.unreach.peers[peerID].cause
 			}
 			if !s.Dead() {
 				s.Close("probe finished", session.Orderly)

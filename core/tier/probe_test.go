@@ -1,6 +1,7 @@
 package tier_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/peerkv/peerkv/core/config"
+	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/tier"
 )
 
@@ -43,5 +45,72 @@ func TestProbeNamesTheFieldsAPeerKVPeerRefused(t *testing.T) {
 	assert.Equal(t, []string{"hash_seed"}, res.Refused)
 	assert.Nil(t, res.Connect, "a peerkv peer tells a refused stranger no values")
 	assert.Contains(t, res.Reason, "hash_seed")
-	assert.EqualValues(t, 1, prod.Stats().HandshakeRejections["hash_seed"])
+	// The probed peer says why at INFO, as a probe's, and counts no rejection.
+	assertProbeLoggedAtInfo(t, prod, doctor.id, "hash seed mismatch")
+	assert.Zero(t, prod.Stats().HandshakeRejections["hash_seed"])
+}
+
+// A probe that does not know the peer's block_len learns it from the
+// peer's connect, sent before the refusal that names block_len; the peer
+// logs it at INFO and counts no rejection.
+func TestProbeLearnsThePeersBlockLen(t *testing.T) {
+	c := newCluster(t)
+	prod := c.peer(1)
+	doctor := c.peerWithRowLen(2, 2*rowLen)
+	res, err := doctor.Probe(prod.id, 3*time.Second)
+	require.NoError(t, err)
+	assert.False(t, res.Handshake)
+	require.NotNil(t, res.Connect, "%+v", res)
+	assert.Equal(t, uint64(rowLen), res.Connect.BlockLen)
+	assertProbeLoggedAtInfo(t, prod, doctor.id, "block_len")
+	for cause, n := range prod.Stats().HandshakeRejections {
+		assert.Zero(t, n, cause)
+	}
+
+	// With it, the second probe completes.
+	again, err := c.peerWithRowLen(3, rowLen).Probe(prod.id, 3*time.Second)
+	require.NoError(t, err)
+	assert.True(t, again.Handshake, "%+v", again)
+}
+
+// An ordinary peer that gives another block_len is still refused before it
+// learns anything, at ERROR, and counted.
+func TestANonProbePeerLearnsNoBlockLen(t *testing.T) {
+	c := newCluster(t)
+	prod := c.peer(1)
+	cons := c.peerWithRowLen(2, 2*rowLen)
+	_, err := cons.StartRequest("r", sourceParams("remote_kv_source", "kv-r", prod))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return prod.Stats().HandshakeRejections["block_len"] == 1 },
+		3*time.Second, 5*time.Millisecond)
+	assert.Contains(t, string(prod.TakeLogs(1<<20)), "ERROR rejecting peer "+cons.id+": block_len mismatch")
+}
+
+// assertProbeLoggedAtInfo: the probed peer's lines about the probe are
+// INFO, one of them names why, and none is an ERROR.
+func assertProbeLoggedAtInfo(t *testing.T, probed *peer, prober, why string) {
+	t.Helper()
+	var logs string
+	require.Eventually(t, func() bool {
+		logs += string(probed.TakeLogs(1 << 20))
+		return strings.Contains(logs, "INFO rejecting probe "+prober+" (peerkv doctor)") && strings.Contains(logs, why)
+	}, 3*time.Second, 5*time.Millisecond, "%s", logs)
+	assert.Contains(t, logs, "INFO probe "+prober+" (peerkv doctor) connected: handshake only")
+	assert.NotContains(t, logs, "ERROR", "a probe is no engine's problem")
+}
+
+// peerWithRowLen is cluster.peer with rows of another length.
+func (c *cluster) peerWithRowLen(n int, rl uint64) *peer {
+	cfg := fastConfig(n)
+	region := data.Region{Mem: make([]byte, numRows*rl), RowLen: rl}
+	id := cfg.LocalID()
+	tr, err := tier.New(cfg, region, tier.Deps{
+		Control: c.ctl.Transport(id),
+		NewData: func(guard data.WriteGuard, _ tier.Logf) (data.Transport, error) {
+			return c.data.Transport(id, region, guard), nil
+		},
+	})
+	require.NoError(c.t, err)
+	c.t.Cleanup(func() { _ = tr.Shutdown() })
+	return &peer{Tier: tr, t: c.t, id: id, region: region, seen: map[int64]tier.JobResult{}}
 }

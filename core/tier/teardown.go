@@ -63,7 +63,7 @@ func (t *Tier) teardown(how ending) (ended, goodbyes int) {
 func (t *Tier) purge(s *session.Session, how ending) {
 	switch how {
 	case endReaped:
-		if c := s.RejectCause(); c != "" {
+		if c := s.RejectCause(); c != "" && !s.Probe() { // a probe's refusal is the answer it asked for
 			t.obs.rejections[c]++
 		}
 		t.book.purge(s) // its pulls' answers may change without it

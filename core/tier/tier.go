@@ -133,7 +133,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		Now:            now,
 		Send:           t.sessionSend,
 		Report:         func(r session.Report) { t.pending = append(t.pending, r) },
-		Logf:           t.logf,
+		Logf:           t.logLimited, // a peer, even a stranger, can make a session log: every level rate-limited
 		NextLookupID:   t.desk.nextLookupID,
 		LookupAnswered: t.lookupAnswered,
 		LookupServed:   func(held time.Duration) { t.obs.lookupServed.observe(held.Seconds()) },
@@ -417,6 +417,11 @@ func describe(m protocol.Message, err error) string {
 
 // sessionFor returns the live session to peerID, opening one if allowed.
 func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
+	return t.dial(peerID, false)
+}
+
+// dial is sessionFor; probing opens a handshake-only probe (Probe).
+func (t *Tier) dial(peerID string, probing bool) (*session.Session, error) {
 	if err := t.mayDial(peerID); err != nil {
 		return nil, err // before an open session too: it may be a peer that dialed us claiming that name
 	}
@@ -428,6 +433,9 @@ func (t *Tier) sessionFor(peerID string) (*session.Session, error) {
 	}
 	if peerID == t.env.LocalID {
 		return nil, errors.New("a peer cannot pull from itself")
+	}
+	if probing {
+		return t.peers.dialProbe(peerID)
 	}
 	return t.peers.dial(peerID)
 }

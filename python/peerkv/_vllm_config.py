@@ -133,7 +133,12 @@ def create_options(
     out.update(options)  # checked against the library's schema already
     port = options.get("port", envs.VLLM_P2P_SIDE_CHANNEL_PORT)
     # One control socket per DP replica, as the built-in tier binds.
-    out["port"] = int(port) + spec.config.parallel.data_parallel_index
+    rank = spec.config.parallel.data_parallel_index
+    out["port"] = int(port) + rank
+    # And one data port: a given one moves with the rank like the control
+    # port; unset, the library puts it at port + 1000 (rank included).
+    if options.get("data_port"):
+        out["data_port"] = int(options["data_port"]) + rank
     out["config_fingerprint"] = identity.config_fingerprint
     out["hash_seed"] = identity.hash_seed
     out["key_len"] = identity.key_len

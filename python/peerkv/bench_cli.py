@@ -112,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"peerkv bench: {exc}", file=sys.stderr)
         return 2
     region = _standalone.region(args.rows, args.row_len)
-    options = {"host": local, "port": _standalone.free_port(local), "key_len": _standalone.KEY_LEN, **_standalone.secret_options(args)}
+    # data_port 0: this client's data listener is ephemeral (port + 1000 may be another node's).
+    options = {"host": local, "port": _standalone.free_port(local), "data_port": 0, "key_len": _standalone.KEY_LEN,
+               **_standalone.secret_options(args)}
     lookups, rates = [], []
     try:
         with Peer(region, args.rows, args.row_len, options) as peer:

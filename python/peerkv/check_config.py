@@ -214,6 +214,38 @@ def check(
     return out, tiers
 
 
+# vLLM's VLLM_P2P_SIDE_CHANNEL_PORT default, the control port of a tier that names none.
+_DEFAULT_CONTROL_PORT = 5710
+
+
+def ports(tier: Any, environ: Mapping[str, str]) -> dict[str, Any] | None:
+    """The two ports an accepted tier listens on for DP rank 0 (rank r: each
+    + r), as a firewall or a NetworkPolicy must name them; data_port None is
+    an ephemeral one. None when the tier does not say (a problem reported)."""
+    from peerkv import config
+
+    if not isinstance(tier, dict):
+        return None
+    control = tier.get("port")
+    if control is None:
+        try:
+            control = int(environ.get("VLLM_P2P_SIDE_CHANNEL_PORT", _DEFAULT_CONTROL_PORT))
+        except ValueError:
+            return None
+    data = tier.get("data_port")
+    if data is None and isinstance(control, int):
+        data = control + config.DATA_PORT_OFFSET
+    if isinstance(control, bool) or not isinstance(control, int) or isinstance(data, bool) or not isinstance(data, int):
+        return None
+    return {"control_port": control, "data_port": data or None, "plus_dp_rank": True}
+
+
+def _ports_text(p: dict[str, Any]) -> str:
+    data = (f"TCP data {p['data_port']} + the DP rank" if p["data_port"]
+            else "TCP data on an ephemeral port (data_port 0: no firewall rule can name it)")
+    return f"listens on control {p['control_port']} + the DP rank and {data}: open both between the engines"
+
+
 def run(args: argparse.Namespace) -> int:
     text = args.config
     try:
@@ -231,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
             "ok": not refused,
             "exit_status": status,
             "tiers": [where for where, _ in tiers],
+            "ports": {where: ports(tier, os.environ) for where, tier in tiers},
             "problems": [asdict(f) for f in findings if f.severity == "problem"],
             "warnings": [asdict(f) for f in findings if f.severity == "warning"],
         }, indent=2))
@@ -238,7 +271,10 @@ def run(args: argparse.Namespace) -> int:
     for f in findings:
         where = f.where or "the config"
         print(f"{where}: {f.message}" if f.severity == "problem" else f"{where}: warning: {f.message}")
-    for where, _ in tiers:
+    for where, tier in tiers:
         if not any(f.severity == "problem" and f.where == where for f in findings):
+            listens = ports(tier, os.environ)
+            if listens is not None:
+                print(f"{where}: {_ports_text(listens)}")
             print(f"{where}: ok")
     return status

@@ -63,6 +63,9 @@ _TIER_KEYS: dict[str, dict[str, Any]] = {
 
 _WILDCARDS = ("0.0.0.0", "::", "*", "0:0:0:0:0:0:0:0")
 
+# The default TCP data port is the control port plus this (core/config.DataPortOffset).
+DATA_PORT_OFFSET = 1000
+
 # Where the auth secret may come from besides the tier (core/config.SecretEnv).
 SECRET_ENV = "PEERKV_AUTH_SECRET"
 
@@ -377,6 +380,26 @@ def _env_problems(config: Mapping[str, Any], environ: Mapping[str, str]) -> list
     return problems
 
 
+def _data_port_problems(config: Mapping[str, Any], environ: Mapping[str, str]) -> list[Problem]:
+    """The default data port, port + DATA_PORT_OFFSET (core/config), must be
+    a port: the library refuses it otherwise, so say so before the engine."""
+    if config.get("data_port") is not None:
+        return []
+    port = config.get("port")
+    if port is None:
+        try:
+            port = int(environ.get("VLLM_P2P_SIDE_CHANNEL_PORT", ""))
+        except ValueError:
+            return []  # unset (vLLM's default is low enough) or reported by _env_problems
+    if isinstance(port, bool) or not isinstance(port, int) or port + DATA_PORT_OFFSET <= 65535:
+        return []
+    return [Problem(
+        f"data_port defaults to port + {DATA_PORT_OFFSET} = {port + DATA_PORT_OFFSET}, above 65535: "
+        "set data_port (0: an ephemeral port) or a lower port",
+        "data_port",
+    )]
+
+
 def problems_in(
     config: Mapping[str, Any], environ: Mapping[str, str] | None = None, *, machine: bool = False
 ) -> list[str]:
@@ -424,6 +447,7 @@ def problems_in(
         ))
     problems.extend(_secret_problems(config, environ, machine))
     problems.extend(_env_problems(config, environ))
+    problems.extend(_data_port_problems(config, environ))
     if machine:
         for key, value in (("host", host if host is not None else "localhost"), ("data_host", config.get("data_host"))):
             if isinstance(value, str) and value and not is_wildcard(value):

@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--advertise-host", help="the address peers dial, when --host is a wildcard")
     parser.add_argument("--port", type=int, default=5710, help="control port (default 5710)")
+    parser.add_argument("--data-port", type=int, help="TCP data port (default: port + 1000; 0: ephemeral)")
     parser.add_argument("--rows", type=int, default=_standalone.DEFAULT_ROWS, help="rows held (default 256)")
     parser.add_argument("--row-len", type=int, default=_standalone.DEFAULT_ROW_LEN, help="bytes per row (default 2 MiB)")
     parser.add_argument("--data-transport", help='"auto" (default), "tcp" or "nixl"')
@@ -81,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
                **_standalone.secret_options(args)}
     if args.advertise_host:
         options["advertise_host"] = args.advertise_host
+    if args.data_port is not None:
+        options["data_port"] = args.data_port
     try:
         peer = Peer(region, args.rows, args.row_len, options)
     except PeerKVError as exc:

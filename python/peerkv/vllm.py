@@ -90,6 +90,21 @@ _LOG_LEVELS = {
     "ERROR": logging.ERROR,
 }
 
+# kv_transfer_params keys of llm-d's sidecar before it spoke vLLM's p2p
+# grammar, and of NixlConnector's PD: peerkv's tier reads none of them.
+# Each maps to the key that does what the request meant here.
+_LEGACY_KEYS = {
+    "prefill": "remote_decoder {kv_request_id} on the prefill leg",
+    "do_remote_decode": "remote_decoder {kv_request_id} on the prefill leg",
+    "decode": "remote_prefiller {kv_request_id, remote_host, remote_port} on the decode leg",
+    "do_remote_prefill": "remote_prefiller {kv_request_id, remote_host, remote_port} on the decode leg",
+    "p2p": "remote_kv_source {remote_host, remote_port} (or a list of them)",
+}
+# Once per process, whichever tier sees them first: every request of a
+# router that sends them carries them.
+_legacy_keys_noted = False
+
+
 # Prometheus metrics: name -> (stats JSON key, kind, documentation).
 _METRIC_PREFIX = "vllm:peerkv_"
 _STATS_METRICS: dict[str, tuple[str, str, str]] = {
@@ -434,6 +449,7 @@ class PeerKVTier(SecondaryTierManager):
         self._check_hash_seed_once()
         self._last_lookup = (None, None)  # this context's state is about to be set
         params = req_context.kv_transfer_params
+        _note_legacy_keys(params)
         fetch = self._read_hints(req_context, params)
         if not (params or fetch) or self._peer is None:
             req_context.set_state(_RequestState(started=False))
@@ -1122,6 +1138,25 @@ def _identity(options: dict[str, Any]) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{host}:{options.get('port')}"
+
+
+def _note_legacy_keys(params: Any) -> None:
+    """Says once per process, at INFO, that legacy llm-d (or NixlConnector)
+    keys in kv_transfer_params are ignored, and what to send instead."""
+    global _legacy_keys_noted
+    if _legacy_keys_noted or not isinstance(params, dict):
+        return
+    found = [key for key in _LEGACY_KEYS if key in params]
+    if not found:
+        return
+    _legacy_keys_noted = True
+    logger.info(
+        "peerkv: kv_transfer_params key(s) %s are ignored by peerkv's tier (legacy llm-d or NixlConnector "
+        "keys; a NixlConnector beside it in a MultiConnector may still use them); for peerkv send %s "
+        "(docs/orchestration.md). Logged once per process.",
+        ", ".join(found),
+        "; ".join(f"{key} -> {_LEGACY_KEYS[key]}" for key in found),
+    )
 
 
 def _names_decoder(params: Any) -> bool:

@@ -109,7 +109,8 @@ class Engine:
 
     def kv_transfer_config(self) -> dict[str, Any]:
         if self.tier == "peerkv":
-            tier = {"type": "PeerKVTier", "module_path": "peerkv.vllm"}
+            # data_port 0: ephemeral; kv_port + 1000 (the default) is not known to be free.
+            tier = {"type": "PeerKVTier", "module_path": "peerkv.vllm", "data_port": 0}
         elif self.tier == "p2p":
             tier = {"type": "p2p"}
         else:

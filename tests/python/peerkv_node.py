@@ -68,7 +68,9 @@ def new_kv_id() -> str:
 
 def kv_transfer_config(port: int, **tier_options: Any) -> dict[str, Any]:
     """The --kv-transfer-config JSON a user would pass to `vllm serve`."""
-    tier = {"type": "PeerKVTier", "module_path": "peerkv.vllm", "host": "127.0.0.1", "port": port}
+    # data_port 0: an ephemeral data port; the default, port + 1000, is not
+    # known to be free (control_port() checks only the control port).
+    tier = {"type": "PeerKVTier", "module_path": "peerkv.vllm", "host": "127.0.0.1", "port": port, "data_port": 0}
     tier.update(FAST_TIMEOUTS)
     tier.update(tier_options)
     return {

@@ -126,7 +126,7 @@ def test_python_and_the_library_word_every_refusal_alike(library):
         for value in _WRONG[option["type"]]:
             (expected,) = _problems({option["name"]: value})
             with pytest.raises(peerkv.InvalidArgumentError) as caught:
-                peerkv.Peer(region, 1, 4096, {"port": 27399, "host": "127.0.0.1", option["name"]: value})
+                peerkv.Peer(region, 1, 4096, {"port": 27399, "data_port": 0, "host": "127.0.0.1", option["name"]: value})
             assert caught.value.message.endswith("options: " + expected), (option["name"], value)
             checked += 1
     for tier in ({"prot": 1}, {"host": "0.0.0.0"}, {"host": "::", "port": 27399},
@@ -144,7 +144,7 @@ def test_an_advertised_identity_is_what_peers_dial(library):
 
     port = control_port()
     region = bytearray(4 * 4096)
-    with peerkv.Peer(region, 4, 4096, {"host": "0.0.0.0", "advertise_host": "127.0.0.1", "port": port,
+    with peerkv.Peer(region, 4, 4096, {"host": "0.0.0.0", "advertise_host": "127.0.0.1", "port": port, "data_port": 0,
                                       "data_transport": "tcp"}) as peer:
         stats = peer.stats()
         assert stats["local_id"] == f"127.0.0.1:{port}"
@@ -238,7 +238,15 @@ def test_check_config_command(tmp_path):
     good = _transfer_config({"type": "peerkv", "host": "127.0.0.1", "port": 5710})
     out = _check_config("--single-host", json.dumps(good))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.strip() == "kv_connector_extra_config.secondary_tiers[1]: ok"
+    where = "kv_connector_extra_config.secondary_tiers[1]"
+    # Both ports a firewall must open, each + the DP rank, then the verdict.
+    assert out.stdout.strip().splitlines() == [
+        f"{where}: listens on control 5710 + the DP rank and TCP data 6710 + the DP rank: open both between the engines",
+        f"{where}: ok",
+    ]
+    fixed = _check_config("--single-host", "--output", "json", json.dumps(
+        _transfer_config({"type": "peerkv", "host": "127.0.0.1", "port": 5710, "data_port": 7000})))
+    assert json.loads(fixed.stdout)["ports"][where] == {"control_port": 5710, "data_port": 7000, "plus_dp_rank": True}
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"type": "PeerKVTier", "module_path": "peerkv.vllm", "prot": 1, "host": "0.0.0.0"}))
     out = _check_config("@" + str(bad))
@@ -277,6 +285,10 @@ _PEERKV = {"type": "peerkv", "host": "127.0.0.1", "port": 5710}
         ({"type": "peerkv"}, {"VLLM_P2P_SIDE_CHANNEL_PORT": "70000"}, "VLLM_P2P_SIDE_CHANNEL_PORT",
          "port must be an integer in 1..65535"),
         (_PEERKV, {"VLLM_P2P_HANDSHAKE_TIMEOUT_S": "2.5"}, "VLLM_P2P_HANDSHAKE_TIMEOUT_S", "must be an integer"),
+        ({**_PEERKV, "port": 65000}, {}, "data_port",
+         "data_port defaults to port + 1000 = 66000, above 65535: set data_port (0: an ephemeral port)"),
+        ({"type": "peerkv", "host": "127.0.0.1"}, {"VLLM_P2P_SIDE_CHANNEL_PORT": "64600"}, "data_port",
+         "data_port defaults to port + 1000 = 65600"),
         ({**_PEERKV, "host": "192.0.2.77"}, {}, "host", 'host "192.0.2.77" is not an address of this machine'),
         ({**_PEERKV, "host": "no-such-host.invalid"}, {}, "host", 'host "no-such-host.invalid" does not resolve'),
     ],
@@ -322,7 +334,7 @@ def test_the_library_words_the_secret_refusals_alike(library, tmp_path):
                  {"auth_secret_file": str(empty)}):
         (expected,) = _engine_problems({**tier, "host": "127.0.0.1"})
         with pytest.raises(peerkv.InvalidArgumentError) as caught:
-            peerkv.Peer(region, 1, 4096, {"port": 27399, "host": "127.0.0.1", **tier})
+            peerkv.Peer(region, 1, 4096, {"port": 27399, "data_port": 0, "host": "127.0.0.1", **tier})
         assert caught.value.message.endswith(expected), (tier, caught.value.message)
 
 
@@ -346,7 +358,7 @@ def test_the_multiconnector_form_with_nixl_pd_is_checked_inside():
     out = _check_config("--single-host", json.dumps(doc))
     assert out.returncode == 0, out.stdout + out.stderr
     where = "kv_connector_extra_config.connectors[1].kv_connector_extra_config.secondary_tiers[1]"
-    assert out.stdout.strip() == f"{where}: ok"
+    assert out.stdout.strip().splitlines()[-1] == f"{where}: ok"
     offloading["kv_connector_extra_config"]["secondary_tiers"][1] = {**_PEERKV, "encrypt": True}
     out = _check_config("--single-host", json.dumps(doc))
     assert out.returncode == 1 and f"{where}: encrypt needs a cluster secret" in out.stdout
@@ -360,3 +372,21 @@ def test_elsewhere_skips_what_only_the_engines_machine_can_tell():
     assert _check_config(doc).returncode == 1
     out = _check_config("--elsewhere", doc)
     assert out.returncode == 0, out.stdout
+
+
+def test_a_dp_rank_moves_the_data_port_with_the_control_port():
+    """DP ranks on one host never share a port: rank r adds r to both."""
+    from types import SimpleNamespace
+
+    from peerkv import _vllm_config
+
+    spec = SimpleNamespace(config=SimpleNamespace(parallel=SimpleNamespace(data_parallel_index=3)))
+    identity = SimpleNamespace(config_fingerprint="", hash_seed="42", key_len=36)
+
+    def ports(tier):
+        out = _vllm_config.create_options(spec, identity, tier)
+        return {k: out[k] for k in ("port", "data_port") if k in out}
+
+    assert ports({"port": 5710, "data_port": 7000}) == {"port": 5713, "data_port": 7003}
+    assert ports({"port": 5710}) == {"port": 5713}  # the library puts data_port at port + 1000 = 6713
+    assert ports({"port": 5710, "data_port": 0}) == {"port": 5713, "data_port": 0}  # ephemeral stays so

@@ -102,6 +102,8 @@ def _for_this_machine(doc: dict, secret_file: Path) -> dict:
             tier["port"] = control_port()
             if "data_port" in tier:  # a fixed one, as a NetworkPolicy needs, would collide here
                 tier["data_port"] = control_port()
+            else:
+                tier["data_port"] = 0  # the default, port + 1000, is not known to be free here
             if "auth_secret_file" in tier:
                 tier["auth_secret_file"] = str(secret_file)
     return doc

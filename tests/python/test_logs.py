@@ -17,7 +17,7 @@ ROW = 4096
 
 
 def _peer(port, **options):
-    opts = {"host": "127.0.0.1", "port": port, "key_len": 36, "hash_seed": "s1", "data_transport": "tcp",
+    opts = {"host": "127.0.0.1", "port": port, "data_port": 0, "key_len": 36, "hash_seed": "s1", "data_transport": "tcp",
             "handshake_timeout_s": 5, "lookup_timeout_s": 3, "load_timeout_s": 3}
     opts.update(options)
     return peerkv.Peer(bytearray(16 * ROW), 16, ROW, opts)
@@ -113,7 +113,7 @@ print(json.dumps({"env": os.environ.get("GOMAXPROCS"), "procs": info["go_max_pro
 def _procs(options, **env):
     child = {k: v for k, v in os.environ.items() if k != "GOMAXPROCS"}
     child.update(env, PYTHONPATH=str(REPO / "python"))
-    options = {"host": "127.0.0.1", "port": control_port(), "data_transport": "tcp", **options}
+    options = {"host": "127.0.0.1", "port": control_port(), "data_port": 0, "data_transport": "tcp", **options}
     out = subprocess.run([sys.executable, "-c", _PROCS, json.dumps(options)], capture_output=True, text=True,
                          timeout=60, env=child)
     assert out.returncode == 0, out.stderr

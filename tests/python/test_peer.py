@@ -23,7 +23,7 @@ def region():
 
 
 def _options(**extra):
-    options = {"host": "127.0.0.1", "port": control_port(), "key_len": KEY_LEN, "drain_timeout_s": 2.0}
+    options = {"host": "127.0.0.1", "port": control_port(), "data_port": 0, "key_len": KEY_LEN, "drain_timeout_s": 2.0}
     options.update(extra)
     return options
 

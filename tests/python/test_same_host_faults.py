@@ -36,7 +36,7 @@ from peerkv.bench_cli import Puller
 from peerkv.peer import Peer
 port, rows, row_len = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 region = _standalone.region(rows, row_len)
-options = {"host": "127.0.0.1", "port": _standalone.free_port("127.0.0.1"), "key_len": _standalone.KEY_LEN}
+options = {"host": "127.0.0.1", "port": _standalone.free_port("127.0.0.1"), "data_port": 0, "key_len": _standalone.KEY_LEN}
 with Peer(region, rows, row_len, options) as peer:
     puller = Puller(peer, f"127.0.0.1:{port}", rows, row_len)
     puller.round(region, 30)

@@ -22,7 +22,7 @@ def _env():
 def server(library):
     port = control_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "peerkv", "serve", "--port", str(port), "--rows", str(ROWS),
+        [sys.executable, "-m", "peerkv", "serve", "--port", str(port), "--data-port", "0", "--rows", str(ROWS),
          "--row-len", str(ROW_LEN), "--seconds", "120"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
     )

@@ -34,7 +34,7 @@ KID = "wheel-pd-1"
 
 
 def options(port: int, encrypt: bool) -> dict:
-    opts = {"host": "127.0.0.1", "port": port, "key_len": KEY_LEN, "data_transport": "tcp",
+    opts = {"host": "127.0.0.1", "port": port, "data_port": 0, "key_len": KEY_LEN, "data_transport": "tcp",
             "handshake_timeout_s": 20.0, "lookup_timeout_s": 10.0, "load_timeout_s": 20.0,
             "drain_timeout_s": 2.0}
     if encrypt:

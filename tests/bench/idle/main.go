@@ -88,7 +88,7 @@ func (p params) open(transport string) (*tier.Tier, error) {
 	}
 	prefix, _ := filepath.Abs(p.pythonPrefix)
 	return benchproc.Open(region, func(port int) string {
-		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_transport":%q,"key_len":%d,"hash_seed":"bench","python_prefix":%q}`,
+		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_port":0,"data_transport":%q,"key_len":%d,"hash_seed":"bench","python_prefix":%q}`,
 			port, transport, keyLen, prefix)
 	})
 }

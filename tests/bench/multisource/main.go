@@ -115,7 +115,7 @@ func (p params) open(region data.Region, transport string) (*tier.Tier, error) {
 // openVerifying is open with verify_pulls set as given.
 func (p params) openVerifying(region data.Region, transport string, verify bool) (*tier.Tier, error) {
 	return benchproc.Open(region, func(port int) string {
-		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_transport":%q,"key_len":%d,"hash_seed":"bench","load_timeout_s":120,"lookup_timeout_s":30,"verify_pulls":%t}`,
+		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_port":0,"data_transport":%q,"key_len":%d,"hash_seed":"bench","load_timeout_s":120,"lookup_timeout_s":30,"verify_pulls":%t}`,
 			port, transport, keyLen, verify)
 	})
 }

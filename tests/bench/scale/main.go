@@ -707,7 +707,7 @@ func openPeer(p params, g int) (*peer, error) {
 		return nil, err
 	}
 	t, err := benchproc.Open(region, func(port int) string {
-		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_transport":%q,"key_len":%d,"hash_seed":"bench","max_peers_per_host":%d}`,
+		return fmt.Sprintf(`{"host":"127.0.0.1","port":%d,"data_port":0,"data_transport":%q,"key_len":%d,"hash_seed":"bench","max_peers_per_host":%d}`,
 			port, p.transport, keyLen, p.maxPerHost)
 	})
 	if err != nil {
