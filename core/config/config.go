@@ -193,6 +193,11 @@ type Config struct {
 	// AllowedPeers lists the peers this node dials and admits: CIDRs, IP
 	// addresses and host names (nil: any peer). See PeerList for the rule.
 	AllowedPeers []string
+	// KeepWarm lists peers ("host:port") this node dials at start and keeps
+	// a session with, so a first pull from them pays no handshake: their
+	// sessions are never evicted for being idle, and redialed when they end
+	// (after the unreachable back-off when the peer cannot be reached).
+	KeepWarm []string
 }
 
 // LocalID is the identity peers dial: "host:port", with AdvertiseHost in
@@ -293,6 +298,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("host %q binds every interface, so it cannot be the identity peers dial: "+
 			"set advertise_host to this node's routable address (e.g. \"10.0.0.1\"), or set host to it", c.Host)
 	}
+	if err := checkKeepWarm(c); err != nil {
+		return err
+	}
 	if _, err := ParsePeerList(c.AllowedPeers); err != nil {
 		return err
 	}
@@ -374,6 +382,7 @@ type jsonConfig struct {
 	AuthSecretFile        *string  `json:"auth_secret_file"`
 	Encrypt               *bool    `json:"encrypt"`
 	AllowedPeers          []string `json:"allowed_peers"`
+	KeepWarm              []string `json:"keep_warm"`
 }
 
 // FromJSON parses the host's JSON options, rejects unknown keys and bad
@@ -454,6 +463,7 @@ func FromJSON(b []byte) (Config, error) {
 		c.Encrypt = *j.Encrypt
 	}
 	c.AllowedPeers = j.AllowedPeers
+	c.KeepWarm = j.KeepWarm
 	if j.IdleTimeoutS == nil {
 		if env, ok := os.LookupEnv("VLLM_P2P_IDLE_TIMEOUT_S"); ok {
 			v, err := strconv.ParseFloat(strings.TrimSpace(env), 64)

@@ -230,3 +230,23 @@ func TestControlBoundsAreDerivedFromTheRegion(t *testing.T) {
 	assert.GreaterOrEqual(t, floor.MaxListItems, 8192)
 	assert.GreaterOrEqual(t, floor.MaxFrameBytes, 8192*(36+2)*2)
 }
+
+func TestKeepWarmNamesEachBadEntry(t *testing.T) {
+	c, err := FromJSON([]byte(`{"port": 6000, "keep_warm": ["10.0.0.2:5710", "[fd00::2]:5710"]}`))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"10.0.0.2:5710", "[fd00::2]:5710"}, c.KeepWarm)
+	for raw, want := range map[string]string{
+		`{"keep_warm": ["10.0.0.2"]}`:                   `keep_warm[0] "10.0.0.2" is not "host:port"`,
+		`{"keep_warm": ["10.0.0.2:0"]}`:                 `keep_warm[0] "10.0.0.2:0": port must be 1..65535`,
+		`{"keep_warm": ["0.0.0.0:5710"]}`:               `is a wildcard`,
+		`{"keep_warm": ["localhost:5710"]}`:             `is this node's own id`,
+		`{"keep_warm": ["a:1", "a:1"]}`:                 `keep_warm[1] "a:1" is listed twice`,
+		`{"max_peers": 2, "keep_warm": ["a:1", "b:1"]}`: `more than half of max_peers (2)`,
+		`{"keep_warm": "a:1"}`:                          `keep_warm`,
+	} {
+		_, err := FromJSON([]byte(raw))
+		if assert.Error(t, err, raw) {
+			assert.Contains(t, err.Error(), want, raw)
+		}
+	}
+}

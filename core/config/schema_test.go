@@ -145,6 +145,7 @@ func TestDocumentedDefaultsAreTheAppliedOnes(t *testing.T) {
 		"data_host":          "follows host",
 		"data_port":          "follows port (port + 1000)",
 		"allowed_peers":      "any peer: no list",
+		"keep_warm":          "none: no list",
 		"max_frame_bytes":    "derived from the region",
 		"max_list_items":     "derived from the region",
 		"go_max_procs":       "derived from the CPUs",

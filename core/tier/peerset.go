@@ -41,6 +41,7 @@ type peerSet struct {
 	spellingChecks int          // name resolutions running (spelling.go)
 	reg            *registry    // the data path's peer table (registry.go)
 	counts         sessionCount // for Stats
+	warmDue        time.Time    // when keepWarm may dial the keep_warm peers again (warm.go)
 }
 
 // sessionCount counts sessions over the tier's life.

@@ -449,6 +449,7 @@ func (t *Tier) onTick() {
 	t.flushLogs(now)
 	t.peers.sayDueGoodbyes(now)
 	t.peers.reapIdle(now)
+	t.keepWarm(now)
 }
 
 // recoverLoop turns a panic in one of our goroutines into a poisoned peer:

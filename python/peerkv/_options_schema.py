@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "8af735afa0bf29c79c3a08fbcc106d4c2296392e4662042dff7c8c451308354c"
+DIGEST = "c29707202c1434dec614947ffab6ade6a42d2aa7e19f7b9ea33224f0508cd018"
 
 SCHEMA = json.loads(
     r"""
@@ -137,6 +137,13 @@ SCHEMA = json.loads(
    "type": "string_list",
    "default": "any peer",
    "doc": "the only peers dialed or admitted: CIDRs and addresses (IPv4, IPv6) match addresses, host names (\"*.svc\" for a suffix) match names as the orchestrator gives them; connects are checked by source address",
+   "want": "a list of strings"
+  },
+  {
+   "name": "keep_warm",
+   "type": "string_list",
+   "default": "none",
+   "doc": "peers (\"host:port\", as they advertise themselves) dialed at start and kept connected, so the first pull from them pays no handshake: never evicted for being idle, redialed when their session ends; at most half of max_peers",
    "want": "a list of strings"
   },
   {

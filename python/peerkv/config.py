@@ -265,6 +265,35 @@ def allowed_peers_problem(entries: Any) -> str | None:
     return None
 
 
+def keep_warm_problem(config: Mapping[str, Any]) -> str | None:
+    """The first problem of a keep_warm list, worded as the library words
+    it (core/config checkKeepWarm), or None."""
+    entries = config.get("keep_warm")
+    if not isinstance(entries, (list, tuple)) or not all(isinstance(e, str) for e in entries):
+        return None  # absent, or the type check reports it
+    max_peers = config.get("max_peers", 128)
+    if isinstance(max_peers, int) and max_peers > 0 and len(entries) > max_peers // 2:
+        return f"keep_warm lists {len(entries)} peers, more than half of max_peers ({max_peers})"
+    seen = set()
+    for i, entry in enumerate(entries):
+        host, sep, port = entry.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        elif ":" in host:
+            host = ""  # an IPv6 address without brackets
+        if not sep or not host:
+            return (f'keep_warm[{i}] {json.dumps(entry)} is not "host:port" (an IPv6 address goes in brackets: '
+                    '"[fd00::1]:5710")')
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            return f"keep_warm[{i}] {json.dumps(entry)}: port must be 1..65535"
+        if is_wildcard(host):
+            return f"keep_warm[{i}] {json.dumps(entry)} is a wildcard, not a peer's address"
+        if entry in seen:
+            return f"keep_warm[{i}] {json.dumps(entry)} is listed twice"
+        seen.add(entry)
+    return None
+
+
 def _is_name(entry: str) -> bool:
     try:
         ipaddress.ip_address(entry)
@@ -420,6 +449,9 @@ def problems_in(
     peers_problem = allowed_peers_problem(config.get("allowed_peers"))
     if peers_problem:
         problems.append(peers_problem)
+    warm_problem = keep_warm_problem(config)
+    if warm_problem:
+        problems.append(Problem(warm_problem, "keep_warm"))
     if config.get("backpressure") is not None:
         problems.append(Problem(
             "backpressure is not supported by peerkv: dropping a PD store leaves the decoder "

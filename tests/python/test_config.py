@@ -63,6 +63,12 @@ def test_every_type_error_names_its_key_and_all_are_reported_at_once():
         ({"allowed_peers": ["fe80::1%eth0"]}, 'allowed_peers[0] "fe80::1%eth0" has a zone'),
         ({"allowed_peers": []}, "allowed_peers is empty, which would refuse every peer"),
         ({"allowed_peers": ["prefill-0.svc", "*.decode.svc"]}, "allowed_peers lists no address"),
+        ({"keep_warm": ["10.0.0.2"]}, 'keep_warm[0] "10.0.0.2" is not "host:port"'),
+        ({"keep_warm": ["fd00::2:5710"]}, 'keep_warm[0] "fd00::2:5710" is not "host:port"'),
+        ({"keep_warm": ["10.0.0.2:0"]}, 'keep_warm[0] "10.0.0.2:0": port must be 1..65535'),
+        ({"keep_warm": ["0.0.0.0:5710"]}, 'keep_warm[0] "0.0.0.0:5710" is a wildcard'),
+        ({"keep_warm": ["a:1", "a:1"]}, 'keep_warm[1] "a:1" is listed twice'),
+        ({"max_peers": 2, "keep_warm": ["a:1", "b:1"]}, "keep_warm lists 2 peers, more than half of max_peers (2)"),
     ],
 )
 def test_values_out_of_contract(tier, problem):

@@ -1,0 +1,36 @@
+package tier
+
+import (
+	"slices"
+	"time"
+)
+
+// warmRedial is how often the keep_warm peers without a session are dialed
+// again at most: an unreachable one is backed off on top (unreachable.go).
+const warmRedial = time.Second
+
+// keepWarm dials the keep_warm peers that hold no live session, at most
+// once per warmRedial: at start, and after a session with one ended. A
+// refusal (allowed_peers, no free slot) is logged, rate-limited, and tried
+// again at the next round. t.mu held.
+func (t *Tier) keepWarm(now time.Time) {
+	if len(t.cfg.KeepWarm) == 0 || now.Before(t.peers.warmDue) {
+		return
+	}
+	t.peers.warmDue = now.Add(warmRedial)
+	for _, id := range t.cfg.KeepWarm {
+		if s := t.peers.session(id); s != nil && !s.Dead() {
+			continue
+		}
+		if t.peers.backedOff(id) != nil {
+			continue // its episode's line says why
+		}
+		if _, err := t.sessionFor(id); err != nil {
+			t.logLimited("WARNING", "keep_warm peer %s: not dialed: %v", id, err)
+		}
+	}
+}
+
+// isWarm reports whether peerID is one of the keep_warm peers, whose
+// sessions are never evicted for being idle.
+func (p *peerSet) isWarm(peerID string) bool { return slices.Contains(p.cfg.KeepWarm, peerID) }
