@@ -150,7 +150,7 @@ func (p *peerSet) evictIdle(now time.Time, one bool) {
 	}
 	var oldest *session.Session
 	for _, s := range p.sessions {
-		if s.Dead() || s.HasPendingWork() || now.Sub(s.LastActivity()) < p.cfg.IdleTimeout || p.isWarm(s.PeerID()) {
+		if s.Dead() || s.HasPendingWork() || now.Sub(s.LastActivity()) < p.cfg.IdleTimeout || (s.Dialed() && p.isWarm(s.PeerID())) {
 			continue
 		}
 		if !one {

@@ -31,6 +31,7 @@ func (t *Tier) keepWarm(now time.Time) {
 	}
 }
 
-// isWarm reports whether peerID is one of the keep_warm peers, whose
-// sessions are never evicted for being idle.
+// isWarm reports whether peerID is one of the keep_warm peers: the sessions
+// we dialed to them are never evicted for being idle (one a peer opened
+// under that id may be evicted: its id is only a claim).
 func (p *peerSet) isWarm(peerID string) bool { return slices.Contains(p.cfg.KeepWarm, peerID) }
