@@ -64,8 +64,11 @@ def rejections(node, name):
     return sum(v for k, v in node.call("metrics", name).items() if "handshake_rejections" in k)
 
 
-def probe_lines(node, probed=True):
-    """The probed engine's log lines about probes; asserts none is above INFO."""
+def probe_lines(node, name, probed=True):
+    """The probed engine's log lines about probes; asserts none is above INFO.
+    A scheduler step first: the tier hands the library's lines to Python's
+    logging at the step's end (vLLM 0.32 has no poll thread that would)."""
+    node.call("step", name)
     lines = [line for line in node.call("take_logs") if "(peerkv doctor)" in line]
     assert all(line.startswith("INFO ") for line in lines), lines
     assert not probed or lines, "the probed engine logs the probe"
@@ -138,7 +141,7 @@ def test_a_healthy_peer_is_ok_with_no_flags(peer):
     assert result["connect"]["block_len"] == ROW_BYTES
     assert "block_len" in result["adopted"], "learned from the peer's connect, then checked by a full handshake"
     # The probed engine says it was a probe, at INFO, and counts no rejection.
-    lines = probe_lines(node)
+    lines = probe_lines(node, "a")
     assert any("connected: handshake only" in line for line in lines), lines
     assert rejections(node, "a") == before
     status, out = doctor(port, text=True)
@@ -153,7 +156,7 @@ def test_a_refused_probe_is_logged_at_info_and_not_counted(peer):
     assert status == 1 and "hash_seed" in result["refused"], result
     # block_len was not given: the peer names it too, but the doctor learns it once the rest passes.
     assert [line.split(":")[0] for line in result["mismatches"]] == ["hash_seed"], result
-    lines = probe_lines(node)
+    lines = probe_lines(node, "a")
     assert any("rejecting probe" in line and "hash seed mismatch" in line for line in lines), lines
     assert rejections(node, "a") == before
 
@@ -167,7 +170,7 @@ def test_a_cluster_with_auth_and_encrypt_is_probed_with_its_config(secured):
         status, result = doctor(port, "--config", json.dumps(config))
         assert status == 0, (name, result)
         assert result["handshake"] and result["connect"]["auth"], result
-        probe_lines(node)
+        probe_lines(node, name)
         assert rejections(node, name) == before
 
 
@@ -177,7 +180,7 @@ def test_a_probe_without_the_secret_is_told_what_to_give(secured):
     status, out = doctor(port, "--block-len", str(ROW_BYTES), text=True)
     assert status == 1
     assert "the peer requires an auth secret and this probe has none" in out and "auth_secret_file" in out, out
-    probe_lines(node)
+    probe_lines(node, "auth")
 
 
 def test_a_plaintext_probe_of_an_encrypting_peer_says_curve_mismatch(secured):
