@@ -34,3 +34,23 @@ def library() -> Path:
     path = helpers._existing_library() or helpers._build_library()
     os.environ["PEERKV_LIBRARY"] = str(path)
     return path
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test shows what its cluster's processes logged while it ran:
+    the cause may be on any side (a source that answered MISS, a session that
+    ended), and a flaky failure is seldom reproduced by hand."""
+    report = yield
+    processes = getattr(item.funcargs.get("cluster"), "processes", {}) if hasattr(item, "funcargs") else {}
+    if report.when == "setup" and report.passed:
+        for process in processes.values():
+            process.call("take_logs")  # what earlier tests logged
+    elif report.when == "call" and report.failed:
+        for name, process in processes.items():
+            try:
+                lines = process.call("take_logs", timeout=10)
+            except Exception as exc:  # a dead process is part of the story
+                lines = [f"(its logs could not be read: {exc})"]
+            report.sections.append((f"logs of process {name}", "\n".join(lines[-400:])))
+    return report
