@@ -26,7 +26,7 @@ const peersEvery = time.Second
 // (links.go) building it costs about 13 µs a peer.
 func (t *Tier) HostStats() Stats {
 	t.mu.Lock()
-	due := t.obs.peersDelivered.IsZero() || t.now().Sub(t.obs.peersDelivered) >= peersEvery
+	due := t.telemetry.peersDue(t.now())
 	t.mu.Unlock()
 	return t.snapshot(due)
 }
@@ -36,7 +36,7 @@ func (t *Tier) HostStats() Stats {
 func (t *Tier) PeersDelivered() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.obs.peersDelivered = t.now()
+	t.telemetry.peersSent(t.now())
 }
 
 // PeerStats is one live session's counters, as Stats.Peers lists them.
@@ -115,7 +115,7 @@ func (t *Tier) observeFrame(s *session.Session, m protocol.Message, err error) {
 
 // lookupAnswered times one of our lookups, overall and for its peer; t.mu held.
 func (t *Tier) lookupAnswered(s *session.Session, rtt time.Duration) {
-	t.obs.lookupRTT.observe(rtt.Seconds())
+	t.telemetry.timedLookup(rtt)
 	if p := t.peers.statsOf(s); p != nil {
 		p.LookupsAnswered++
 		p.LastLookupRTT = rtt.Seconds()
