@@ -215,7 +215,7 @@ func (m *telemetry) fill(st *Stats, notAllowedAtAccept uint64) {
 // observeReport attributes a session's report to its peer and its data
 // path; called by apply, with t.mu held.
 func (t *Tier) observeReport(r session.Report) {
-	t.observePeerReport(r)
+	t.peers.reported(r)
 	if r.Kind == session.LoadDone || r.Kind == session.StoreDone {
 		t.telemetry.attribute(r, t.peers.pathOf(r.Session), t.region.RowLen)
 	}

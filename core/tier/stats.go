@@ -123,7 +123,7 @@ func (t *Tier) snapshot(peers bool) Stats {
 	t.telemetry.fill(&st, t.peers.notAllowedAtAccept())
 	st.PeerConnectFailures = t.peers.unreach.connectFailureCounts()
 	if peers {
-		st.Peers = t.peersSnapshot(t.now())
+		st.Peers = t.peers.snapshot(t.now())
 	}
 	return st
 }

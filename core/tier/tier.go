@@ -177,7 +177,7 @@ func (t *Tier) bookHooks() bookHooks {
 				f.Fence(peerID)
 			}
 		},
-		fetched:     func(r session.Report, bytes int64, took time.Duration) { t.observeFetched(r.Session, bytes, took) },
+		fetched:     func(r session.Report, bytes int64, took time.Duration) { t.peers.fetched(r.Session, bytes, took) },
 		answersNews: func(wake bool) { t.host.tell(NewsAnswers, wake) },
 		logf:        t.host.logf,
 	}
@@ -208,7 +208,7 @@ func (t *Tier) sessionSend(peerID string, m protocol.Message) error {
 			}
 		}
 	}
-	t.observeSent(peerID, m)
+	t.peers.sent(peerID, m)
 	return t.send(peerID, m)
 }
 
@@ -270,7 +270,7 @@ func (t *Tier) loop() {
 					t.observeRegistered(r.s)
 				}
 				r.s.RegistrationDone(r.err)
-				t.observeReady(r.s)
+				t.peers.setUp(r.s)
 			})
 		case f := <-t.intake.found:
 			t.locked(f)
@@ -343,7 +343,7 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 			s.RefuseQuietly()
 		}
 	}
-	t.observeFrame(s, m, err)
+	t.peers.heard(s, m, err)
 	if err != nil {
 		t.stats.badFrames++
 		s.HandleDecodeError(err)
@@ -353,7 +353,7 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 		t.peers.heardFrom(ev.PeerID) // reachable: any back-off is over
 	}
 	s.Handle(m)
-	t.observeReady(s)
+	t.peers.setUp(s)
 }
 
 // refuseBeforeSession refuses a connect admit turned away. A peerkv peer
