@@ -87,15 +87,17 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		telemetry: newTelemetry(),
 		life:      lifecycle{stop: make(chan struct{}), loopDone: make(chan struct{})},
 	}
-	t.ledger = newLedger(now, t.host.logf, &t.stats, func(r JobResult) {
+	t.ledger = newLedger(now, t.logf, &t.stats, func(r JobResult) {
 		if r.IsLoad {
 			t.telemetry.loadTook(r.Success, r.Duration)
 		}
 		t.host.tell(NewsResults, true)
 	})
-	t.desk = newServeDesk(cfg, now, t.host.logf, t.ledger.report, &t.stats, func() { t.host.tell(NewsInbound, true) })
+	t.desk = newServeDesk(cfg, now, t.logf, t.ledger.report, &t.stats, func() {
+		t.host.tell(NewsInbound, true)
+	})
 	t.book = newPullBook(t.bookHooks(), cfg.LoadTimeout, cfg.KeyLen, region.RowLen)
-	dt, err := deps.NewData(t.book.guard, t.host.logf)
+	dt, err := deps.NewData(t.book.guard, t.logf)
 	if err != nil {
 		return nil, err
 	}
