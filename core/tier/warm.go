@@ -79,14 +79,14 @@ func (t *Tier) keepWarm(now time.Time) {
 			continue
 		}
 		if wait := w.ended(now); wait > 0 {
-			t.logLimited("WARNING", "keep_warm peer %s: %d dial(s) in a row ended before the session was ready; "+
+			t.host.logLimited("WARNING", "keep_warm peer %s: %d dial(s) in a row ended before the session was ready; "+
 				"dialing it again in %v (its refusal, logged above, says why)", id, w.failures, wait)
 		}
 		if now.Before(w.due) || t.peers.backedOff(id) != nil {
 			continue // an unreachable one: its episode's line says why
 		}
 		if _, err := t.sessionFor(id); err != nil {
-			t.logLimited("WARNING", "keep_warm peer %s: not dialed: %v", id, err)
+			t.host.logLimited("WARNING", "keep_warm peer %s: not dialed: %v", id, err)
 			continue
 		}
 		w.dialing = true
