@@ -170,10 +170,11 @@ test-vllm032: setup-engine $(LIB) ## tests/python and tests/interop again on vLL
 	@$(MAKE) --no-print-directory test-python test-interop PYTHON=$(ENGINE_PYTHON)
 
 # Real `vllm serve` engines on CPU (tests/engine): minutes, one cluster per run.
+# Then gpu-check's script on vLLM's CPU build with short prefixes, its own
+# code path, so that it cannot rot unseen between GPU runs.
 test-engine: setup-engine $(LIB) ## real vllm serve engines on CPU: P2P (idle/busy/partial, two sources), PD both orders, chains, faults; then make gpu-check's script in its CPU mode
 	rc=0; PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) -m pytest -v -p no:cacheprovider --ignore=tests/engine/test_mixed.py tests/engine || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; [ $$rc -eq 0 ] || exit $$rc
-	@# The GPU check's own code path on vLLM's CPU build, short prefixes: so it cannot rot unseen.
 	PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) tests/gpu/check.py --device cpu --prefix-tokens 1024,2048 --repeat 1
 
 # One NVIDIA GPU, no network (docs/benchmarks.md, "On a GPU"): GPU_PYTHON is

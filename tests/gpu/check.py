@@ -55,7 +55,7 @@ BLOCK = engines.BLOCK_SIZE
 TAIL_TOKENS = 16
 OUTPUT_TOKENS = 8
 # Random prompt ids: past <s> and </s> (0, 1), inside the tiny vocabulary.
-PROMPT_IDS = range(2, tiny_model.VOCAB_SIZE - 24)
+PROMPT_IDS = range(2, tiny_model.VOCAB_SIZE)
 WARMUP_TOKENS = 512
 GPU_MEMORY_UTILIZATION = 0.25  # each of two engines on one GPU
 LOGS = REPO / "build" / "gpu-check"
@@ -235,21 +235,26 @@ def random_prompt(prefix_tokens: int) -> list[int]:
     return [rng.choice(PROMPT_IDS) for _ in range(prefix_tokens + TAIL_TOKENS)]
 
 
-def one_pull(tier: str, source, consumer, prefix_tokens: int) -> dict:
+def one_pull(tier: str, source, consumer, prefix_tokens: int, deadline: Deadline) -> dict:
     prompt = random_prompt(prefix_tokens)
     full_blocks = len(prompt) // BLOCK * BLOCK
-    source.complete(prompt, max_tokens=1)
+    # Each request may take what is left of the budget (a 32K prefill on a
+    # loaded CPU takes minutes), and not longer.
+    wait = max(30.0, deadline.left())
+    source.complete(prompt, max_tokens=1, timeout=wait)
     before = loads_by_path(consumer) if tier == "peerkv" else {}
     params = {"remote_kv_source": {"kv_request_id": f"gpu-check-{uuid.uuid4().hex}", **source.kv_endpoint}}
-    pulled = engines.stream_completion(consumer.url, prompt, max_tokens=OUTPUT_TOKENS, kv_transfer_params=params)
+    pulled = engines.stream_completion(consumer.url, prompt, max_tokens=OUTPUT_TOKENS, timeout=wait,
+                                       kv_transfer_params=params)
     if pulled["cached_tokens"] != full_blocks:
         raise CheckFailed(f"{tier}: {consumer.name} reused {pulled['cached_tokens']} of {len(prompt)} prompt tokens "
-                          f"from {source.name}, expected {full_blocks} (logs in {LOGS.relative_to(REPO)}/)")
+                          f"from {source.name}, expected {full_blocks} (engine logs in {LOGS.relative_to(REPO)}/)")
     salt = f"recompute-{uuid.uuid4().hex}"
-    recomputed = engines.stream_completion(consumer.url, prompt, max_tokens=OUTPUT_TOKENS, cache_salt=salt)
+    recomputed = engines.stream_completion(consumer.url, prompt, max_tokens=OUTPUT_TOKENS, timeout=wait,
+                                           cache_salt=salt)
     if recomputed["cached_tokens"] != 0:
         raise CheckFailed(f"{tier}: the salted recompute reused {recomputed['cached_tokens']} tokens")
-    reference = engines.rerun_from_cache(consumer, prompt, max_tokens=OUTPUT_TOKENS, cache_salt=salt)
+    reference = engines.rerun_from_cache(consumer, prompt, max_tokens=OUTPUT_TOKENS, timeout=wait, cache_salt=salt)
     if pulled["token_ids"] != engines.token_ids(reference):
         raise CheckFailed(f"{tier}, {prefix_tokens}-token prefix: the output over pulled KV "
                           f"{pulled['token_ids']} differs from the output over recomputed KV "
@@ -272,14 +277,14 @@ def measure_tier(tier, pair, sizes, repeat, deadline) -> dict:
     deadline.check(f"the {tier} warm-up pull")
     # The first pull opens the pair's session (handshake, NIXL registration):
     # timed on its own, outside the table.
-    first = one_pull(tier, source, consumer, WARMUP_TOKENS)["pull"]
+    first = one_pull(tier, source, consumer, WARMUP_TOKENS, deadline)["pull"]
     print(f"gpu-check: {tier}: first pull of the session ({WARMUP_TOKENS} tokens) {first * 1e3:.0f} ms", flush=True)
     rows = {}
     for n in sizes:
         runs = []
         for _ in range(repeat):
             deadline.check(f"the {tier} {n}-token pull")
-            runs.append(one_pull(tier, source, consumer, n))
+            runs.append(one_pull(tier, source, consumer, n, deadline))
         rows[n] = {
             "pull": statistics.median(r["pull"] for r in runs),
             "recompute": statistics.median(r["recompute"] for r in runs),
@@ -351,8 +356,10 @@ def main() -> int:
         print_table(found, results, sizes, args.repeat)
         print(f"gpu-check: ok in {time.monotonic() - deadline.start:.0f}s (engine logs in {LOGS.relative_to(REPO)}/)")
         return 0
-    except (CheckFailed, AssertionError, engines.EngineError, FileNotFoundError) as e:
-        print(f"gpu-check: FAILED: {e}", file=sys.stderr)
+    except (CheckFailed, AssertionError, engines.EngineError, OSError) as e:
+        # OSError: a request past its time (TimeoutError), a refused connection.
+        what = f"{type(e).__name__}: {e} (engine logs in {LOGS.relative_to(REPO)}/)" if isinstance(e, OSError) else e
+        print(f"gpu-check: FAILED: {what}", file=sys.stderr)
         return 1
 
 
