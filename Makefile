@@ -50,7 +50,7 @@ GO_LDFLAGS = -s -w -X main.version=$(VERSION) '-extldflags=-Wl,--version-script=
 HARNESS_CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -O1 -g -I$(BUILD)/include
 HARNESS_LDFLAGS := -L$(BUILD) -lpeerkv -Wl,-rpath,'$$ORIGIN' -Wl,--allow-shlib-undefined
 
-.PHONY: all lib libzmq-dev libzmq-dev-env test test-go fuzz fuzz-short fuzz-run test-harness test-python test-interop test-vllm032 test-engine test-engine-mixed vet bench bench-engine demo demo-vllm setup setup-python setup-engine clean help
+.PHONY: all lib libzmq-dev libzmq-dev-env test test-go fuzz fuzz-short fuzz-run test-harness test-python test-interop test-vllm032 test-engine test-engine-mixed gpu-check vet bench bench-engine demo demo-vllm setup setup-python setup-engine clean help
 
 # Scenarios bind ports and time themselves: run targets one at a time.
 .NOTPARALLEL:
@@ -170,9 +170,20 @@ test-vllm032: setup-engine $(LIB) ## tests/python and tests/interop again on vLL
 	@$(MAKE) --no-print-directory test-python test-interop PYTHON=$(ENGINE_PYTHON)
 
 # Real `vllm serve` engines on CPU (tests/engine): minutes, one cluster per run.
-test-engine: setup-engine $(LIB) ## real vllm serve engines on CPU: P2P (idle/busy/partial, two sources), PD both orders, chains, faults
+# Then gpu-check's script on vLLM's CPU build with short prefixes, its own
+# code path, so that it cannot rot unseen between GPU runs.
+test-engine: setup-engine $(LIB) ## real vllm serve engines on CPU: P2P (idle/busy/partial, two sources), PD both orders, chains, faults; then make gpu-check's script in its CPU mode
 	rc=0; $(PATCHED_LIBZMQ_ENV) PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) -m pytest -v -p no:cacheprovider --ignore=tests/engine/test_mixed.py tests/engine || rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; [ $$rc -eq 0 ] || exit $$rc
+	$(PATCHED_LIBZMQ_ENV) PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) tests/gpu/check.py --device cpu --prefix-tokens 1024,2048 --repeat 1
+
+# One NVIDIA GPU, no network (docs/benchmarks.md, "On a GPU"): GPU_PYTHON is
+# a venv with vLLM's CUDA build and NIXL (.venv, from scripts/setup.sh
+# --python). The library is a prerequisite only when PEERKV_LIBRARY does not
+# name one already built (a device machine may have no Go).
+GPU_PYTHON ?= $(PYTHON)
+gpu-check: $(if $(PEERKV_LIBRARY),,$(LIB)) ## one NVIDIA GPU, <= 8 min: two engines per tier on it, TTFT of a pulled 8K/32K prefix vs recomputed, peerkv vs vLLM's p2p tier over NIXL
+	PEERKV_LIBRARY=$(or $(PEERKV_LIBRARY),$(abspath $(LIB))) $(GPU_PYTHON) tests/gpu/check.py --device cuda $(GPU_CHECK_ARGS)
 
 # Real engines with stock vLLM's p2p tier: a session of its own with just two
 # engines (see tests/engine/conftest.py).
