@@ -73,10 +73,10 @@ type Completion struct {
 	PeerID string
 	ID     uint64
 	Err    error // nil when every row was written
-	// Sums is the CRC-32C of each source row as it was read for the send,
+	// Sums is the XXH3-64 of each source row as it was read for the send,
 	// parallel to the Write's src, for writes that asked for them
 	// (rowsum.Writer.WriteSummed); nil otherwise.
-	Sums []uint32
+	Sums []uint64
 }
 
 // WriteGuard tells a receiving transport whether peerID may write a row.

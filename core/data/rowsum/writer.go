@@ -36,7 +36,7 @@ type Writer struct {
 type transfer struct {
 	peerID  string
 	id      uint64
-	sums    []uint32 // nil for a write without sums
+	sums    []uint64 // nil for a write without sums
 	pending int      // the transport's transfers not yet completed
 	issued  bool     // every chunk started, or the write gave up starting more
 	err     error    // the first failure
@@ -70,7 +70,7 @@ func (w *Writer) Write(peerID string, src, dst []uint64) (uint64, error) {
 	return w.next, nil
 }
 
-// WriteSummed starts a transfer whose completion carries the CRC-32C of
+// WriteSummed starts a transfer whose completion carries the XXH3-64 of
 // each source row (Completion.Sums), summed on a goroutine of its own,
 // chunk by chunk, each chunk's transfer starting once its rows are summed.
 // Failures after it returned arrive as its completion.
@@ -90,7 +90,7 @@ func (w *Writer) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
 		return 0, data.ErrClosed
 	}
 	w.next++
-	t := &transfer{peerID: peerID, id: w.next, sums: make([]uint32, len(src))}
+	t := &transfer{peerID: peerID, id: w.next, sums: make([]uint64, len(src))}
 	hook := w.beforeSend
 	w.summing.Add(1)
 	go func() {

@@ -310,7 +310,7 @@ func (c *consumer) checksums() error {
 			return fmt.Errorf("checksums over %s: integrity failures %v", transport, st.IntegrityFailures)
 		}
 		with, without := benchproc.Median(secs[0]), benchproc.Median(secs[1])
-		fmt.Printf("multisource: verified pulls (CRC-32C) over %s %dx%dMiB: load %.3f s with checks, %.3f s without; with ÷ without %.2f\n",
+		fmt.Printf("multisource: verified pulls (XXH3-64) over %s %dx%dMiB: load %.3f s with checks, %.3f s without; with ÷ without %.2f\n",
 			map[string]string{"tcp": "TCP", "auto": "the same-host path (shm), warm region"}[transport], c.p.rows, c.p.rowMiB, with, without, with/without)
 	}
 	return nil
