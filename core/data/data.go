@@ -188,3 +188,13 @@ func (r Region) BaseAddr() uint64 {
 	}
 	return uint64(uintptr(unsafe.Pointer(&r.Mem[0])))
 }
+
+// Unguarded is implemented by paths that know whether a peer may have
+// written into our region without the WriteGuard: one-sided paths once a
+// peer could reach the region (a same-host grant claimed, NIXL). The owner
+// then checks a verified load's rows by reading them again, since what the
+// guard saw of the writes says nothing about such writes. A path that does
+// not implement it is taken to allow unguarded writes.
+type Unguarded interface {
+	WritesUnguarded() bool
+}

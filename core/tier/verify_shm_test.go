@@ -139,6 +139,8 @@ func TestVerifiedShmPull(t *testing.T) {
 			case "clean":
 				require.True(t, res.Success, "logs: %s", dec.TakeLogs(1<<16))
 				require.Equal(t, int64(1), dec.Stats().Paths["shm"].Loads, "the rows came over shm")
+				require.Equal(t, int64(3), dec.RowsReread(),
+					"a peer holding a same-host grant can write around the row guard: every row is read again")
 			case "changed after it landed":
 				assertCaught(t, dec, &peer{id: prodID}, res, "shm", "kv-shm", 41)
 			default:

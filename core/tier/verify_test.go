@@ -107,11 +107,20 @@ func TestVerifiedPullsCatchCorruptionOnEveryPath(t *testing.T) {
 				st := dec.Stats()
 				assert.Zero(t, st.IntegrityFailures[tier.IntegrityMismatch])
 				assert.Equal(t, int64(1), st.Paths[path].Loads)
+				assert.Zero(t, dec.RowsReread(), "rows that landed through the row guard were summed as they landed")
 			})
 			t.Run("changed after it landed", func(t *testing.T) {
+				// A late or repeated write of the peer's lands over a row
+				// after the row's own landing was summed (here just
+				// before the check): it goes through the row guard, as
+				// every write of these paths does, and is caught.
 				c := newCluster(t)
 				prod, dec := c.pathPeer(path, 1), c.pathPeer(path, 2)
-				dec.BeforeCheck(func(rows []uint64) { dec.region.Row(rows[1])[17] ^= 0x40 })
+				dec.BeforeCheck(func(rows []uint64) {
+					wrong := append([]byte(nil), dec.region.Row(rows[1])...)
+					wrong[17] ^= 0x40
+					require.True(t, dec.WriteAsPeer(prod.id, rows[1], wrong), "the row is still owed to the peer")
+				})
 				res := pdPull(t, prod, dec, "kv-landed", keys(0, 1, 2))
 				assertCaught(t, dec, prod, res, path, "kv-landed", 41)
 			})

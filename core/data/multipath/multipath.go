@@ -189,6 +189,17 @@ func (t *Transport) Fence(peerID string) {
 	}
 }
 
+// WritesUnguarded implements data.Unguarded: true when any path may have
+// written into us around the guard, or cannot say.
+func (t *Transport) WritesUnguarded() bool {
+	for _, p := range t.paths {
+		if u, ok := p.(data.Unguarded); !ok || u.WritesUnguarded() {
+			return true
+		}
+	}
+	return false
+}
+
 // Cancel implements data.Canceler: it cancels on the path that runs the
 // transfer, if that path can.
 func (t *Transport) Cancel(peerID string, id uint64) {

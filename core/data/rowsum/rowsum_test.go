@@ -37,6 +37,16 @@ func TestRowsInOrderAndMismatch(t *testing.T) {
 	assert.Equal(t, 4, Mismatch(r, rows, sums))
 }
 
+// CopySummed copies a row and returns the checksum one pass over the
+// copy gives, for rows that are and are not a whole number of pieces.
+func TestCopySummedCopiesAndSumsLikeRow(t *testing.T) {
+	for _, n := range []uint64{0, 1, piece - 1, piece, 3*piece + 17} {
+		src, dst := region(1, max(n, 1)).Mem[:n], make([]byte, n)
+		assert.Equal(t, Row(src), CopySummed(dst, src), "%d bytes", n)
+		assert.Equal(t, src, dst)
+	}
+}
+
 // What a verified pull adds to a row's copy: BenchmarkRow against
 // BenchmarkCopy on the same 2 MiB row (a 16-token block of a mid-size
 // model). See docs/benchmarks.md for the figures and the choice of XXH3-64.
@@ -45,6 +55,16 @@ func BenchmarkRow(b *testing.B) {
 	b.SetBytes(int64(len(row)))
 	for b.Loop() {
 		Row(row)
+	}
+}
+
+// BenchmarkCopySummed is the consumer's landing of a verified row over a
+// guarded path: the copy with each piece summed right after it.
+func BenchmarkCopySummed(b *testing.B) {
+	src, dst := region(1, 2<<20).Mem, make([]byte, 2<<20)
+	b.SetBytes(int64(len(src)))
+	for b.Loop() {
+		CopySummed(dst, src)
 	}
 }
 

@@ -45,6 +45,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -95,6 +96,9 @@ type Transport struct {
 
 	outbox    *data.Outbox
 	closeOnce sync.Once
+	// granted: a peer was sent our region's fd; from then on it can write
+	// into any of our rows around the guard, for good.
+	granted atomic.Bool
 
 	// batchHook, when set (tests), runs before each batch a copy starts.
 	batchHook func()
@@ -109,6 +113,7 @@ var (
 	_ data.Transport = (*Transport)(nil)
 	_ data.Granter   = (*Transport)(nil)
 	_ data.Canceler  = (*Transport)(nil)
+	_ data.Unguarded = (*Transport)(nil)
 )
 
 // New finds the file behind opts.Region and starts the grant listener. It
@@ -202,6 +207,10 @@ func (t *Transport) Withdraw(peerID, offerString string) {
 	}
 	t.grants.revoke(peerID, o.token)
 }
+
+// WritesUnguarded implements data.Unguarded: once a peer was sent our
+// region's fd, it can write any of our rows whenever it likes.
+func (t *Transport) WritesUnguarded() bool { return t.granted.Load() }
 
 // Completions implements data.Transport.
 func (t *Transport) Completions() <-chan data.Completion { return t.outbox.C() }
