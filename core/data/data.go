@@ -198,3 +198,23 @@ func (r Region) BaseAddr() uint64 {
 type Unguarded interface {
 	WritesUnguarded() bool
 }
+
+// Summer is implemented by paths that take a summed write's source sums
+// themselves, each row's right after the path read the whole row for the
+// send, while it is in the cache, instead of in a pass of their caller's
+// before the send. The send's read of a row ends before its sum's begins,
+// so a row changed while its transfer ran fails the consumer's check, as
+// with a sum taken first.
+type Summer interface {
+	// WriteSummed is Write whose successful completion carries Sums; it
+	// returns ErrNotSummed when the path serving peerID cannot sum.
+	WriteSummed(peerID string, src, dst []uint64) (uint64, error)
+	// SetBetweenReads makes every later summed write call f after the
+	// send read rows src and before they are summed (tests change a
+	// source row there).
+	SetBetweenReads(f func(peerID string, src []uint64))
+}
+
+// ErrNotSummed is returned by Summer.WriteSummed when the path serving the
+// peer does not sum its writes: the caller sums them itself.
+var ErrNotSummed = errors.New("data transport: this path does not sum writes")

@@ -66,7 +66,7 @@ func runShmProducer(corrupt bool) error {
 	defer t.Shutdown()
 	prod.Tier = t
 	if corrupt {
-		t.BeforeSend(func(_ string, src []uint64) { region.Row(src[2])[rowLen-1] ^= 0x01 })
+		t.BeforeSend(flipRow(region, 12)) // key 2's row: the copy read it, its sum has not yet
 	}
 	ks := keys(0, 1, 2)
 	if _, err := t.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-shm"}}`)); err != nil {

@@ -248,6 +248,35 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 	return id<<indexBits | uint64(i), nil
 }
 
+// WriteSummed implements data.Summer: the peer's path sums the write if it
+// can (data.ErrNotSummed otherwise, nothing started).
+func (t *Transport) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
+	t.mu.Lock()
+	i, ok := t.chosen[peerID]
+	t.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("%w: %s", data.ErrUnknownPeer, peerID)
+	}
+	s, ok := t.paths[i].(data.Summer)
+	if !ok {
+		return 0, data.ErrNotSummed
+	}
+	id, err := s.WriteSummed(peerID, src, dst)
+	if err != nil {
+		return 0, err
+	}
+	return id<<indexBits | uint64(i), nil
+}
+
+// SetBetweenReads implements data.Summer for every path that sums.
+func (t *Transport) SetBetweenReads(f func(peerID string, src []uint64)) {
+	for _, p := range t.paths {
+		if s, ok := p.(data.Summer); ok {
+			s.SetBetweenReads(f)
+		}
+	}
+}
+
 // Completions delivers every path's outcomes, each once.
 func (t *Transport) Completions() <-chan data.Completion { return t.outbox.C() }
 

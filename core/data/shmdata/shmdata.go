@@ -100,6 +100,9 @@ type Transport struct {
 	// into any of our rows around the guard, for good.
 	granted atomic.Bool
 
+	// betweenReads, when set (tests), runs in summed writes after each
+	// batch's copy and before its sums (SetBetweenReads).
+	betweenReads func(peerID string, src []uint64)
 	// batchHook, when set (tests), runs before each batch a copy starts.
 	batchHook func()
 	// kernelCopyOnly (tests) makes every transfer take the kernel's copy,
@@ -114,6 +117,7 @@ var (
 	_ data.Granter   = (*Transport)(nil)
 	_ data.Canceler  = (*Transport)(nil)
 	_ data.Unguarded = (*Transport)(nil)
+	_ data.Summer    = (*Transport)(nil)
 )
 
 // New finds the file behind opts.Region and starts the grant listener. It
