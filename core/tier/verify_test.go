@@ -49,6 +49,12 @@ func (c *cluster) pathPeer(path string, n int, mutate ...func(*config.Config)) *
 	if build == nil {
 		return c.peer(n, mutate...)
 	}
+	return c.builtPeer(build, n, mutate...)
+}
+
+// builtPeer is a peer whose data paths build makes.
+func (c *cluster) builtPeer(build func(testing.TB, config.Config, data.Region, data.WriteGuard) data.Transport,
+	n int, mutate ...func(*config.Config)) *peer {
 	cfg := fastConfig(n)
 	for _, m := range mutate {
 		m(&cfg)
@@ -145,6 +151,28 @@ func flipRow(region data.Region, row uint64) func(string, []uint64) {
 			}
 		}
 	}
+}
+
+// aroundTheGuard is a data path that says something may write into the
+// region around the row guard, as one does once a peer claimed a same-host
+// grant or with NIXL among the paths; it is TCP otherwise.
+type aroundTheGuard struct{ *tcpdata.Transport }
+
+func (aroundTheGuard) WritesUnguarded() bool { return true }
+
+// A row that landed through the guard (its sum taken as it landed) and was
+// then changed around the guard is caught where such a write is possible:
+// the check reads every row again there instead of trusting landed sums.
+func TestARowChangedAroundTheGuardIsCaughtWhereThatIsPossible(t *testing.T) {
+	c := newCluster(t)
+	prod := c.pathPeer("tcp", 1)
+	dec := c.builtPeer(func(t testing.TB, cfg config.Config, region data.Region, guard data.WriteGuard) data.Transport {
+		return aroundTheGuard{dataPaths["tcp"](t, cfg, region, guard).(*tcpdata.Transport)}
+	}, 2)
+	dec.BeforeCheck(func(rows []uint64) { dec.region.Row(rows[1])[17] ^= 0x40 })
+	res := pdPull(t, prod, dec, "kv-around", keys(0, 1, 2))
+	assertCaught(t, dec, prod, res, "tcp", "kv-around", 41)
+	assert.Equal(t, int64(3), dec.RowsReread())
 }
 
 func assertCaught(t *testing.T, dec, prod *peer, res tier.JobResult, path, kv string, row int) {

@@ -2,6 +2,8 @@ package rowsum
 
 import (
 	"hash/crc32"
+	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
@@ -48,6 +50,42 @@ func BenchmarkCandidates(b *testing.B) {
 		for b.Loop() {
 			copy(dst[i*r.RowLen:(i+1)*r.RowLen], r.Row(i))
 			i = (i + 1) % r.NumRows()
+		}
+	})
+}
+
+// BenchmarkPassOverRegion is the consumer's check read again over a load
+// it cannot trust landed sums for (the same-host path): Rows over 256 rows
+// of 2 MiB, spread over the CPUs, against a copy of the same bytes split
+// over as many goroutines, as the same-host copy splits it. Out of cache:
+// the two cost about the same, which bounds what a verified same-host pull
+// can cost against a plain one (docs/benchmarks.md).
+func BenchmarkPassOverRegion(b *testing.B) {
+	r, dst := region(256, 2<<20), region(256, 2<<20).Mem
+	rows := make([]uint64, r.NumRows())
+	for i := range rows {
+		rows[i] = uint64(i)
+	}
+	b.Run("sum", func(b *testing.B) {
+		b.SetBytes(int64(len(r.Mem)))
+		for b.Loop() {
+			Rows(r, rows)
+		}
+	})
+	b.Run("copy", func(b *testing.B) {
+		b.SetBytes(int64(len(r.Mem)))
+		workers := runtime.GOMAXPROCS(0)
+		for b.Loop() {
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					lo, hi := w*len(r.Mem)/workers, (w+1)*len(r.Mem)/workers
+					copy(dst[lo:hi], r.Mem[lo:hi])
+				}()
+			}
+			wg.Wait()
 		}
 	})
 }

@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -73,4 +75,19 @@ func takeCompletion(t *testing.T, tr *Transport, id uint64) data.Completion {
 		t.Fatal("no completion within 10s")
 		return data.Completion{}
 	}
+}
+
+// A consumer's rows can be written around its row guard from the moment a
+// peer holds its region's fd, and for good: it says so (data.Unguarded),
+// so verified loads are checked by reading every row again.
+func TestAClaimedGrantMeansWritesAroundTheGuard(t *testing.T) {
+	const rows, rowLen = 4, 8192
+	cons, _ := consumerRegion(t, rows, rowLen, nil)
+	offer := cons.Offer(prodID)
+	assert.False(t, cons.WritesUnguarded(), "an offer alone lets no one write")
+	self, err := os.Executable()
+	require.NoError(t, err)
+	out, err := runProducerCmd(t, exec.Command(self, "-test.run=^$"), rows, rowLen, offer)
+	require.NoError(t, err, "the producer said: %s", out)
+	assert.True(t, cons.WritesUnguarded())
 }
