@@ -127,7 +127,7 @@ type Config struct {
 	// NoVerifyPulls stops offering verified pulls ("verify_pulls": false):
 	// with it on (the default), a peerkv peer that offers them too sends
 	// the XXH3-64 of each row it writes us, and a load whose rows do not
-	// match where they landed fails (docs/security.md G14).
+	// match where they landed fails (docs/security.md G18).
 	NoVerifyPulls bool
 	// DataHost is the address the TCP data listener binds (default Host).
 	DataHost string
