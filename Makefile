@@ -50,7 +50,7 @@ GO_LDFLAGS = -s -w -X main.version=$(VERSION) '-extldflags=-Wl,--version-script=
 HARNESS_CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -O1 -g -I$(BUILD)/include
 HARNESS_LDFLAGS := -L$(BUILD) -lpeerkv -Wl,-rpath,'$$ORIGIN' -Wl,--allow-shlib-undefined
 
-.PHONY: all lib test test-go fuzz fuzz-short fuzz-run test-harness test-python test-interop test-vllm032 test-engine test-engine-mixed vet bench bench-engine demo demo-vllm setup setup-python setup-engine clean help
+.PHONY: all lib libzmq-dev libzmq-dev-env test test-go fuzz fuzz-short fuzz-run test-harness test-python test-interop test-vllm032 test-engine test-engine-mixed vet bench bench-engine demo demo-vllm setup setup-python setup-engine clean help
 
 # Scenarios bind ports and time themselves: run targets one at a time.
 .NOTPARALLEL:
@@ -105,8 +105,8 @@ vet: ## go vet and staticcheck over ./...
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
-test-go: ## go test -race ./... (msgspec oracle, NIXL from the venv, a second user (root) and network namespaces (root or user namespaces, ip from iproute2: tests/netns) are required, never skipped)
-	PEERKV_PYTHON=$(abspath $(PYTHON)) PEERKV_REQUIRE_ORACLE=1 PEERKV_REQUIRE_NIXL=1 PEERKV_REQUIRE_SECOND_USER=1 $(GO) test -race -count=1 ./...
+test-go: ## go test -race ./... against the patched libzmq (msgspec oracle, NIXL from the venv, a second user (root) and network namespaces (root or user namespaces, ip from iproute2: tests/netns) are required, never skipped)
+	$(PATCHED_LIBZMQ_ENV) PEERKV_PYTHON=$(abspath $(PYTHON)) PEERKV_REQUIRE_ORACLE=1 PEERKV_REQUIRE_NIXL=1 PEERKV_REQUIRE_SECOND_USER=1 $(GO) test -race -count=1 ./...
 
 # Fuzzing: every Fuzz* function in a _test.go file, found with grep so new
 # targets join by themselves. go test -fuzz takes one target of one package
@@ -151,18 +151,18 @@ ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:handle_segv=0:allow_use
 
 test-harness: $(HARNESS) $(HARNESS_ASAN) $(PANICLIB) ## the C harness, plain and under AddressSanitizer
 	@echo "== C harness (plain)"
-	PEERKV_PANIC_LIBDIR=$(abspath $(dir $(PANICLIB))) $(HARNESS)
+	$(PATCHED_LIBZMQ_ENV) PEERKV_PANIC_LIBDIR=$(abspath $(dir $(PANICLIB))) $(HARNESS)
 	@echo "== C harness (AddressSanitizer)"
-	PEERKV_PANIC_LIBDIR=$(abspath $(dir $(PANICLIB))) $(ASAN_ENV) $(HARNESS_ASAN)
+	$(PATCHED_LIBZMQ_ENV) PEERKV_PANIC_LIBDIR=$(abspath $(dir $(PANICLIB))) $(ASAN_ENV) $(HARNESS_ASAN)
 
 # pytest exit code 5 means "no tests collected": a failure here, not a pass.
 test-python: $(LIB) ## the Python tests (tests/python) against build/libpeerkv.so
-	rc=0; PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) -m pytest -q tests/python || rc=$$?; \
+	rc=0; $(PATCHED_LIBZMQ_ENV) PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) -m pytest -q tests/python || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 # Real NIXL (UCX over loopback) between peerkv and stock vLLM's p2p tier.
 test-interop: $(LIB) ## the mixed-cluster matrix (tests/interop): peerkv <-> vLLM's p2p tier over NIXL
-	rc=0; PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) -m pytest -q tests/interop || rc=$$?; \
+	rc=0; $(PATCHED_LIBZMQ_ENV) PEERKV_LIBRARY=$(abspath $(LIB)) $(PYTHON) -m pytest -q tests/interop || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 # The same manager-level suites against vLLM 0.32 (the engine venv).
@@ -171,13 +171,13 @@ test-vllm032: setup-engine $(LIB) ## tests/python and tests/interop again on vLL
 
 # Real `vllm serve` engines on CPU (tests/engine): minutes, one cluster per run.
 test-engine: setup-engine $(LIB) ## real vllm serve engines on CPU: P2P (idle/busy/partial, two sources), PD both orders, chains, faults
-	rc=0; PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) -m pytest -v -p no:cacheprovider --ignore=tests/engine/test_mixed.py tests/engine || rc=$$?; \
+	rc=0; $(PATCHED_LIBZMQ_ENV) PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) -m pytest -v -p no:cacheprovider --ignore=tests/engine/test_mixed.py tests/engine || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 # Real engines with stock vLLM's p2p tier: a session of its own with just two
 # engines (see tests/engine/conftest.py).
 test-engine-mixed: setup-engine $(LIB) ## real engines, mixed cluster: peerkv and stock vLLM's p2p tier, P2P and PD both ways over NIXL
-	PEERKV_ENGINE_STOCK=1 PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) -m pytest -v -p no:cacheprovider tests/engine/test_mixed.py
+	PEERKV_ENGINE_STOCK=1 $(PATCHED_LIBZMQ_ENV) PEERKV_LIBRARY=$(abspath $(LIB)) $(ENGINE_PYTHON) -m pytest -v -p no:cacheprovider tests/engine/test_mixed.py
 
 # Every stage in order, each timed; the first failure stops the run. A file a
 # stage leaves in /dev/shm (offload regions, vLLM's queues) fails the run too.
@@ -336,6 +336,33 @@ $(WHEEL_LIB): export CGO_LDFLAGS := -Wl,--strip-all
 # new zig or patch rebuilds libzmq, and leaves libzmq.a untouched otherwise.
 $(LIBZMQ): FORCE | $(WHEEL_NEEDS_TOOLS)
 	@PEERKV_ZIG="$(ZIG)" CMAKE="$(PEERKV_CMAKE)" scripts/wheel/build-libzmq.sh $(LIBZMQ_PREFIX)
+
+# ----------------------------------------------------------------------------
+# The dev build's tests against the patched libzmq (security.md D11). The
+# system's libzmq5 aborts the process on a connection that fails while its
+# input is stopped; the wheel's carries our patches, and so does this shared
+# build of the same source (the same script, this machine's gcc/g++ and
+# cmake; about a minute on 2 cores, cached like the static one). Binaries
+# still link the system's libzmq5 (same soname and ABI: Go's build cache is
+# untouched); the test targets put this one first on LD_LIBRARY_PATH, and
+# PEERKV_PATCHED_LIBZMQ names it for tests/hostile, which checks that it is
+# the one a node loaded.
+# ----------------------------------------------------------------------------
+LIBZMQ_DEV_PREFIX := $(PEERKV_CACHE)/libzmq/4.3.4-6-shared-$(WHEEL_ARCH)
+LIBZMQ_DEV        := $(LIBZMQ_DEV_PREFIX)/lib/libzmq.so.5
+PATCHED_LIBZMQ_ENV = LD_LIBRARY_PATH=$(LIBZMQ_DEV_PREFIX)/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} PEERKV_PATCHED_LIBZMQ=$(LIBZMQ_DEV)
+
+# A no-op (milliseconds) while the prefix's stamp matches source, patches and compiler.
+$(LIBZMQ_DEV): FORCE
+	@CMAKE="$(PEERKV_CMAKE)" scripts/wheel/build-libzmq.sh --shared $(LIBZMQ_DEV_PREFIX)
+
+libzmq-dev: $(LIBZMQ_DEV) ## the patched libzmq.so.5 the test targets run with (.cache/libzmq/4.3.4-6-shared-ARCH)
+
+# eval "$(make -s libzmq-dev-env)" before running go test or the harness by hand.
+libzmq-dev-env: $(LIBZMQ_DEV) ## print the exports that run tests by hand against the patched libzmq
+	@echo "export LD_LIBRARY_PATH=$(LIBZMQ_DEV_PREFIX)/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} PEERKV_PATCHED_LIBZMQ=$(LIBZMQ_DEV)"
+
+test-go test-harness test-python test-interop test-engine test-engine-mixed: $(LIBZMQ_DEV)
 
 $(WHEEL_LIB): $(GO_SOURCES) $(VERSION_FILE) $(LIBZMQ) scripts/wheel/cc scripts/wheel/pkg-config | $(WHEEL_NEEDS_TOOLS)
 	@test -x "$(ZIG)" || { echo "zig not found (PEERKV_ZIG=$(ZIG)): make wheel-tools"; exit 1; }

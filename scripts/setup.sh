@@ -2,7 +2,8 @@
 # Installs what peerkv needs, only what is missing, so reruns take seconds.
 #
 #   scripts/setup.sh            build tools: gcc, make, pkg-config, libzmq3-dev, Go >= 1.26,
-#                               iproute2 (ip: the multi-host suite, tests/netns)
+#                               iproute2, nftables (ip, tc, nft: the multi-host suite, tests/netns),
+#                               cmake (the patched libzmq the tests run with: make libzmq-dev)
 #   scripts/setup.sh --python   also the test venv at .venv (vLLM, NIXL, msgspec, pytest, msgpack)
 #
 # Meant for Debian 12 as root (apt-get); elsewhere it only checks and says
@@ -34,7 +35,7 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
-packages=(build-essential pkg-config libzmq3-dev iproute2)
+packages=(build-essential pkg-config libzmq3-dev iproute2 nftables cmake)
 ((want_python)) && [[ ! -x $VENV/bin/python ]] && packages+=(python3 python3-venv)
 apt_install "${packages[@]}"
 

@@ -298,10 +298,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("host %q binds every interface, so it cannot be the identity peers dial: "+
 			"set advertise_host to this node's routable address (e.g. \"10.0.0.1\"), or set host to it", c.Host)
 	}
-	if err := checkKeepWarm(c); err != nil {
+	allowed, err := ParsePeerList(c.AllowedPeers)
+	if err != nil {
 		return err
 	}
-	if _, err := ParsePeerList(c.AllowedPeers); err != nil {
+	if err := checkKeepWarm(c, allowed); err != nil {
 		return err
 	}
 	if c.MaxFrameBytes < 0 || c.MaxListItems < 0 { // 0: derived from the region

@@ -235,6 +235,8 @@ func TestKeepWarmNamesEachBadEntry(t *testing.T) {
 	c, err := FromJSON([]byte(`{"port": 6000, "keep_warm": ["10.0.0.2:5710", "[fd00::2]:5710"]}`))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"10.0.0.2:5710", "[fd00::2]:5710"}, c.KeepWarm)
+	_, err = FromJSON([]byte(`{"port": 6000, "allowed_peers": ["10.0.0.0/8", "*.pd.svc"], "keep_warm": ["10.0.0.2:5710", "p-0.pd.svc:5710"]}`))
+	require.NoError(t, err, "peers allowed_peers admits, by address or by name")
 	for raw, want := range map[string]string{
 		`{"keep_warm": ["10.0.0.2"]}`:                   `keep_warm[0] "10.0.0.2" is not "host:port"`,
 		`{"keep_warm": ["10.0.0.2:0"]}`:                 `keep_warm[0] "10.0.0.2:0": port must be 1..65535`,
@@ -243,6 +245,8 @@ func TestKeepWarmNamesEachBadEntry(t *testing.T) {
 		`{"keep_warm": ["a:1", "a:1"]}`:                 `keep_warm[1] "a:1" is listed twice`,
 		`{"max_peers": 2, "keep_warm": ["a:1", "b:1"]}`: `more than half of max_peers (2)`,
 		`{"keep_warm": "a:1"}`:                          `keep_warm`,
+		`{"allowed_peers": ["10.1.0.0/16"], "keep_warm": ["10.1.0.2:5710", "10.2.0.2:5710"]}`: `keep_warm[1] "10.2.0.2:5710" is outside allowed_peers`,
+		`{"allowed_peers": ["10.0.0.0/8", "*.pd.svc"], "keep_warm": ["p-0.other.svc:5710"]}`:  `keep_warm[0] "p-0.other.svc:5710" is outside allowed_peers`,
 	} {
 		_, err := FromJSON([]byte(raw))
 		if assert.Error(t, err, raw) {

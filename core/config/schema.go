@@ -74,7 +74,7 @@ var Options = []Option{
 	{Name: "allowed_peers", Type: TypeStringList, Default: "any peer",
 		Doc: "the only peers dialed or admitted: CIDRs and addresses (IPv4, IPv6) match addresses, host names (\"*.svc\" for a suffix) match names as the orchestrator gives them; connects are checked by source address"},
 	{Name: "keep_warm", Type: TypeStringList, Default: "none",
-		Doc: "peers (\"host:port\", as they advertise themselves) dialed at start and kept connected, so the first pull from them pays no handshake: never evicted for being idle, redialed when their session ends; at most half of max_peers"},
+		Doc: "peers (\"host:port\", as they advertise themselves) dialed at start and kept connected, so the first pull from them pays no handshake: the sessions this node dialed to them are never evicted for being idle, and are redialed when they end (a peer that refuses us less and less often, down to once a minute); at most half of max_peers, each inside allowed_peers"},
 	{Name: "max_peers", Type: TypeInteger, Min: bound(1), Max: bound(1 << 20), Default: "128", Doc: "concurrent sessions ($VLLM_P2P_MAX_PEERS)"},
 	{Name: "max_peers_per_host", Type: TypeInteger, Min: bound(1), Max: bound(1 << 20), Default: "32", Doc: "sessions from one source address"},
 	{Name: "max_requests_per_peer", Type: TypeInteger, Min: bound(1), Max: bound(1 << 30), Default: "4096", Doc: "kv ids and entries one peer may make this producer hold"},

@@ -9,8 +9,9 @@ import (
 // checkKeepWarm refuses a keep_warm list a node could not keep: an entry
 // that is no "host:port", a wildcard, our own id, a repeat, or more
 // entries than half the session slots (the rest stay for the peers that
-// dial us and for the sources requests name).
-func checkKeepWarm(c Config) error {
+// dial us and for the sources requests name), or a peer allowed_peers
+// refuses (it would be refused at every redial, once a second, forever).
+func checkKeepWarm(c Config, allowed PeerList) error {
 	if c.MaxPeers > 0 && len(c.KeepWarm) > c.MaxPeers/2 {
 		return fmt.Errorf("keep_warm lists %d peers, more than half of max_peers (%d)", len(c.KeepWarm), c.MaxPeers)
 	}
@@ -28,6 +29,10 @@ func checkKeepWarm(c Config) error {
 		}
 		if id == c.LocalID() {
 			return fmt.Errorf("keep_warm[%d] %q is this node's own id", i, id)
+		}
+		if !allowed.AllowsPeerID(id) {
+			return fmt.Errorf("keep_warm[%d] %q is outside allowed_peers, so it would never be dialed: "+
+				"add its address, network or name to allowed_peers, or drop it from keep_warm", i, id)
 		}
 		if seen[id] {
 			return fmt.Errorf("keep_warm[%d] %q is listed twice", i, id)

@@ -219,9 +219,14 @@ func (p *producer) onAbortFetch(m *protocol.AbortFetch) {
 // come once nothing more of them will be written, not after every byte
 // crossed the link. Other paths finish them.
 func (p *producer) cancelWrites(r *round) {
-	c, ok := p.env.Data.(data.Canceler)
-	if !ok {
-		return
+	// The ids are those of whoever started the writes (startWrite): Rows
+	// numbers its writes itself, so the transport's Cancel must not see them.
+	var c data.Canceler = p.env.Rows
+	if p.env.Rows == nil {
+		var ok bool
+		if c, ok = p.env.Data.(data.Canceler); !ok {
+			return
+		}
 	}
 	for id, t := range p.transfers {
 		if t.r == r {

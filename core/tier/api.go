@@ -34,13 +34,22 @@
 //   - ledger (ledger.go): jobs and their one result each.
 //   - serveDesk (servedesk.go, serve.go, outbox.go): served PD kv ids,
 //     inbound lookups, the outbox.
+//   - hostSide (hostside.go, logs.go, news.go, notify.go): what the host
+//     learns without a call reaching it: the log ring and its per-cause
+//     limits, the news counts, the notification fd.
+//   - intake (intake.go, lanes.go): what is handed to the coordinator to
+//     apply under its lock: sessions' reports, the lanes' frames waiting to
+//     be decoded, what goroutines found off the lock for the loop.
+//   - telemetry (observe.go, stats.go): the counters and the observations
+//     by cause, by path and in histograms that Stats reports.
 //
-// Sessions report what happened as values (session.Report); settle routes
-// each to its owner and runs the one teardown (teardown.go) for sessions
-// that ended, in one step after every call into sessions. The host's
-// notification fd is owned by a notifier (notify.go), signalled only where
-// inbound items (serveDesk.queue) and job results (ledger.report) are
-// queued, and once when the node shuts down or is poisoned.
+// Sessions report what happened as values (session.Report) into the
+// intake; settle routes each to its owner and runs the one teardown
+// (teardown.go) for sessions that ended, in one step after every call into
+// sessions. The host's notification fd is signalled (hostSide.tell) only
+// where inbound items (serveDesk.queue), job results (ledger.report) and
+// changed answers are queued, and once when the node shuts down or is
+// poisoned (hostSide.stopped).
 package tier
 
 import (

@@ -7,14 +7,11 @@ import "github.com/peerkv/peerkv/core/session"
 // more), then forgets the sessions that ended. Called with t.mu held.
 func (t *Tier) settle() {
 	for {
-		for len(t.pending) > 0 {
-			r := t.pending[0]
-			t.pending = t.pending[1:]
+		for r, ok := t.intake.nextReport(); ok; r, ok = t.intake.nextReport() {
 			t.apply(r)
 		}
-		t.pending = nil
 		t.book.refreshStale() // may register and send lookups, which may report
-		if len(t.pending) > 0 {
+		if t.intake.hasReports() {
 			continue
 		}
 		if ended, _ := t.teardown(endReaped); ended == 0 {

@@ -29,6 +29,67 @@ import (
 // Frames of one transport arrive on one goroutine, in order, so no two of
 // them interleave.
 
+// intake owns what is handed to the coordinator to apply under its lock,
+// each item taken once, in the order it came, or dropped whole when the
+// tier stops: the sessions' reports (settle applies them), the lanes'
+// frames waiting to be decoded (lanes.go), and what goroutines found off
+// the lock (registrations, diagnoses, resolved names), which the progress
+// loop applies. Every queue is bounded: the reports by the calls into
+// sessions that made them (settle drains them after each), the lanes in
+// bytes, the loop's channels in items.
+type intake struct {
+	reports    []session.Report
+	lanes      lanes
+	registered chan registration // the registry's data-path registrations
+	found      chan func()       // diagnoses, resolved names (toLoop)
+}
+
+// registration is the outcome of registering s's peer with the data path.
+type registration struct {
+	s   *session.Session
+	err error
+}
+
+func newIntake(maxFrameBytes int) intake {
+	return intake{
+		lanes:      newLanes(maxFrameBytes),
+		registered: make(chan registration, 64),
+		found:      make(chan func(), maxDiagnoses),
+	}
+}
+
+// report queues a session's report (session.Env.Report); t.mu held.
+func (in *intake) report(r session.Report) { in.reports = append(in.reports, r) }
+
+// nextReport takes the oldest report not applied yet; false when none is
+// left (what held them is let go).
+func (in *intake) nextReport() (session.Report, bool) {
+	if len(in.reports) == 0 {
+		in.reports = nil
+		return session.Report{}, false
+	}
+	r := in.reports[0]
+	in.reports[0] = session.Report{}
+	in.reports = in.reports[1:]
+	return r, true
+}
+
+// hasReports says whether reports wait to be applied.
+func (in *intake) hasReports() bool { return len(in.reports) > 0 }
+
+// dropReports forgets every report not applied yet (the tier was
+// poisoned: they come from sessions in an unknown state).
+func (in *intake) dropReports() { in.reports = nil }
+
+// toLoop hands f to the progress loop, to run under the tier's lock; it is
+// dropped once stop is closed.
+func (in *intake) toLoop(f func(), stop <-chan struct{}) {
+	select {
+	case in.found <- f:
+	case <-stop:
+	}
+}
+
 // take handles one control event, on the goroutine that delivers it.
 func (t *Tier) take(ev control.Event) {
 	if ev.Kind != control.EventFrame {

@@ -34,10 +34,10 @@ const laneFrameBytes = 256 << 10 // a lookup of about 6 700 keys (a 100K-token p
 // laneSessionBytes bounds what one session's frames hold in its lane (the
 // one being decoded included): room for a burst of a real peer's long
 // prompts (30 lookups of 100K tokens, or 3 of max_list_items keys).
-func (t *Tier) laneSessionBytes() int { return max(laneSessionFloor, 2*t.cfg.MaxFrameBytes) }
+func (l *lanes) laneSessionBytes() int { return max(laneSessionFloor, 2*l.maxFrameBytes) }
 
 // laneTotalBytes bounds what all lanes hold.
-func (t *Tier) laneTotalBytes() int { return max(laneTotalFloor, 4*t.cfg.MaxFrameBytes) }
+func (l *lanes) laneTotalBytes() int { return max(laneTotalFloor, 4*l.maxFrameBytes) }
 
 const (
 	laneSessionFloor = 8 << 20
@@ -48,17 +48,20 @@ const (
 // so that many small frames count too.
 func laneCost(frame []byte) int { return len(frame) + 64 }
 
-// lanes is owned under t.mu but for wake and done.
+// lanes is the intake's; owned under t.mu but for wake and done. Its
+// invariant: bytes is what every lane holds (waiting and in flight).
 type lanes struct {
-	byPeer map[string]*lane
-	turn   []*lane // lanes with frames waiting, next first
-	bytes  int     // held by every lane, frames being decoded included
-	wake   chan struct{}
-	done   chan struct{}
+	byPeer        map[string]*lane
+	turn          []*lane // lanes with frames waiting, next first
+	bytes         int     // held by every lane, frames being decoded included
+	maxFrameBytes int     // the bounds are multiples of it
+	wake          chan struct{}
+	done          chan struct{}
 }
 
-func newLanes() lanes {
-	return lanes{byPeer: map[string]*lane{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+func newLanes(maxFrameBytes int) lanes {
+	return lanes{byPeer: map[string]*lane{}, maxFrameBytes: maxFrameBytes,
+		wake: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 // lane is one session's frames waiting to be decoded.
@@ -73,17 +76,15 @@ type lane struct {
 
 func (ln *lane) bytes() int { return ln.waiting + ln.inflight }
 
-// toLane queues ev in its session's lane when it must wait there (see the
-// top of this file) and reports whether it took ev (queued, or dropped with
-// its session). Called with t.mu held, after screen let ev through.
-func (t *Tier) toLane(ev control.Event) bool {
-	s := t.peers.session(ev.PeerID)
-	if s == nil {
-		return false // a connect: handled at once
-	}
-	ln := t.lanes.byPeer[ev.PeerID]
+// queue puts ev, a frame of s, in s's lane when it must wait there (see
+// the top of this file), and reports whether it took ev (queued, or
+// dropped with its session). A session whose frames would pass a bound is
+// handed to end, which must end it (and drop its lane: dropSession).
+// Called with t.mu held, after screen let ev through.
+func (l *lanes) queue(ev control.Event, s *session.Session, end func(s *session.Session, why string)) bool {
+	ln := l.byPeer[ev.PeerID]
 	if ln != nil && ln.s != s {
-		t.dropLane(ln) // an ended session's
+		l.drop(ln) // an ended session's
 		ln = nil
 	}
 	if ln == nil && len(ev.Frame) < laneFrameBytes {
@@ -94,44 +95,44 @@ func (t *Tier) toLane(ev control.Event) bool {
 	if ln != nil {
 		held = ln.bytes()
 	}
-	if held+cost > t.laneSessionBytes() {
-		t.endForLane(s, fmt.Sprintf("its frames arrive faster than they are decoded: %d bytes of them wait and "+
-			"this one is %d more, bound %d (8 MiB or 2 x max_frame_bytes)", held, cost, t.laneSessionBytes()))
+	if held+cost > l.laneSessionBytes() {
+		end(s, fmt.Sprintf("its frames arrive faster than they are decoded: %d bytes of them wait and "+
+			"this one is %d more, bound %d (8 MiB or 2 x max_frame_bytes)", held, cost, l.laneSessionBytes()))
 		return true
 	}
-	for t.lanes.bytes+cost > t.laneTotalBytes() {
-		hog := t.hogLane()
+	for l.bytes+cost > l.laneTotalBytes() {
+		hog := l.hog()
 		if hog == nil {
 			break
 		}
-		t.endForLane(hog.s, fmt.Sprintf("the frames of every session waiting to be decoded hold %d bytes, bound %d, "+
-			"and this session's hold the most (%d)", t.lanes.bytes, t.laneTotalBytes(), hog.bytes()))
+		end(hog.s, fmt.Sprintf("the frames of every session waiting to be decoded hold %d bytes, bound %d, "+
+			"and this session's hold the most (%d)", l.bytes, l.laneTotalBytes(), hog.bytes()))
 		if hog.s == s {
 			return true
 		}
 	}
 	if ln == nil {
 		ln = &lane{s: s}
-		t.lanes.byPeer[ev.PeerID] = ln
+		l.byPeer[ev.PeerID] = ln
 	}
 	ln.frames = append(ln.frames, ev)
 	ln.waiting += cost
-	t.lanes.bytes += cost
+	l.bytes += cost
 	if !ln.queued {
 		ln.queued = true
-		t.lanes.turn = append(t.lanes.turn, ln)
+		l.turn = append(l.turn, ln)
 	}
 	select {
-	case t.lanes.wake <- struct{}{}:
+	case l.wake <- struct{}{}:
 	default:
 	}
 	return true
 }
 
-// hogLane is the lane holding the most bytes; nil if none holds any.
-func (t *Tier) hogLane() *lane {
+// hog is the lane holding the most bytes; nil if none holds any.
+func (l *lanes) hog() *lane {
 	var hog *lane
-	for _, ln := range t.lanes.byPeer {
+	for _, ln := range l.byPeer {
 		if ln.bytes() > 0 && (hog == nil || ln.bytes() > hog.bytes()) {
 			hog = ln
 		}
@@ -139,45 +140,99 @@ func (t *Tier) hogLane() *lane {
 	return hog
 }
 
-// endForLane ends s for what it made its lane hold.
-func (t *Tier) endForLane(s *session.Session, why string) {
-	t.stats.droppedFrames++
-	t.logf("WARNING", "ending the session with %s: %s", s.PeerID(), why)
-	s.Close(why, session.Dropped)
-	if ln := t.lanes.byPeer[s.PeerID()]; ln != nil && ln.s == s {
-		t.dropLane(ln)
+// dropSession forgets the lane of s, which ended, if it has one.
+func (l *lanes) dropSession(s *session.Session) {
+	if ln := l.byPeer[s.PeerID()]; ln != nil && ln.s == s {
+		l.drop(ln)
 	}
 }
 
-// dropLane forgets ln's waiting frames; the one the worker decodes, if
-// any, is accounted for when it is done. Called with t.mu held.
-func (t *Tier) dropLane(ln *lane) {
+// drop forgets ln's waiting frames; the one the worker decodes, if any, is
+// accounted for when it is done (decoded).
+func (l *lanes) drop(ln *lane) {
 	ln.dropped = true
-	t.lanes.bytes -= ln.waiting
+	l.bytes -= ln.waiting
 	ln.waiting, ln.frames = 0, nil
-	if t.lanes.byPeer[ln.s.PeerID()] == ln {
-		delete(t.lanes.byPeer, ln.s.PeerID())
+	if l.byPeer[ln.s.PeerID()] == ln {
+		delete(l.byPeer, ln.s.PeerID())
 	}
 	if ln.queued {
 		ln.queued = false
-		for i, q := range t.lanes.turn {
+		for i, q := range l.turn {
 			if q == ln {
-				t.lanes.turn = append(t.lanes.turn[:i], t.lanes.turn[i+1:]...)
+				l.turn = append(l.turn[:i], l.turn[i+1:]...)
 				break
 			}
 		}
 	}
 }
 
+// next takes the oldest frame of the lane whose turn it is, for the worker
+// to decode off the lock; false when no frame waits. The lane's next frame
+// waits for every other lane's.
+func (l *lanes) next() (*lane, control.Event, bool) {
+	if len(l.turn) == 0 {
+		return nil, control.Event{}, false
+	}
+	ln := l.turn[0]
+	l.turn = l.turn[1:]
+	ev := ln.frames[0]
+	ln.frames[0] = control.Event{}
+	ln.frames = ln.frames[1:]
+	cost := laneCost(ev.Frame)
+	ln.waiting -= cost
+	ln.inflight = cost
+	if len(ln.frames) > 0 {
+		l.turn = append(l.turn, ln)
+	} else {
+		ln.queued = false
+	}
+	return ln, ev, true
+}
+
+// decoded accounts for the frame of ln the worker decoded, and reports
+// whether it is still to be handled: not when ln was dropped meanwhile.
+func (l *lanes) decoded(ln *lane) bool {
+	l.bytes -= ln.inflight
+	ln.inflight = 0
+	return !ln.dropped
+}
+
+// handled forgets ln once nothing of it waits: its session's next frame
+// is handled at once.
+func (l *lanes) handled(ln *lane) {
+	if !ln.dropped && len(ln.frames) == 0 && ln.inflight == 0 && l.byPeer[ln.s.PeerID()] == ln {
+		delete(l.byPeer, ln.s.PeerID())
+	}
+}
+
+// toLane has the intake's lanes take ev when it must wait there, and
+// reports whether they took it. Called with t.mu held, after screen.
+func (t *Tier) toLane(ev control.Event) bool {
+	s := t.peers.session(ev.PeerID)
+	if s == nil {
+		return false // a connect: handled at once
+	}
+	return t.intake.lanes.queue(ev, s, t.endForLane)
+}
+
+// endForLane ends s for what it made its lane hold.
+func (t *Tier) endForLane(s *session.Session, why string) {
+	t.stats.droppedFrames++
+	t.logf("WARNING", "ending the session with %s: %s", s.PeerID(), why)
+	s.Close(why, session.Dropped)
+	t.intake.lanes.dropSession(s)
+}
+
 // runLanes decodes and handles the lanes' frames until the tier stops.
 func (t *Tier) runLanes() {
-	defer close(t.lanes.done)
+	defer close(t.intake.lanes.done)
 	defer t.recoverLoop("the intake lanes")
 	for {
 		select {
 		case <-t.life.stop:
 			return
-		case <-t.lanes.wake:
+		case <-t.intake.lanes.wake:
 		}
 		for t.takeFromLane() {
 		}
@@ -188,40 +243,26 @@ func (t *Tier) runLanes() {
 // handles it under it; false when no frame waits.
 func (t *Tier) takeFromLane() bool {
 	t.mu.Lock()
-	if t.life.closed || len(t.lanes.turn) == 0 {
+	if t.life.closed {
 		t.mu.Unlock()
 		return false
 	}
-	ln := t.lanes.turn[0]
-	t.lanes.turn = t.lanes.turn[1:]
-	ev := ln.frames[0]
-	ln.frames[0] = control.Event{}
-	ln.frames = ln.frames[1:]
-	cost := laneCost(ev.Frame)
-	ln.waiting -= cost
-	ln.inflight = cost
-	if len(ln.frames) > 0 {
-		t.lanes.turn = append(t.lanes.turn, ln) // its next frame after the other lanes'
-	} else {
-		ln.queued = false
-	}
+	ln, ev, ok := t.intake.lanes.next()
 	t.mu.Unlock()
-
+	if !ok {
+		return false
+	}
 	m, err := protocol.Decode(ev.Frame, t.frameLimits())
 	if err == nil {
 		m = session.Prepare(m, t.cfg.MaxKeysPerPeer)
 	}
 	t.locked(func() {
-		t.lanes.bytes -= ln.inflight
-		ln.inflight = 0
-		if ln.dropped || t.peers.session(ev.PeerID) != ln.s {
+		if !t.intake.lanes.decoded(ln) || t.peers.session(ev.PeerID) != ln.s {
 			return // its session ended meanwhile
 		}
 		t.stats.framesDecoded++
 		t.onFrame(ev, m, err)
-		if !ln.dropped && len(ln.frames) == 0 && ln.inflight == 0 {
-			delete(t.lanes.byPeer, ev.PeerID) // its next frame is handled at once
-		}
+		t.intake.lanes.handled(ln)
 	})
 	return true
 }

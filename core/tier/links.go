@@ -87,18 +87,18 @@ func quantile(sorted []float64, q float64) float64 {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
-// observeReady records s's setup time the first time it is found
-// handshaked; t.mu held. Called after each frame and registration.
-func (t *Tier) observeReady(s *session.Session) {
-	if p := t.peers.statsOf(s); p != nil && p.link.setup == 0 && s.Ready() {
-		p.link.setup = max(t.now().Sub(s.OpenedAt()), time.Nanosecond)
+// setUp records s's setup time in its peer's entry the first time it is
+// found handshaked. Called after each frame and registration.
+func (p *peerSet) setUp(s *session.Session) {
+	if e := p.statsOf(s); e != nil && e.link.setup == 0 && s.Ready() {
+		e.link.setup = max(p.now().Sub(s.OpenedAt()), time.Nanosecond)
 	}
 }
 
-// observeFetched feeds one completed fetch from s's peer to its pull
-// model: bytes landed, sent until its report; t.mu held.
-func (t *Tier) observeFetched(s *session.Session, bytes int64, took time.Duration) {
-	if p := t.peers.statsOf(s); p != nil {
-		p.link.fit.add(t.now(), bytes, took)
+// fetched feeds one completed fetch from s's peer to its pull model:
+// bytes landed, sent until its report.
+func (p *peerSet) fetched(s *session.Session, bytes int64, took time.Duration) {
+	if e := p.statsOf(s); e != nil {
+		e.link.fit.add(p.now(), bytes, took)
 	}
 }

@@ -69,6 +69,11 @@ func (b *pullBook) startLoad(jobID int64, at time.Time, p *pull, keys [][]byte, 
 	for i, k := range keys {
 		l.holders[i] = p.holders(k)
 		if l.holders[i].empty() {
+			// Reported in a round another load's fetch closed: asked
+			// again there (probePart) before it is fetched.
+			l.holders[i] = p.reportedBefore(k)
+		}
+		if l.holders[i].empty() {
 			b.failLoad(l, fmt.Sprintf("no source reported key %d of %d", i, len(keys)))
 			return
 		}

@@ -70,49 +70,51 @@ type Logf func(level, format string, args ...any)
 // did (a request's sources, startup, shutdown), and operators (and tests)
 // look for them. An INFO line a remote party causes (a session it opened
 // registered, or closed) goes through peerInfo instead.
-func (t *Tier) logf(level, format string, args ...any) {
+func (h *hostSide) logf(level, format string, args ...any) {
 	if level == "INFO" {
-		t.log.ring.add(logLine(level, fmt.Sprintf(format, args...)))
-		t.news.bump(NewsLogs)
+		h.log.ring.add(logLine(level, fmt.Sprintf(format, args...)))
+		h.tell(NewsLogs, false)
 		return
 	}
-	t.logLimited(level, format, args...)
+	h.logLimited(level, format, args...)
 }
+
+// logf is the host side's, for the coordinator's own lines.
+func (t *Tier) logf(level, format string, args ...any) { t.host.logf(level, format, args...) }
 
 // peerInfo logs an INFO line about a session: rate-limited, as every
 // other level, when the peer dialed us (in default mode anyone can, again
 // and again); not when we dialed it (our host asked for it).
-func (t *Tier) peerInfo(s *session.Session, format string, args ...any) {
+func (h *hostSide) peerInfo(s *session.Session, format string, args ...any) {
 	if s != nil && s.Dialed() {
-		t.logf("INFO", format, args...)
+		h.logf("INFO", format, args...)
 		return
 	}
-	t.logLimited("INFO", format, args...)
+	h.logLimited("INFO", format, args...)
 }
 
 // logLimited logs one line through the rate limit of its cause.
-func (t *Tier) logLimited(level, format string, args ...any) {
-	now := t.now()
-	emit, summary := t.log.limiter.admit(level, format, args, now)
+func (h *hostSide) logLimited(level, format string, args ...any) {
+	emit, summary := h.log.limiter.admit(level, format, args, h.now())
 	if summary != "" {
-		t.log.ring.add(summary)
+		h.log.ring.add(summary)
 	}
 	if emit {
-		t.log.ring.add(logLine(level, fmt.Sprintf(format, args...)))
+		h.log.ring.add(logLine(level, fmt.Sprintf(format, args...)))
 	}
 	if emit || summary != "" {
-		t.news.bump(NewsLogs)
+		h.tell(NewsLogs, false)
 	}
 }
 
 // flushLogs logs what the rate limit suppressed in windows that are over,
 // so a flood that stopped is still reported; the progress loop calls it.
-func (t *Tier) flushLogs(now time.Time) {
-	if lines := t.log.limiter.due(now); len(lines) > 0 {
+func (h *hostSide) flushLogs(now time.Time) {
+	if lines := h.log.limiter.due(now); len(lines) > 0 {
 		for _, l := range lines {
-			t.log.ring.add(l)
+			h.log.ring.add(l)
 		}
-		t.news.bump(NewsLogs)
+		h.tell(NewsLogs, false)
 	}
 }
 
@@ -230,4 +232,4 @@ func (l *logLimiter) due(now time.Time) []string {
 }
 
 // TakeLogs returns pending log lines ("LEVEL message\n"), at most max bytes.
-func (t *Tier) TakeLogs(max int) []byte { return t.log.ring.take(max) }
+func (t *Tier) TakeLogs(max int) []byte { return t.host.log.ring.take(max) }

@@ -388,6 +388,26 @@ func TestOverlappingHoldingsAreSpreadWhereTheyOverlap(t *testing.T) {
 	r.finish("c")
 }
 
+// A host may load a request's HIT keys in several jobs (vLLM 0.32 promotes
+// the keys that turned HIT in each step as one job). The first job's fetch
+// closes the source's lookup round, and with it what the source reported
+// in that round for the other keys: the later job looks them up again
+// there and loads them, instead of failing for want of a source.
+func TestALaterLoadOfKeysReportedBeforeAnEarlierLoadsFetchIsServed(t *testing.T) {
+	r := newMultiRig(t, 2)
+	r.srcs[0].hold(span(0, 30)...)
+	r.srcs[1].hold(span(10, 40)...)
+	_, err := r.cons.StartRequest("c", urls(r.srcs...))
+	require.NoError(t, err)
+	assert.Equal(t, allHit(40), r.lookupAll("c", keys(span(0, 40)...)))
+	require.True(t, r.load("c", 1, span(0, 30)).Success, "the first job: keys both sources reported")
+	require.True(t, r.load("c", 2, span(30, 40)).Success, "the second job: keys only the second source holds")
+	for k := 30; k < 40; k++ {
+		require.Same(t, r.srcs[1], r.servedBy(k), "row %d", k)
+	}
+	r.finish("c")
+}
+
 func TestAKeyWaitsForEarlierKeysToSettle(t *testing.T) {
 	r := newMultiRig(t, 2)
 	r.srcs[0].hold(append(span(0, 5), span(6, 10)...)...)

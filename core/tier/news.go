@@ -50,14 +50,14 @@ func (n news) bumpAll() {
 }
 
 // News is the current count of kind k (what the host reads in memory).
-func (t *Tier) News(k NewsKind) uint64 { return t.news.w[k].Load() }
+func (t *Tier) News(k NewsKind) uint64 { return t.host.news.w[k].Load() }
 
 // NewsAddr is where the host reads the counts: NewsKinds words of 8 bytes,
 // in NewsKind order, valid for the life of the process; nil if the page
 // could not be mapped (the host must then call in).
 func (t *Tier) NewsAddr() unsafe.Pointer {
-	if !t.news.mapped {
+	if !t.host.news.mapped {
 		return nil
 	}
-	return unsafe.Pointer(t.news.w)
+	return unsafe.Pointer(t.host.news.w)
 }

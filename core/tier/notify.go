@@ -87,16 +87,16 @@ func (n *notifier) Close() error {
 func (t *Tier) NotifyFD() (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	fd, created, err := t.notify.get()
+	fd, created, err := t.host.notify.get()
 	if err != nil {
 		return -1, err
 	}
 	if created && (t.ledger.unreported() > 0 || t.desk.inboundQueued() > 0 || t.life.closed) {
-		t.notify.signal()
+		t.host.notify.signal()
 	}
 	return fd, nil
 }
 
 // CloseNotify closes the notification fd; capi calls it from peerkv_destroy,
 // after Shutdown. Idempotent; NotifyFD fails afterwards.
-func (t *Tier) CloseNotify() error { return t.notify.Close() }
+func (t *Tier) CloseNotify() error { return t.host.notify.Close() }

@@ -84,7 +84,7 @@ type PathStats struct {
 }
 
 // observations holds the by-cause and by-path counters and histograms;
-// guarded by t.mu like counters.
+// telemetry's.
 type observations struct {
 	rejections map[string]int64
 	paths      map[string]*PathStats
@@ -119,25 +119,105 @@ func (o *observations) path(name string) *PathStats {
 	return p
 }
 
-// observeReport attributes a session's report to its data path; called by
-// apply, with t.mu held.
-func (t *Tier) observeReport(r session.Report) {
-	t.observePeerReport(r)
+// telemetry owns what an operator reads of the node besides the other
+// owners' gauges: the counters (stats.go) and the observations by cause,
+// by path and in histograms. It is their only reader; the ledger and the
+// serve desk write the counters they own through a pointer to stats, the
+// coordinator the rest through these methods. Guarded by t.mu.
+type telemetry struct {
+	stats counters
+	obs   observations
+}
+
+func newTelemetry() telemetry { return telemetry{obs: newObservations()} }
+
+// rejected counts a handshake refused, or a peer not allowed, by cause
+// (RejectionCauses).
+func (m *telemetry) rejected(cause string) { m.obs.rejections[cause]++ }
+
+// attribute counts a session's load or store report on the data path its
+// peer is served on (path), with rows of rowLen bytes.
+func (m *telemetry) attribute(r session.Report, path string, rowLen uint64) {
 	switch r.Kind {
 	case session.LoadDone:
-		p := t.obs.path(t.peers.pathOf(r.Session))
+		p := m.obs.path(path)
 		if r.OK {
 			p.Loads++
-			p.BytesIn += int64(len(r.Rows)) * int64(t.region.RowLen)
+			p.BytesIn += int64(len(r.Rows)) * int64(rowLen)
 		} else {
 			p.LoadFailures++
 		}
 	case session.StoreDone:
 		if r.OK && r.Bytes > 0 {
-			p := t.obs.path(t.peers.pathOf(r.Session))
+			p := m.obs.path(path)
 			p.Stores++
 			p.BytesOut += r.Bytes
 		}
+	}
+}
+
+// fellBack counts a peer served on path although it offered a faster one.
+func (m *telemetry) fellBack(path string) { m.obs.path(path).Fallbacks++ }
+
+// loadTook records a load's time from submission to its report.
+func (m *telemetry) loadTook(ok bool, d time.Duration) {
+	if ok {
+		m.obs.loadOK.observe(d.Seconds())
+	} else {
+		m.obs.loadFailed.observe(d.Seconds())
+	}
+}
+
+// timedLookup records one of our lookups' round trip.
+func (m *telemetry) timedLookup(rtt time.Duration) { m.obs.lookupRTT.observe(rtt.Seconds()) }
+
+// servedLookup records how long a peer's lookup was held here, from its
+// arrival to our answer.
+func (m *telemetry) servedLookup(held time.Duration) { m.obs.lookupServed.observe(held.Seconds()) }
+
+// peersDue says whether the host's next stats document carries the
+// per-peer list at now: peersEvery after the last one delivered.
+func (m *telemetry) peersDue(now time.Time) bool {
+	return m.obs.peersDelivered.IsZero() || now.Sub(m.obs.peersDelivered) >= peersEvery
+}
+
+// peersSent records that a document with the per-peer list reached the host.
+func (m *telemetry) peersSent(now time.Time) { m.obs.peersDelivered = now }
+
+// fill writes the counters and observations into st; notAllowedAtAccept is
+// the connects the transport refused before the tier saw them.
+func (m *telemetry) fill(st *Stats, notAllowedAtAccept uint64) {
+	c := &m.stats
+	st.FramesIn, st.FramesOut, st.DroppedFrames, st.BadFrames = c.framesIn, c.framesOut, c.droppedFrames, c.badFrames
+	st.InboundLookups = c.inboundLookups
+	st.LoadsOK, st.LoadsFailed, st.StoresOK, st.StoresFailed = c.loadsOK, c.loadsFailed, c.storesOK, c.storesFailed
+	st.BytesIn, st.BytesOut = c.bytesIn, c.bytesOut
+	st.UnboundExpired, st.BadParams = c.unboundExpired, c.badParams
+	st.SessionsRefused, st.PeerRestarts = c.sessionsRefused, c.peerRestarts
+	st.IntegrityFailures = map[string]int64{IntegrityMismatch: c.integrityMismatch, IntegrityMissing: c.integrityMissing}
+
+	st.HandshakeRejections = make(map[string]int64, len(m.obs.rejections))
+	for c, n := range m.obs.rejections {
+		st.HandshakeRejections[c] = n
+	}
+	if notAllowedAtAccept > 0 {
+		st.HandshakeRejections[CauseNotAllowed] += int64(notAllowedAtAccept)
+	}
+	st.Paths = make(map[string]PathStats, len(m.obs.paths))
+	for name, p := range m.obs.paths {
+		st.Paths[name] = *p
+	}
+	st.LookupRTT = m.obs.lookupRTT.snapshot()
+	st.LookupServed = m.obs.lookupServed.snapshot()
+	st.LoadSeconds = map[string]Histogram{"ok": m.obs.loadOK.snapshot(), "failed": m.obs.loadFailed.snapshot()}
+}
+
+// observeReport attributes a session's report to its peer and its data
+// path; called by apply, with t.mu held.
+func (t *Tier) observeReport(r session.Report) {
+	t.peers.reported(r)
+	if r.Kind == session.LoadDone || r.Kind == session.StoreDone {
+		t.telemetry.attribute(r, t.peers.pathOf(r.Session), t.region.RowLen)
 	}
 }
 
@@ -159,36 +239,9 @@ func (t *Tier) observeRegistered(s *session.Session) {
 	}
 	t.peers.setPath(s, name)
 	if refused != "" {
-		t.obs.path(name).Fallbacks++
+		t.telemetry.fellBack(name)
 		t.peers.failed(s, "data path %s; not faster ones: %s", name, refused)
 	}
-}
-
-// observeLoad records a load's time from submission to its report.
-func (t *Tier) observeLoad(ok bool, d time.Duration) {
-	if ok {
-		t.obs.loadOK.observe(d.Seconds())
-	} else {
-		t.obs.loadFailed.observe(d.Seconds())
-	}
-}
-
-// observeSnapshot fills the by-cause and by-path parts of a Stats; t.mu held.
-func (t *Tier) observeSnapshot(st *Stats) {
-	st.HandshakeRejections = make(map[string]int64, len(t.obs.rejections))
-	for c, n := range t.obs.rejections {
-		st.HandshakeRejections[c] = n
-	}
-	if n := t.peers.notAllowedAtAccept(); n > 0 {
-		st.HandshakeRejections[CauseNotAllowed] += int64(n)
-	}
-	st.Paths = make(map[string]PathStats, len(t.obs.paths))
-	for name, p := range t.obs.paths {
-		st.Paths[name] = *p
-	}
-	st.LookupRTT = t.obs.lookupRTT.snapshot()
-	st.LookupServed = t.obs.lookupServed.snapshot()
-	st.LoadSeconds = map[string]Histogram{"ok": t.obs.loadOK.snapshot(), "failed": t.obs.loadFailed.snapshot()}
 }
 
 // ConnectFailureCauses are the label values of peer_connect_failures.

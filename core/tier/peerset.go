@@ -42,6 +42,7 @@ type peerSet struct {
 	reg            *registry    // the data path's peer table (registry.go)
 	counts         sessionCount // for Stats
 	warmDue        time.Time    // when keepWarm may dial the keep_warm peers again (warm.go)
+	warm           warmDials    // each keep_warm peer's dial streak (warm.go)
 }
 
 // sessionCount counts sessions over the tier's life.
@@ -85,6 +86,7 @@ func newPeerSet(d peerDeps, adm admission, reg *registry) *peerSet {
 		stats:    map[*session.Session]*peerStats{},
 		adm:      adm,
 		reg:      reg,
+		warm:     newWarmDials(d.cfg.KeepWarm),
 	}
 }
 

@@ -26,7 +26,7 @@ const peersEvery = time.Second
 // (links.go) building it costs about 13 µs a peer.
 func (t *Tier) HostStats() Stats {
 	t.mu.Lock()
-	due := t.obs.peersDelivered.IsZero() || t.now().Sub(t.obs.peersDelivered) >= peersEvery
+	due := t.telemetry.peersDue(t.now())
 	t.mu.Unlock()
 	return t.snapshot(due)
 }
@@ -36,7 +36,7 @@ func (t *Tier) HostStats() Stats {
 func (t *Tier) PeersDelivered() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.obs.peersDelivered = t.now()
+	t.telemetry.peersSent(t.now())
 }
 
 // PeerStats is one live session's counters, as Stats.Peers lists them.
@@ -80,91 +80,98 @@ type peerStats struct {
 	link        link
 }
 
-// observeSent counts what we send a peer; t.mu held.
-func (t *Tier) observeSent(peerID string, m protocol.Message) {
+// sent counts what we send a peer in its entry.
+func (p *peerSet) sent(peerID string, m protocol.Message) {
 	if _, ok := m.(*protocol.Lookup); !ok {
 		return
 	}
-	if p := t.peers.statsOf(t.peers.session(peerID)); p != nil {
-		p.LookupsSent++
+	if e := p.statsOf(p.session(peerID)); e != nil {
+		e.LookupsSent++
 	}
 }
 
-// observeFrame counts a peer's frame before its session handles it; t.mu held.
-func (t *Tier) observeFrame(s *session.Session, m protocol.Message, err error) {
+// heard counts a peer's frame (err: it did not decode) in its entry,
+// before its session handles it.
+func (p *peerSet) heard(s *session.Session, m protocol.Message, err error) {
 	if err != nil {
-		t.peers.failed(s, "malformed frame: %v", err)
-		if p := t.peers.statsOf(s); p != nil {
-			p.link.failed(FailBadFrame)
+		p.failed(s, "malformed frame: %v", err)
+		if e := p.statsOf(s); e != nil {
+			e.link.failed(FailBadFrame)
 		}
 		return
 	}
 	resp, ok := m.(*protocol.LookupResp)
-	p := t.peers.statsOf(s)
-	if !ok || p == nil {
+	e := p.statsOf(s)
+	if !ok || e == nil {
 		return
 	}
 	for _, hit := range resp.Hits {
 		if hit {
-			p.LookupHits++
+			e.LookupHits++
 		} else {
-			p.LookupMisses++
+			e.LookupMisses++
 		}
 	}
 }
 
-// lookupAnswered times one of our lookups, overall and for its peer; t.mu held.
+// lookupAnswered times one of our lookups, overall and for its peer
+// (session.Env.LookupAnswered); t.mu held.
 func (t *Tier) lookupAnswered(s *session.Session, rtt time.Duration) {
-	t.obs.lookupRTT.observe(rtt.Seconds())
-	if p := t.peers.statsOf(s); p != nil {
-		p.LookupsAnswered++
-		p.LastLookupRTT = rtt.Seconds()
-		p.rtt.observe(rtt.Seconds())
-		p.link.observeRTT(rtt)
+	t.telemetry.timedLookup(rtt)
+	t.peers.answered(s, rtt)
+}
+
+// answered records one of our lookups' round trip in its peer's entry.
+func (p *peerSet) answered(s *session.Session, rtt time.Duration) {
+	if e := p.statsOf(s); e != nil {
+		e.LookupsAnswered++
+		e.LastLookupRTT = rtt.Seconds()
+		e.rtt.observe(rtt.Seconds())
+		e.link.observeRTT(rtt)
 	}
 }
 
-// observePeerReport attributes a load or store report to its peer; t.mu held.
-func (t *Tier) observePeerReport(r session.Report) {
-	p := t.peers.statsOf(r.Session)
-	if p == nil {
+// reported attributes a load or store report to its peer's entry.
+func (p *peerSet) reported(r session.Report) {
+	e := p.statsOf(r.Session)
+	if e == nil {
 		return
 	}
 	switch r.Kind {
 	case session.LoadDone:
 		switch {
 		case r.OK:
-			p.LoadsOK++
-			p.BytesIn += int64(len(r.Rows)) * int64(t.region.RowLen)
+			e.LoadsOK++
+			e.BytesIn += int64(len(r.Rows)) * int64(p.env.Region.RowLen)
 		case r.Fence:
-			p.LoadsFailed++
-			p.link.failed(FailTransfer)
-			t.peers.failed(r.Session, "load failed: the peer could not supply kv_request_id=%s", r.KVID)
+			e.LoadsFailed++
+			e.link.failed(FailTransfer)
+			p.failed(r.Session, "load failed: the peer could not supply kv_request_id=%s", r.KVID)
 		default:
-			p.LoadsFailed++
-			p.link.failed(FailAborted)
-			t.peers.failed(r.Session, "load aborted (timed out or cancelled): kv_request_id=%s", r.KVID)
+			e.LoadsFailed++
+			e.link.failed(FailAborted)
+			p.failed(r.Session, "load aborted (timed out or cancelled): kv_request_id=%s", r.KVID)
 		}
 	case session.StoreDone:
 		if r.OK {
-			p.BytesOut += r.Bytes
+			e.BytesOut += r.Bytes
 		}
 	}
 }
 
-// peersSnapshot lists the live sessions' entries by peer id; t.mu held.
-func (t *Tier) peersSnapshot(now time.Time) []PeerStats {
-	out := make([]PeerStats, 0, t.peers.count())
-	for s, p := range t.peers.entries {
-		v := p.PeerStats
-		v.DataPath = t.peers.pathOf(s)
+// snapshot lists the live sessions' entries by peer id.
+func (p *peerSet) snapshot(now time.Time) []PeerStats {
+	out := make([]PeerStats, 0, p.count())
+	for s, e := range p.entries {
+		v := e.PeerStats
+		v.DataPath = p.pathOf(s)
 		v.Handshaked = s.Ready()
 		v.Dialed = s.Dialed()
 		v.AgeSeconds = now.Sub(s.OpenedAt()).Seconds()
-		v.LookupRTT = p.rtt.snapshot()
-		v.Link = p.link.snapshot(now)
-		if !p.lastErrorAt.IsZero() {
-			v.LastErrorAge = now.Sub(p.lastErrorAt).Seconds()
+		v.LookupRTT = e.rtt.snapshot()
+		v.Link = e.link.snapshot(now)
+		if !e.lastErrorAt.IsZero() {
+			v.LastErrorAge = now.Sub(e.lastErrorAt).Seconds()
 		}
 		out = append(out, v)
 	}

@@ -55,6 +55,11 @@ type keyAnswer struct {
 	key  []byte
 	last LookupResult
 	told LookupResult // what the host was told last (it asks again only after RETRY)
+	// reported: the sources that reported the key as a hit in any round.
+	// A fetch closes its source's round and what it reported there, so a
+	// key the host was told HIT before another load's fetch is looked up
+	// again at these sources when its own load comes (startLoad).
+	reported sourceSet
 	// landed: a successful load of this request wrote the key's row.
 	landed bool
 }
@@ -203,7 +208,9 @@ func (p *pull) answer(a *keyAnswer) LookupResult {
 	if gate == Miss {
 		return Miss
 	}
-	a.last = p.ask(a.key)
+	var hits sourceSet
+	a.last, hits = p.ask(a.key)
+	a.reported |= hits
 	if a.pos < p.settled && a.last != Hit {
 		p.settled = a.pos
 	}
@@ -217,25 +224,28 @@ func (p *pull) answer(a *keyAnswer) LookupResult {
 }
 
 // ask combines the live sources' answers for key, registering it with
-// those that have not been asked.
-func (p *pull) ask(key []byte) LookupResult {
+// those that have not been asked, and returns the sources that hold it.
+func (p *pull) ask(key []byte) (LookupResult, sourceSet) {
 	p.live()
-	hit, pending := false, false
-	for _, src := range p.sources {
+	var hits sourceSet
+	pending := false
+	for i, src := range p.sources {
 		if src.down != "" {
 			continue
 		}
 		h, known := src.s.RegisterLookup(src.KVRequestID, key)
-		hit = hit || h
+		if h {
+			hits = hits.with(i)
+		}
 		pending = pending || !known
 	}
 	switch {
-	case hit:
-		return Hit
+	case !hits.empty():
+		return Hit, hits
 	case pending:
-		return Retry
+		return Retry, 0
 	}
-	return Miss
+	return Miss, 0
 }
 
 // holders is the set of live sources that reported key as a hit in their
@@ -252,6 +262,15 @@ func (p *pull) holders(key []byte) sourceSet {
 		}
 	}
 	return set
+}
+
+// reportedBefore is the set of live sources that reported key as a hit in
+// an earlier round (see keyAnswer.reported).
+func (p *pull) reportedBefore(key []byte) sourceSet {
+	if a := p.byKey[string(key)]; a != nil {
+		return a.reported & p.liveSet()
+	}
+	return 0
 }
 
 // liveSet is every source still serving the request.

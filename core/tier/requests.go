@@ -211,8 +211,7 @@ func (t *Tier) shutdown() error {
 	t.life.close()
 	sessions, owed := t.teardown(endShutdown)
 	t.book.failAll()
-	t.news.bumpAll()
-	t.notify.signal() // once: the host collects the failed jobs and stops waiting
+	t.host.stopped() // once: the host collects the failed jobs and stops waiting
 	t.mu.Unlock()
 	if sessions+owed > 0 {
 		// Peers read our goodbye on one connection and see our sockets close
@@ -224,7 +223,7 @@ func (t *Tier) shutdown() error {
 	<-t.life.loopDone
 	t.checks.running.Wait()
 	<-t.desk.outbox.done
-	<-t.lanes.done
+	<-t.intake.lanes.done
 	<-t.peers.reg.done
 	errs := []error{t.ctl.Close(), t.rows.Close()}
 	return errors.Join(errs...)

@@ -1,6 +1,6 @@
 package tier
 
-// counters are updated with t.mu held.
+// counters are telemetry's, updated with t.mu held.
 type counters struct {
 	framesIn, framesOut, droppedFrames, badFrames int64
 	framesDecoded                                 int64 // frames screen let through to Decode (intake.go)
@@ -99,7 +99,6 @@ func (t *Tier) Stats() Stats { return t.snapshot(true) }
 func (t *Tier) snapshot(peers bool) Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	c := t.stats
 	kvIDs, wanted := 0, 0
 	for s := range t.peers.all {
 		k, w := s.Holds()
@@ -110,26 +109,21 @@ func (t *Tier) snapshot(peers bool) Stats {
 	if t.life.poisoned != nil {
 		poisoned = t.life.poisoned.Error()
 	}
-	expected := t.book.guard.rowsExpected()
 	bc := t.book.counts
 	st := Stats{
-		LocalID: t.env.LocalID, DataPaths: t.dt.Name(), Sessions: t.peers.count(), SessionsOpened: t.peers.counts.opened,
+		LocalID: t.ctl.LocalID(), DataPaths: t.dt.Name(), Sessions: t.peers.count(), SessionsOpened: t.peers.counts.opened,
 		SessionsClosed: t.peers.counts.closed, Requests: len(t.book.requests), JobsInFlight: t.ledger.inFlight(),
 		JobsUnreported: t.ledger.unreported(), ParkedStores: t.desk.parkedStores(), InboundQueued: t.desk.inboundQueued(),
-		InboundActive: t.desk.inboundActive(), ExpectedRows: expected,
-		FramesIn: c.framesIn, FramesOut: c.framesOut, DroppedFrames: c.droppedFrames, BadFrames: c.badFrames,
-		LookupHits: bc.lookupHits, LookupMisses: bc.lookupMisses, InboundLookups: c.inboundLookups,
-		LoadsOK: c.loadsOK, LoadsFailed: c.loadsFailed, StoresOK: c.storesOK, StoresFailed: c.storesFailed,
-		BytesIn: c.bytesIn, BytesOut: c.bytesOut, UnboundExpired: c.unboundExpired, BadParams: c.badParams,
-		SessionsRefused: c.sessionsRefused, SessionsEvicted: t.peers.counts.evicted, KVIDsMinted: bc.kvIDsMinted, LoadsSpread: bc.loadsSpread,
-		SourceFailovers: bc.sourceFailovers, PeerRestarts: c.peerRestarts, DataPeers: t.peers.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
-		Poisoned:          poisoned,
-		IntegrityFailures: map[string]int64{IntegrityMismatch: c.integrityMismatch, IntegrityMissing: c.integrityMissing},
+		InboundActive: t.desk.inboundActive(), ExpectedRows: t.book.guard.rowsExpected(),
+		LookupHits: bc.lookupHits, LookupMisses: bc.lookupMisses,
+		SessionsEvicted: t.peers.counts.evicted, KVIDsMinted: bc.kvIDsMinted, LoadsSpread: bc.loadsSpread,
+		SourceFailovers: bc.sourceFailovers, DataPeers: t.peers.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
+		Poisoned: poisoned,
 	}
-	t.observeSnapshot(&st)
+	t.telemetry.fill(&st, t.peers.notAllowedAtAccept())
 	st.PeerConnectFailures = t.peers.unreach.connectFailureCounts()
 	if peers {
-		st.Peers = t.peersSnapshot(t.now())
+		st.Peers = t.peers.snapshot(t.now())
 	}
 	return st
 }

@@ -47,7 +47,7 @@ func (t *Tier) teardown(how ending) (ended, goodbyes int) {
 		t.logf("INFO", "shutting down: %d session(s) closed, %d job(s) still in flight reported failed", len(gone), t.ledger.inFlight())
 		t.settle() // what the sessions reported as they closed
 	} else {
-		t.pending = nil // the reports of sessions in an unknown state
+		t.intake.dropReports() // the reports of sessions in an unknown state
 	}
 	t.ledger.failAll() // parked stores included
 	if how == endPoisoned {
@@ -64,7 +64,7 @@ func (t *Tier) purge(s *session.Session, how ending) {
 	switch how {
 	case endReaped:
 		if c := s.RejectCause(); c != "" && !s.Probe() { // a probe's refusal is the answer it asked for
-			t.obs.rejections[c]++
+			t.telemetry.rejected(c)
 		}
 		t.book.purge(s) // its pulls' answers may change without it
 		t.desk.purge(s)

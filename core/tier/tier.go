@@ -30,13 +30,6 @@ type Deps struct {
 	NotAllowedAtAccept func() uint64
 }
 
-// loopInbox is what goroutines found off the lock, for the progress loop
-// to apply under it.
-type loopInbox struct {
-	registered chan registration // the registry's data-path registrations
-	found      chan func()       // diagnoses, resolved names (onLoop)
-}
-
 // Tier is one peer. See the package comment for the threading model.
 type Tier struct {
 	cfg    config.Config
@@ -46,10 +39,7 @@ type Tier struct {
 	rows   *rowsum.Writer // starts dt's writes, summing those of verified pulls
 	checks checker        // verified loads' row checks under way (verify.go)
 	now    func() time.Time
-	env    *session.Env
-	log    hostLog  // the host's log lines, rate-limited per cause (logs.go)
-	notify notifier // the host's notification fd; see notify.go
-	news   news     // what the host has to collect, read without a call; see news.go
+	host   *hostSide // what the host learns without calling in: log, news, notification fd (hostside.go)
 
 	mu   sync.Mutex
 	life lifecycle // open, closed or poisoned; the goroutines' stop (lifecycle.go)
@@ -57,20 +47,15 @@ type Tier struct {
 	// guard (pullbook.go).
 	book *pullBook
 	// peers holds the sessions and what is kept per peer (peerset.go).
-	peers   *peerSet
-	ledger  *ledger          // jobs and their results (ledger.go)
-	desk    *serveDesk       // what we serve: PD kv ids, inbound lookups, the outbox (servedesk.go)
-	pending []session.Report // sessions' reports not yet applied (see settle)
-	stats   counters
-	obs     observations // by cause, by path, histograms (observe.go)
-
-	inbox loopInbox // what goroutines hand the progress loop
-	lanes lanes     // sessions' large frames waiting to be decoded (lanes.go)
-}
-
-type registration struct {
-	s   *session.Session
-	err error
+	peers  *peerSet
+	ledger *ledger    // jobs and their results (ledger.go)
+	desk   *serveDesk // what we serve: PD kv ids, inbound lookups, the outbox (servedesk.go)
+	intake intake     // what sessions and goroutines hand the coordinator: reports, lanes, the loop's inbox (intake.go)
+	// telemetry: counters and observations (observe.go). Embedded only so
+	// that t.stats and t.obs keep naming its parts (verify.go, changed
+	// elsewhere at the same time, writes both); its methods are called as
+	// t.telemetry's.
+	telemetry
 }
 
 // New binds nothing itself: the control transport is already bound. It builds
@@ -92,28 +77,24 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	t := &Tier{
-		cfg:    cfg,
-		region: region,
-		ctl:    deps.Control,
-		now:    now,
-		log:    hostLog{ring: newLogRing(1 << 20)},
-		news:   newNews(),
-		checks: checker{done: make(chan checked, 64)},
-		inbox:  loopInbox{registered: make(chan registration, 64), found: make(chan func(), maxDiagnoses)},
-		obs:    newObservations(),
-		lanes:  newLanes(),
-		life:   lifecycle{stop: make(chan struct{}), loopDone: make(chan struct{})},
+		cfg:       cfg,
+		region:    region,
+		ctl:       deps.Control,
+		now:       now,
+		host:      newHostSide(now),
+		checks:    checker{done: make(chan checked, 64)},
+		intake:    newIntake(cfg.MaxFrameBytes),
+		telemetry: newTelemetry(),
+		life:      lifecycle{stop: make(chan struct{}), loopDone: make(chan struct{})},
 	}
 	t.ledger = newLedger(now, t.logf, &t.stats, func(r JobResult) {
 		if r.IsLoad {
-			t.observeLoad(r.Success, r.Duration)
+			t.telemetry.loadTook(r.Success, r.Duration)
 		}
-		t.news.bump(NewsResults)
-		t.notify.signal()
+		t.host.tell(NewsResults, true)
 	})
 	t.desk = newServeDesk(cfg, now, t.logf, t.ledger.report, &t.stats, func() {
-		t.news.bump(NewsInbound)
-		t.notify.signal()
+		t.host.tell(NewsInbound, true)
 	})
 	t.book = newPullBook(t.bookHooks(), cfg.LoadTimeout, cfg.KeyLen, region.RowLen, region.NumRows(), !cfg.NoVerifyPulls)
 	dt, err := deps.NewData(t.book.guard, t.logf)
@@ -123,7 +104,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 	t.dt = dt
 	t.rows = rowsum.NewWriter(dt, region)
 	t.logf("INFO", "data paths %s (TCP listener %q)", dt.Name(), dt.DataAddr())
-	t.env = &session.Env{
+	env := &session.Env{
 		LocalID:        deps.Control.LocalID(),
 		Epoch:          newEpoch(),
 		Cfg:            cfg,
@@ -132,20 +113,20 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		Rows:           t.rows,
 		Now:            now,
 		Send:           t.sessionSend,
-		Report:         func(r session.Report) { t.pending = append(t.pending, r) },
-		Logf:           t.logLimited, // a peer, even a stranger, can make a session log: every level rate-limited
+		Report:         t.intake.report,
+		Logf:           t.host.logLimited, // a peer, even a stranger, can make a session log: every level rate-limited
 		NextLookupID:   t.desk.nextLookupID,
 		LookupAnswered: t.lookupAnswered,
-		LookupServed:   func(held time.Duration) { t.obs.lookupServed.observe(held.Seconds()) },
+		LookupServed:   t.telemetry.servedLookup,
 		Register:       t.register,
 		Busy:           func(s *session.Session) { t.peers.busy(s) },
 		Keys:           &session.KeyBudget{},
 	}
 	reg := newRegistry(registryDeps{
-		dt: dt, stop: t.life.stop, registered: t.inbox.registered, crashed: t.crashed, logPath: t.logPath,
+		dt: dt, stop: t.life.stop, registered: t.intake.registered, crashed: t.crashed, logPath: t.logPath,
 	})
 	t.peers = newPeerSet(peerDeps{
-		cfg: cfg, env: t.env, now: now, ctl: deps.Control, logf: t.logf, peerInfo: t.peerInfo,
+		cfg: cfg, env: env, now: now, ctl: deps.Control, logf: t.host.logf, peerInfo: t.host.peerInfo,
 		send: t.send, settle: t.settle, onLoop: t.onLoop,
 	}, adm, reg)
 	go reg.run()
@@ -162,7 +143,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 // allowed_peers is dropped, and counted.
 func (t *Tier) register(s *session.Session, info data.PeerInfo) {
 	if t.peers.register(s, info) {
-		t.obs.rejections[CauseNotAllowed]++
+		t.telemetry.rejected(CauseNotAllowed)
 	}
 }
 
@@ -171,13 +152,13 @@ func (t *Tier) register(s *session.Session, info data.PeerInfo) {
 func (t *Tier) mayDial(peerID string) error {
 	err := t.peers.mayDial(peerID)
 	if err != nil {
-		t.obs.rejections[CauseNotAllowed]++
+		t.telemetry.rejected(CauseNotAllowed)
 	}
 	return err
 }
 
 // LocalID is this peer's identity "host:port".
-func (t *Tier) LocalID() string { return t.env.LocalID }
+func (t *Tier) LocalID() string { return t.ctl.LocalID() }
 
 // bookHooks is what the pull book is given of the coordinator; each runs
 // with t.mu held, as the book's methods do.
@@ -198,14 +179,9 @@ func (t *Tier) bookHooks() bookHooks {
 				f.Fence(peerID)
 			}
 		},
-		fetched: func(r session.Report, bytes int64, took time.Duration) { t.observeFetched(r.Session, bytes, took) },
-		answersNews: func(wake bool) {
-			t.news.bump(NewsAnswers)
-			if wake {
-				t.notify.signal()
-			}
-		},
-		logf: t.logf,
+		fetched:     func(r session.Report, bytes int64, took time.Duration) { t.peers.fetched(r.Session, bytes, took) },
+		answersNews: func(wake bool) { t.host.tell(NewsAnswers, wake) },
+		logf:        t.host.logf,
 	}
 }
 
@@ -234,7 +210,7 @@ func (t *Tier) sessionSend(peerID string, m protocol.Message) error {
 			}
 		}
 	}
-	t.observeSent(peerID, m)
+	t.peers.sent(peerID, m)
 	return t.send(peerID, m)
 }
 
@@ -247,14 +223,14 @@ func (t *Tier) logPath(s *session.Session) {
 		Refused(string) string
 	})
 	if !ok {
-		t.peerInfo(s, "peer %s: data path %s", peerID, t.dt.Name())
+		t.host.peerInfo(s, "peer %s: data path %s", peerID, t.dt.Name())
 		return
 	}
 	if why := m.Refused(peerID); why != "" {
 		t.logf("WARNING", "peer %s: data path %s; not faster ones: %s", peerID, m.PathTo(peerID), why)
 		return
 	}
-	t.peerInfo(s, "peer %s: data path %s", peerID, m.PathTo(peerID))
+	t.host.peerInfo(s, "peer %s: data path %s", peerID, m.PathTo(peerID))
 }
 
 // loop is the progress goroutine: inbound frames, transfer completions,
@@ -290,15 +266,15 @@ func (t *Tier) loop() {
 			})
 		case c := <-t.checks.done:
 			t.locked(func() { t.verdict(c) })
-		case r := <-t.inbox.registered:
+		case r := <-t.intake.registered:
 			t.locked(func() {
 				if r.err == nil {
 					t.observeRegistered(r.s)
 				}
 				r.s.RegistrationDone(r.err)
-				t.observeReady(r.s)
+				t.peers.setUp(r.s)
 			})
-		case f := <-t.inbox.found:
+		case f := <-t.intake.found:
 			t.locked(f)
 		case <-t.book.registerWake:
 			more := false
@@ -369,7 +345,7 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 			s.RefuseQuietly()
 		}
 	}
-	t.observeFrame(s, m, err)
+	t.peers.heard(s, m, err)
 	if err != nil {
 		t.stats.badFrames++
 		s.HandleDecodeError(err)
@@ -379,7 +355,7 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 		t.peers.heardFrom(ev.PeerID) // reachable: any back-off is over
 	}
 	s.Handle(m)
-	t.observeReady(s)
+	t.peers.setUp(s)
 }
 
 // refuseBeforeSession refuses a connect admit turned away. A peerkv peer
@@ -388,19 +364,19 @@ func (t *Tier) onFrame(ev control.Event, m protocol.Message, err error) {
 func (t *Tier) refuseBeforeSession(peerID, addr, why string, stock, quiet bool) {
 	t.stats.sessionsRefused++
 	switch {
-	case peerID == t.env.LocalID:
-		t.obs.rejections[session.CauseIdentity]++
+	case peerID == t.LocalID():
+		t.telemetry.rejected(session.CauseIdentity)
 	case why == whyNotAllowed:
-		t.obs.rejections[CauseNotAllowed]++
+		t.telemetry.rejected(CauseNotAllowed)
 	default:
-		t.obs.rejections[CauseLimit]++
+		t.telemetry.rejected(CauseLimit)
 	}
 	if why == whyNotAllowed {
 		t.peers.refusedConnect(peerID, addr, why)
 	} else {
 		t.logf("WARNING", "refusing peer %s (from %s): %s", peerID, addr, why)
 	}
-	if peerID == t.env.LocalID || quiet {
+	if peerID == t.LocalID() || quiet {
 		return
 	}
 	if !stock || t.peers.goodbyeNow(peerID) {
@@ -431,7 +407,7 @@ func (t *Tier) dial(peerID string, probing bool) (*session.Session, error) {
 		}
 		t.settle() // close it (its jobs reported) before a new one takes its place
 	}
-	if peerID == t.env.LocalID {
+	if peerID == t.LocalID() {
 		return nil, errors.New("a peer cannot pull from itself")
 	}
 	if probing {
@@ -446,7 +422,7 @@ func (t *Tier) onTick() {
 	t.desk.tick(now)
 	t.book.tickLoads(now)
 	t.peers.expireEpisodes(now)
-	t.flushLogs(now)
+	t.host.flushLogs(now)
 	t.peers.sayDueGoodbyes(now)
 	t.peers.reapIdle(now)
 	t.keepWarm(now)
@@ -479,7 +455,6 @@ func (t *Tier) poison(cause error) {
 	t.teardown(endPoisoned) // sessions dropped, not closed: their state is what may be broken
 	if first {              // wake the host once: collect the failed jobs; new work fails
 		t.book.failAll()
-		t.news.bumpAll()
-		t.notify.signal()
+		t.host.stopped()
 	}
 }

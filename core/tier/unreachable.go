@@ -100,12 +100,7 @@ func (p *peerSet) connectFailed(peerID, cause string, unsure bool, reason string
 
 // onLoop has the progress loop run f under t.mu: what a goroutine found
 // off the lock (a diagnosis, a name resolved). Dropped at shutdown.
-func (t *Tier) onLoop(f func()) {
-	select {
-	case t.inbox.found <- f:
-	case <-t.life.stop:
-	}
-}
+func (t *Tier) onLoop(f func()) { t.intake.toLoop(f, t.life.stop) }
 
 // diagnosed applies a diagnosis; on the loop, under the tier's lock.
 func (p *peerSet) diagnosed(d diagnosis) {

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/peerkv/peerkv/core/config"
@@ -38,4 +39,19 @@ func TestKeepWarmPeersAreDialedAtStartAndStayConnected(t *testing.T) {
 	b2 := c.peer(2)
 	require.Eventually(t, func() bool { return b2.Stats().Sessions == 1 }, 10*time.Second, 10*time.Millisecond,
 		"a dials its keep_warm peer again once it is back")
+}
+
+func TestAKeepWarmPeerThatRefusesUsIsDialedLessAndLessOften(t *testing.T) {
+	c := newCluster(t)
+	b := c.peer(2, func(cfg *config.Config) { cfg.HashSeed = "other" })
+	a := c.peer(1, func(cfg *config.Config) { cfg.KeepWarm = []string{b.id} })
+	require.Eventually(t, func() bool { return b.Stats().HandshakeRejections["hash_seed"] >= 1 },
+		5*time.Second, 5*time.Millisecond, "a dials its keep_warm peer at start, and b refuses it")
+	// One dial a second would be 7 more in 7 s; the back-off (2 s, then
+	// 4 s, doubling to a minute) allows 2 at most.
+	time.Sleep(7 * time.Second)
+	refused := b.Stats().HandshakeRejections["hash_seed"]
+	assert.GreaterOrEqual(t, refused, int64(2), "a refusing keep_warm peer is still dialed again")
+	assert.LessOrEqual(t, refused, int64(3), "a refusing keep_warm peer is backed off, not dialed every second")
+	assert.Contains(t, string(a.TakeLogs(1<<20)), "keep_warm peer "+b.id+": 1 dial(s) in a row ended before the session was ready; dialing it again in 2s")
 }

@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "c29707202c1434dec614947ffab6ade6a42d2aa7e19f7b9ea33224f0508cd018"
+DIGEST = "d29341a0f69dbec61352af1d075ed5db8b907dd3659f7696b3907b7bd6fb5f5a"
 
 SCHEMA = json.loads(
     r"""
@@ -143,7 +143,7 @@ SCHEMA = json.loads(
    "name": "keep_warm",
    "type": "string_list",
    "default": "none",
-   "doc": "peers (\"host:port\", as they advertise themselves) dialed at start and kept connected, so the first pull from them pays no handshake: never evicted for being idle, redialed when their session ends; at most half of max_peers",
+   "doc": "peers (\"host:port\", as they advertise themselves) dialed at start and kept connected, so the first pull from them pays no handshake: the sessions this node dialed to them are never evicted for being idle, and are redialed when they end (a peer that refuses us less and less often, down to once a minute); at most half of max_peers, each inside allowed_peers",
    "want": "a list of strings"
   },
   {

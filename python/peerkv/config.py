@@ -288,10 +288,47 @@ def keep_warm_problem(config: Mapping[str, Any]) -> str | None:
             return f"keep_warm[{i}] {json.dumps(entry)}: port must be 1..65535"
         if is_wildcard(host):
             return f"keep_warm[{i}] {json.dumps(entry)} is a wildcard, not a peer's address"
+        if not _allows_host(config.get("allowed_peers"), host):
+            return (f"keep_warm[{i}] {json.dumps(entry)} is outside allowed_peers, so it would never be dialed: "
+                    "add its address, network or name to allowed_peers, or drop it from keep_warm")
         if entry in seen:
             return f"keep_warm[{i}] {json.dumps(entry)} is listed twice"
         seen.add(entry)
     return None
+
+
+def _allows_host(allowed: Any, host: str) -> bool:
+    """Whether an allowed_peers list admits a peer named by host, as the
+    library decides (core/config.PeerList.AllowsHost); an unset or invalid
+    list (reported on its own) admits every host."""
+    if not isinstance(allowed, (list, tuple)) or allowed_peers_problem(allowed) is not None:
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    if ip is not None:
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        for entry in allowed:
+            if "/" in entry:
+                net = ipaddress.ip_network(entry)
+            else:
+                try:
+                    net = ipaddress.ip_network(entry)  # one address
+                except ValueError:
+                    continue  # a name
+            if ip.version == net.version and ip in net:
+                return True
+        return False
+    name = host.lower().removesuffix(".")
+    for entry in allowed:
+        if entry.startswith("*."):
+            if name.endswith("." + entry[2:].lower().removesuffix(".")):
+                return True
+        elif "/" not in entry and entry.lower().removesuffix(".") == name:
+            return True
+    return False
 
 
 def _is_name(entry: str) -> bool:

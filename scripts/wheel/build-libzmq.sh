@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # Builds libzmq as a static, position-independent archive for the portable
 # wheel: Debian 12's zeromq3 4.3.4-6 source (upstream tarball + Debian's
-# patches), compiled with zig for an old-glibc target, CURVE on (libzmq's
-# bundled tweetnacl: no libsodium), nothing else optional (no TLS/WS, no
-# libbsd, no GSSAPI, no PGM/NORM): the archive needs only libc.
+# patches, then ours in scripts/wheel/patches), compiled with zig for an
+# old-glibc target, CURVE on (libzmq's bundled tweetnacl: no libsodium),
+# nothing else optional (no TLS/WS, no libbsd, no GSSAPI, no PGM/NORM): the
+# archive needs only libc.
 #
 #   scripts/wheel/build-libzmq.sh PREFIX
-#   scripts/wheel/build-libzmq.sh --sources DIR   (only copy the source files to DIR: the sdist)
+#   scripts/wheel/build-libzmq.sh --shared PREFIX  (lib/libzmq.so.5 for this machine: see below)
+#   scripts/wheel/build-libzmq.sh --sources DIR    (only copy the source files to DIR: the sdist)
 #
 # Environment: PEERKV_ZIG (zig binary), PEERKV_ZIG_TARGET (e.g.
 # x86_64-linux-gnu.2.28), CMAKE (default: cmake on PATH). PREFIX gets
 # include/, lib/libzmq.a, libzmq's licence files and a stamp naming what it
 # was built from; a PREFIX whose stamp matches is reused as it is.
+#
+# --shared builds the same source, patches and options as a shared
+# lib/libzmq.so.5 with this machine's compilers (CC, CXX; default cc, c++),
+# no zig: the dev build and its test binaries link the system's libzmq5
+# (same soname and ABI) and run with this one first on LD_LIBRARY_PATH
+# (the Makefile's test targets), so tests meet the libzmq users get.
 #
 # The source is looked for in third_party/libzmq/ (where the sdist carries it),
 # then .cache/libzmq-src/; when in neither, it is downloaded there with
@@ -22,8 +30,11 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SOURCES_ONLY=""
-if [[ ${1:-} == --sources ]]; then SOURCES_ONLY=${2:?usage: build-libzmq.sh --sources DIR}; fi
-PREFIX=${1:?usage: build-libzmq.sh PREFIX | --sources DIR}
+SHARED=""
+USAGE="usage: build-libzmq.sh PREFIX | --shared PREFIX | --sources DIR"
+if [[ ${1:-} == --sources ]]; then SOURCES_ONLY=${2:?$USAGE}; fi
+if [[ ${1:-} == --shared ]]; then SHARED=1; shift; fi
+PREFIX=${1:?$USAGE}
 case $PREFIX in /*) ;; *) PREFIX=$ROOT/$PREFIX ;; esac
 
 ZMQ_VERSION=4.3.4
@@ -41,6 +52,7 @@ sha_ok() { [[ -f $1 ]] && echo "$2  $1" | sha256sum -c --status; }
 
 PATCHES=("$ROOT"/scripts/wheel/patches/libzmq-*.patch)
 STAMP="libzmq ${ZMQ_VERSION}-${DEB_REVISION} static pic curve=tweetnacl patches=$(cat "${PATCHES[@]}" "$0" | sha256sum | cut -c1-16)"
+[[ -n $SHARED ]] && STAMP=${STAMP/ static pic / shared }
 
 find_sources() {
   for dir in "$ROOT/third_party/libzmq" "$ROOT/.cache/libzmq-src"; do
@@ -103,10 +115,27 @@ if [[ -n $SOURCES_ONLY ]]; then
   exit 0
 fi
 
-: "${PEERKV_ZIG:?PEERKV_ZIG: path of the zig binary}"
-: "${PEERKV_ZIG_TARGET:?PEERKV_ZIG_TARGET: e.g. x86_64-linux-gnu.2.28}"
-STAMP="$STAMP target=${PEERKV_ZIG_TARGET} zig=$("$PEERKV_ZIG" version)"
-if [[ -f $PREFIX/lib/libzmq.a && -f $PREFIX/.stamp && $(cat "$PREFIX/.stamp") == "$STAMP" ]]; then
+WRAP=$ROOT/scripts/wheel
+if [[ -n $SHARED ]]; then
+  HOST_CC=${CC:-cc}
+  HOST_CXX=${CXX:-c++}
+  command -v "$HOST_CXX" >/dev/null || die "$HOST_CXX not found (apt-get install g++, or set CXX)"
+  STAMP="$STAMP cxx=$("$HOST_CXX" --version | head -n 1)"
+  OUTPUT=$PREFIX/lib/libzmq.so.5
+  KIND="shared, $HOST_CXX"
+  KIND_ARGS=(-DCMAKE_C_COMPILER="$(command -v "$HOST_CC")" -DCMAKE_CXX_COMPILER="$(command -v "$HOST_CXX")"
+    -DBUILD_SHARED=ON -DBUILD_STATIC=OFF)
+else
+  : "${PEERKV_ZIG:?PEERKV_ZIG: path of the zig binary}"
+  : "${PEERKV_ZIG_TARGET:?PEERKV_ZIG_TARGET: e.g. x86_64-linux-gnu.2.28}"
+  STAMP="$STAMP target=${PEERKV_ZIG_TARGET} zig=$("$PEERKV_ZIG" version)"
+  OUTPUT=$PREFIX/lib/libzmq.a
+  KIND="static for $PEERKV_ZIG_TARGET"
+  KIND_ARGS=(-DCMAKE_C_COMPILER="$WRAP/cc" -DCMAKE_CXX_COMPILER="$WRAP/c++"
+    -DCMAKE_AR="$WRAP/ar" -DCMAKE_RANLIB="$WRAP/ranlib" -DCMAKE_POSITION_INDEPENDENT_CODE=ON
+    -DBUILD_SHARED=OFF -DBUILD_STATIC=ON)
+fi
+if [[ -f $OUTPUT && -f $PREFIX/.stamp && $(cat "$PREFIX/.stamp") == "$STAMP" ]]; then
   exit 0
 fi
 CMAKE=${CMAKE:-cmake}
@@ -128,18 +157,13 @@ for patch in "${PATCHES[@]}"; do  # ours, after Debian's (docs/packaging.md)
   patch -d "$SRC" -p1 -s <"$patch"
 done
 
-WRAP=$ROOT/scripts/wheel
 rm -rf "$PREFIX"
-say "building libzmq ${ZMQ_VERSION}-${DEB_REVISION} for $PEERKV_ZIG_TARGET (static, CURVE with tweetnacl)"
+say "building libzmq ${ZMQ_VERSION}-${DEB_REVISION} ($KIND, CURVE with tweetnacl) in $PREFIX"
 # -O2 -g0: no debug info in the archive; the .so is stripped anyway.
 "$CMAKE" -S "$SRC" -B "$WORK/build" -G "Unix Makefiles" \
-  -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_C_COMPILER="$WRAP/cc" -DCMAKE_CXX_COMPILER="$WRAP/c++" \
-  -DCMAKE_AR="$WRAP/ar" -DCMAKE_RANLIB="$WRAP/ranlib" \
+  -DCMAKE_BUILD_TYPE=Release "${KIND_ARGS[@]}" \
   -DCMAKE_C_FLAGS_RELEASE="-O2 -g0 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELEASE="-O2 -g0 -DNDEBUG" \
-  -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
-  -DCMAKE_INSTALL_PREFIX="$PREFIX" -DCMAKE_INSTALL_LIBDIR=lib \
-  -DBUILD_SHARED=OFF -DBUILD_STATIC=ON -DBUILD_TESTS=OFF \
+  -DCMAKE_INSTALL_PREFIX="$PREFIX" -DCMAKE_INSTALL_LIBDIR=lib -DBUILD_TESTS=OFF \
   -DENABLE_CURVE=ON -DWITH_LIBSODIUM=OFF \
   -DENABLE_DRAFTS=OFF -DENABLE_WS=OFF -DWITH_TLS=OFF -DWITH_NSS=OFF -DWITH_LIBBSD=OFF \
   -DWITH_OPENPGM=OFF -DWITH_NORM=OFF -DWITH_VMCI=OFF \
@@ -153,5 +177,6 @@ grep -q '^#define ZMQ_USE_TWEETNACL' "$WORK/build/platform.hpp" || die "CURVE is
 rm -rf "$PREFIX/lib/pkgconfig" "$PREFIX/lib/cmake" "$PREFIX/share"
 mkdir -p "$PREFIX/share/licenses/libzmq"
 cp "$SRC/COPYING" "$SRC/COPYING.LESSER" "$PREFIX/share/licenses/libzmq/"
+[[ -f $OUTPUT ]] || die "the build installed no $OUTPUT"
 echo "$STAMP" >"$PREFIX/.stamp"
-say "done: $PREFIX/lib/libzmq.a"
+say "done: $OUTPUT"

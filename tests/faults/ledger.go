@@ -101,6 +101,17 @@ func (l *Ledger) Result(id int64) (tier.JobResult, bool) {
 	return e.result, true
 }
 
+// ReportedAt returns when a job's report was collected, if it came.
+func (l *Ledger) ReportedAt(id int64) (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.jobs[id]
+	if e == nil || !e.reported {
+		return time.Time{}, false
+	}
+	return e.at, true
+}
+
 // Wait polls for a job's report up to within, calling pump (if any) before
 // each look.
 func (l *Ledger) Wait(id int64, within time.Duration, pump func()) (tier.JobResult, bool) {

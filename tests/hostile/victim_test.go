@@ -62,6 +62,7 @@ type victimStat struct {
 	Calls                int64  // host calls since the last reset
 	Answered             int64  // inbound lookups the host answered, in all
 	Sessions             int    // the node's sessions now
+	FramesIn             int64  // control frames the node received, in all
 }
 
 func (s victimStat) String() string {
@@ -73,7 +74,8 @@ func inMiB(b int64) string { return fmt.Sprintf("%d MiB", b>>20) }
 
 // runVictim is the victim process; see victimEnv. Commands: "reset" (peak RSS
 // and slowest call start again from now), "stat" (a victimStat as JSON),
-// "logs" (the node's log lines so far, to stderr). It exits when stdin
+// "logs" (the node's log lines so far, to stderr), "libzmq" (the libzmq
+// files this process mapped, space-separated). It exits when stdin
 // closes, and on its own when its RSS passes victimRSSCeiling.
 func runVictim(raw string) int {
 	fail := func(format string, args ...any) int {
@@ -120,6 +122,8 @@ func runVictim(raw string) int {
 		case "logs":
 			fmt.Fprintf(os.Stderr, "victim %s logs:\n%s\n", tr.LocalID(), v.logTail())
 			fmt.Println("ok")
+		case "libzmq":
+			fmt.Println(strings.Join(loadedLibzmq(), " "))
 		default:
 			fmt.Println("unknown command")
 		}
@@ -193,11 +197,12 @@ func (v *victimHost) resetStats() {
 }
 
 func (v *victimHost) stat() victimStat {
+	st := v.tr.Stats()
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return victimStat{RSS: v.rss.Load(), Peak: v.peak.Load(), Slowest: v.slowest, SlowestWall: v.slowestWall,
 		SlowestCall: v.slowestCall,
-		Calls:       v.calls, Answered: v.answered.Load(), Sessions: v.tr.Stats().Sessions}
+		Calls:       v.calls, Answered: v.answered.Load(), Sessions: st.Sessions, FramesIn: st.FramesIn}
 }
 
 // timed runs one host call and records its duration, with and without the
@@ -348,6 +353,7 @@ type victim struct {
 	mu       sync.Mutex // one command at a time
 	ID       string     // its peer id
 	DataAddr string     // its TCP data address
+	stderr   tailBuffer // the last of what it wrote to stderr (it goes to ours too)
 }
 
 // startVictim starts a victim process; it is killed at the end of the test.
@@ -361,9 +367,10 @@ func startVictim(t *testing.T, spec victimSpec) *victim {
 	if err != nil {
 		t.Fatal(err)
 	}
+	v := &victim{t: t, lines: make(chan string, 16)}
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(), victimEnv+"="+string(raw))
-	cmd.Stderr = os.Stderr
+	cmd.Stderr = io.MultiWriter(os.Stderr, &v.stderr)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlives the test binary
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -376,7 +383,7 @@ func startVictim(t *testing.T, spec victimSpec) *victim {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	v := &victim{t: t, cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
+	v.cmd, v.stdin = cmd, stdin
 	go func() {
 		defer close(v.lines)
 		sc := bufio.NewScanner(stdout)
@@ -435,6 +442,28 @@ func (v *victim) reset() error {
 
 // dumpLogs has the victim print its node's log tail to stderr.
 func (v *victim) dumpLogs() { _, _ = v.ask("logs") }
+
+// tailBuffer keeps the last 16 KiB written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if over := len(b.buf) - 16<<10; over > 0 {
+		b.buf = b.buf[over:]
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}
 
 // stop closes the victim's stdin, then kills it if it has not exited
 // within 5 s, and reaps it.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,12 +39,100 @@ func newHostIndex() int { return int(hostSeq.Add(1)) }
 
 func hostIP(i int) string { return fmt.Sprintf("10.38.%d.2", i) }
 
-// setUpRouter turns the router namespace on: loopback up, forwarding on.
+// worldLink is where the router sends every address outside the suite's
+// hosts (a DNS server, 10.39.0.0/16): a veth pair whose other end is its
+// own, so nothing leaves the namespace.
+const worldLink = "world"
+
+// setUpRouter turns the router namespace on: loopback up, forwarding on,
+// and every address outside the suite answered at once as a network with
+// no route (ICMP net unreachable, never rate-limited here), as a router
+// without a route to it answers. The kernel's own no-route answer is
+// rate-limited per source host, so a dial a test wants refused as
+// unreachable could time out instead, and a host's DNS query wait seconds.
 func setUpRouter() error {
 	if err := ip("link", "set", "lo", "up"); err != nil {
 		return err
 	}
-	return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644)
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/icmp_ratelimit", []byte("0\n"), 0o644); err != nil {
+		return err
+	}
+	for _, args := range [][]string{
+		{"link", "add", worldLink, "type", "veth", "peer", "name", worldLink + "-end"},
+		{"link", "set", worldLink, "up"}, {"link", "set", worldLink + "-end", "up"},
+		{"route", "add", "default", "dev", worldLink},
+	} {
+		if err := ip(args...); err != nil {
+			return err
+		}
+	}
+	return nft(fmt.Sprintf(`table ip router {
+	chain forward {
+		type filter hook forward priority 0; policy accept;
+		oifname %q reject with icmp type net-unreachable
+	}
+}`, worldLink))
+}
+
+// nft loads rules (nft -f syntax) into the router namespace.
+func nft(rules string) error {
+	cmd := exec.Command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft -f: %v: %s\nrules:\n%s", err, bytes.TrimSpace(out), rules)
+	}
+	return nil
+}
+
+var tableSeq atomic.Int32
+
+// filter drops the packets the router forwards that match rules (nft rule
+// bodies, each one statement line ending in a verdict), from now until the
+// test ends: a table of the test's own, removed by its cleanup.
+func filter(t *testing.T, rules ...string) {
+	t.Helper()
+	table := fmt.Sprintf("t%d", tableSeq.Add(1))
+	require.NoError(t, nft(fmt.Sprintf("table ip %s {\n\tchain forward {\n\t\ttype filter hook forward priority -10; policy accept;\n\t\t%s\n\t}\n}",
+		table, strings.Join(rules, "\n\t\t"))))
+	t.Cleanup(func() { _ = nft("delete table ip " + table) })
+}
+
+// shape limits what the router sends to host i to rate (tc's syntax,
+// "100mbit") with a token bucket (tbf: the kernel has no netem), until
+// the test ends. The queue holds at most 20 ms at that rate: TCP sees
+// the limit, and little waits in the router when the sender stops.
+func shape(t *testing.T, i int, rate string) {
+	t.Helper()
+	out, err := exec.Command("tc", "qdisc", "replace", "dev", link(i), "root", "tbf",
+		"rate", rate, "burst", "32kb", "latency", "20ms").CombinedOutput()
+	require.NoError(t, err, "tc qdisc replace dev %s root tbf: %s", link(i), bytes.TrimSpace(out))
+	t.Cleanup(func() { _ = exec.Command("tc", "qdisc", "del", "dev", link(i), "root").Run() })
+}
+
+// sentTo is how many bytes the router has put on host i's link so far
+// (its veth end's tx_bytes; /proc/self/net/dev is this namespace's view,
+// where /sys/class/net is the view of whoever mounted /sys).
+func sentTo(i int) (uint64, error) {
+	b, err := os.ReadFile("/proc/self/net/dev")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, counters, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(name) != link(i) {
+			continue
+		}
+		// receive: bytes packets errs drop fifo frame compressed multicast; then transmit bytes
+		f := strings.Fields(counters)
+		if len(f) < 9 {
+			break
+		}
+		return strconv.ParseUint(f[8], 10, 64)
+	}
+	return 0, fmt.Errorf("no link %s in /proc/self/net/dev", link(i))
 }
 
 // ip runs ip(8) in the router namespace.

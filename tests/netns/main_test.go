@@ -1,8 +1,10 @@
 // Package netns is peerkv's multi-host suite: real peers, each a process in
 // a network namespace of its own (a "host"), joined by veth links to a
 // router namespace, with the faults a real network has and loopback lacks:
-// a host that dies without its FIN or RST reaching anyone, and a black
-// hole (packets silently dropped). See docs/testing.md, "Multi-host suite".
+// a host that dies without its FIN or RST reaching anyone, a black hole
+// (packets silently dropped), a slow link (tc tbf), packet loss and
+// filters (nft), addresses with no route. See docs/testing.md,
+// "Multi-host suite".
 //
 // The test binary runs three roles, chosen by environment in TestMain:
 //   - the launcher (go test runs it): re-executes itself as the router in a
@@ -47,9 +49,11 @@ func TestMain(m *testing.M) {
 // A machine where no namespace can be made fails the suite, naming why:
 // the suite is part of make test and must not pass by doing nothing.
 func launch() int {
-	if _, err := exec.LookPath("ip"); err != nil {
-		fmt.Fprintln(os.Stderr, "netns: FAIL: the multi-host suite needs ip (iproute2): scripts/setup.sh installs it")
-		return 1
+	for _, tool := range []struct{ name, pkg string }{{"ip", "iproute2"}, {"tc", "iproute2"}, {"nft", "nftables"}} {
+		if _, err := exec.LookPath(tool.name); err != nil {
+			fmt.Fprintf(os.Stderr, "netns: FAIL: the multi-host suite needs %s (%s): scripts/setup.sh installs it\n", tool.name, tool.pkg)
+			return 1
+		}
 	}
 	userns := &syscall.SysProcAttr{
 		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNET,

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,18 +28,24 @@ import (
 //	net CIDR GATEWAY                    configure eth0, open the node: {"ID"}
 //	store KV N                          PD producer: store N rows for kv_request_id KV
 //	load KV N HOST PORT WITHIN_MS       PD consumer: pull them: {"Reported","Success","Ms","WrongRows"}
+//	loads N HOST PORT WITHIN_MS KV...   PD consumer: pull N rows of each KV, all submitted at once: [load's answer...]
 //	hold NAME                           P2P source: hold key NAME
 //	lookup NAME HOST PORT WITHIN_MS     P2P consumer: ask HOST:PORT for NAME until not RETRY: {"Result","Ms"}
 //	stats                               the node's stats
 //	ledger WITHIN_MS                    wait until every job is reported: {"Unreported","Problems","Submitted","Reported"}
 //
 // stdin closing shuts the node down. The node's log lines go to stderr.
+// The host's region holds rowsEnv rows (default 256) of faults.RowLen.
 
-const peerRows = 256
+const (
+	rowsEnv         = "PEERKV_NETNS_ROWS"
+	defaultPeerRows = 256
+)
 
 type peerHost struct {
 	p      *faults.Peer
 	ledger *faults.Ledger
+	nrows  int // rows in the region
 	rows   int // next row to hand out, round robin
 	seq    int // request id suffix
 }
@@ -110,9 +117,15 @@ func openPeer(cidr, gateway string) (*peerHost, error) {
 	if err != nil {
 		return nil, err
 	}
+	nrows := defaultPeerRows
+	if s := os.Getenv(rowsEnv); s != "" {
+		if nrows, err = strconv.Atoi(s); err != nil || nrows <= 0 {
+			return nil, fmt.Errorf("%s=%q: not a positive number of rows", rowsEnv, s)
+		}
+	}
 	// Anonymous mmap memory, as a host's region is: outside the Go heap,
 	// where the race detector would see the data path's writes as races.
-	mem, err := syscall.Mmap(-1, 0, peerRows*faults.RowLen, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	mem, err := syscall.Mmap(-1, 0, nrows*faults.RowLen, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +135,7 @@ func openPeer(cidr, gateway string) (*peerHost, error) {
 		return nil, err
 	}
 	ledger := faults.NewLedger()
-	return &peerHost{p: faults.Adopt(tr, region, ledger), ledger: ledger}, nil
+	return &peerHost{p: faults.Adopt(tr, region, ledger), ledger: ledger, nrows: nrows}, nil
 }
 
 // pump serves inbound lookups, collects finished jobs and copies log lines
@@ -167,6 +180,12 @@ func (h *peerHost) do(f []string) (any, error) {
 			return nil, err
 		}
 		return h.load(f[1], n, f[3], port, time.Duration(ms)*time.Millisecond)
+	case f[0] == "loads" && len(f) >= 6:
+		var n, port, ms int
+		if _, err := fmt.Sscan(f[1]+" "+f[3]+" "+f[4], &n, &port, &ms); err != nil {
+			return nil, err
+		}
+		return h.loads(f[5:], n, f[2], port, time.Duration(ms)*time.Millisecond)
 	case f[0] == "hold" && len(f) == 2:
 		h.p.Hold(faults.Key(f[1]), h.nextRows(1)[0])
 		return nil, nil
@@ -191,7 +210,7 @@ func (h *peerHost) do(f []string) (any, error) {
 func (h *peerHost) nextRows(n int) []int64 {
 	rows := make([]int64, n)
 	for i := range rows {
-		rows[i] = int64(h.rows % peerRows)
+		rows[i] = int64(h.rows % h.nrows)
 		h.rows++
 	}
 	return rows
@@ -223,34 +242,79 @@ func (h *peerHost) store(kv string, n int) error {
 type loadResult struct {
 	Reported, Success bool
 	Ms                int64
-	WrongRows         int // rows of a successful load that do not hold their key's bytes
+	WrongRows         int   // rows of a successful load that do not hold their key's bytes
+	SubmittedUnixNs   int64 // when it was submitted (the hosts share the router's clock)
 }
 
 func (h *peerHost) load(kv string, n int, host string, port int, within time.Duration) (loadResult, error) {
-	req := fmt.Sprintf("d-%s-%d", kv, h.seq)
-	params := fmt.Appendf(nil, `{"remote_prefiller":{"kv_request_id":%q,"remote_host":%q,"remote_port":%d}}`, kv, host, port)
-	if _, err := h.p.StartRequest(req, params); err != nil {
+	r, err := h.loads([]string{kv}, n, host, port, within)
+	if err != nil {
 		return loadResult{}, err
 	}
-	keys, rows := rowKeys(kv, n), h.nextRows(n)
-	for _, r := range rows {
-		faults.Poison(h.p.Row(r))
+	return r[0], nil
+}
+
+// pdLoad is one load submitted, waiting for its report.
+type pdLoad struct {
+	req   string
+	job   int64
+	keys  [][]byte
+	rows  []int64
+	start time.Time
+}
+
+// loads submits a load of n rows for each kv id at once, then waits up to
+// within (from its own submission) for each one's report.
+func (h *peerHost) loads(kvs []string, n int, host string, port int, within time.Duration) ([]loadResult, error) {
+	var started []pdLoad
+	finish := func() error {
+		var first error
+		for _, l := range started {
+			if err := h.p.FinishRequest(l.req); err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
 	}
-	job := faults.NextJob()
-	start := time.Now()
-	if err := h.p.SubmitLoadJob(req, job, keys, rows); err != nil {
-		return loadResult{}, err
+	for _, kv := range kvs {
+		l := pdLoad{req: fmt.Sprintf("d-%s-%d", kv, h.seq), job: faults.NextJob(), keys: rowKeys(kv, n), rows: h.nextRows(n)}
+		params := fmt.Appendf(nil, `{"remote_prefiller":{"kv_request_id":%q,"remote_host":%q,"remote_port":%d}}`, kv, host, port)
+		if _, err := h.p.StartRequest(l.req, params); err != nil {
+			return nil, errors.Join(err, finish())
+		}
+		started = append(started, l)
+		for _, r := range l.rows {
+			faults.Poison(h.p.Row(r))
+		}
 	}
-	res, reported := h.ledger.Wait(job, within, nil) // pump collects
-	out := loadResult{Reported: reported, Success: res.Success, Ms: time.Since(start).Milliseconds()}
-	if res.Success {
-		for i, r := range rows {
-			if faults.Check(h.p.Row(r), keys[i]) != -1 {
-				out.WrongRows++
+	// Submitted together, once every row is poisoned: their deadlines
+	// start together.
+	for i := range started {
+		l := &started[i]
+		l.start = time.Now()
+		if err := h.p.SubmitLoadJob(l.req, l.job, l.keys, l.rows); err != nil {
+			return nil, errors.Join(err, finish())
+		}
+	}
+	out := make([]loadResult, len(started))
+	for i, l := range started {
+		res, reported := h.ledger.Wait(l.job, time.Until(l.start.Add(within)), nil) // pump collects
+		if reported {
+			at, _ := h.ledger.ReportedAt(l.job)
+			out[i].Ms = at.Sub(l.start).Milliseconds()
+		} else {
+			out[i].Ms = time.Since(l.start).Milliseconds()
+		}
+		out[i].Reported, out[i].Success, out[i].SubmittedUnixNs = reported, res.Success, l.start.UnixNano()
+		if res.Success {
+			for j, r := range l.rows {
+				if faults.Check(h.p.Row(r), l.keys[j]) != -1 {
+					out[i].WrongRows++
+				}
 			}
 		}
 	}
-	return out, h.p.FinishRequest(req)
+	return out, finish()
 }
 
 type lookupResult struct {

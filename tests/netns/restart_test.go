@@ -121,6 +121,8 @@ func TestRestartedConsumerIsServedAcrossHosts(t *testing.T) {
 
 // nodeStats is what the suite reads of a node's stats.
 type nodeStats struct {
+	SessionsOpened      int64            `json:"sessions_opened"`
+	SessionsClosed      int64            `json:"sessions_closed"`
 	PeerRestarts        int64            `json:"peer_restarts"`
 	PeerConnectFailures map[string]int64 `json:"peer_connect_failures"`
 	JobsInFlight        int              `json:"jobs_in_flight"`

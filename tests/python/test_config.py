@@ -69,6 +69,15 @@ def test_every_type_error_names_its_key_and_all_are_reported_at_once():
         ({"keep_warm": ["0.0.0.0:5710"]}, 'keep_warm[0] "0.0.0.0:5710" is a wildcard'),
         ({"keep_warm": ["a:1", "a:1"]}, 'keep_warm[1] "a:1" is listed twice'),
         ({"max_peers": 2, "keep_warm": ["a:1", "b:1"]}, "keep_warm lists 2 peers, more than half of max_peers (2)"),
+        (
+            {"allowed_peers": ["10.1.0.0/16"], "keep_warm": ["10.1.0.2:5710", "10.2.0.2:5710"]},
+            'keep_warm[1] "10.2.0.2:5710" is outside allowed_peers, so it would never be dialed',
+        ),
+        (
+            {"allowed_peers": ["10.0.0.0/8", "*.pd.svc"], "keep_warm": ["p-0.other.svc:5710"]},
+            'keep_warm[0] "p-0.other.svc:5710" is outside allowed_peers',
+        ),
+        ({"allowed_peers": ["fd00::/8"], "keep_warm": ["[fe80::2]:5710"]}, 'keep_warm[0] "[fe80::2]:5710" is outside allowed_peers'),
     ],
 )
 def test_values_out_of_contract(tier, problem):
@@ -82,6 +91,14 @@ def test_null_and_vllms_own_keys_are_fine():
 
 def test_allowed_peers_take_cidrs_addresses_and_names():
     tier = {"allowed_peers": ["10.0.0.0/8", "fd00::/8", "192.168.1.7", "::1", "prefill-0.svc", "*.decode.ns.svc."]}
+    assert check_tier_config(tier, environ={}) == []
+
+
+def test_keep_warm_peers_inside_allowed_peers_are_fine():
+    tier = {
+        "allowed_peers": ["10.0.0.0/8", "fd00::/8", "p-0.pd.svc", "*.decode.svc."],
+        "keep_warm": ["10.0.0.2:5710", "[fd00::2]:5710", "P-0.pd.svc:5710", "d-1.decode.svc:5710"],
+    }
     assert check_tier_config(tier, environ={}) == []
 
 

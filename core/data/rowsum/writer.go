@@ -8,6 +8,8 @@ import (
 	"github.com/peerkv/peerkv/core/data"
 )
 
+var _ data.Canceler = (*Writer)(nil)
+
 // Writer starts a transport's writes, summing the source rows of those
 // that ask for it off the caller's thread (the caller may be the host's
 // scheduler thread). A summed write runs in chunks: each chunk's rows are
@@ -24,6 +26,7 @@ type Writer struct {
 	mu      sync.Mutex
 	next    uint64
 	started map[uint64]*transfer // the transport's id -> the write it is part of
+	writes  map[uint64]*transfer // Writer's id -> its write, until completed
 	closed  bool
 	summing sync.WaitGroup
 
@@ -51,7 +54,8 @@ const chunkBytes = 32 << 20
 
 // NewWriter wraps inner, whose local rows are region's.
 func NewWriter(inner data.Transport, region data.Region) *Writer {
-	w := &Writer{inner: inner, region: region, outbox: data.NewOutbox(1024), started: map[uint64]*transfer{}}
+	w := &Writer{inner: inner, region: region, outbox: data.NewOutbox(1024),
+		started: map[uint64]*transfer{}, writes: map[uint64]*transfer{}}
 	go w.forward()
 	return w
 }
@@ -68,7 +72,8 @@ func (w *Writer) Write(peerID string, src, dst []uint64) (uint64, error) {
 		return 0, err
 	}
 	w.next++
-	w.started[innerID] = &transfer{peerID: peerID, id: w.next, pending: 1, issued: true}
+	t := &transfer{peerID: peerID, id: w.next, pending: 1, issued: true}
+	w.started[innerID], w.writes[t.id] = t, t
 	return w.next, nil
 }
 
@@ -97,7 +102,8 @@ func (w *Writer) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
 		innerID, err := s.WriteSummed(peerID, src, dst)
 		if err == nil {
 			w.next++
-			w.started[innerID] = &transfer{peerID: peerID, id: w.next, pending: 1, issued: true, bySum: true}
+			t := &transfer{peerID: peerID, id: w.next, pending: 1, issued: true, bySum: true}
+			w.started[innerID], w.writes[t.id] = t, t
 			return w.next, nil
 		}
 		if !errors.Is(err, data.ErrNotSummed) {
@@ -106,6 +112,7 @@ func (w *Writer) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
 	}
 	w.next++
 	t := &transfer{peerID: peerID, id: w.next, sums: make([]uint64, len(src))}
+	w.writes[t.id] = t
 	hook := w.beforeSend
 	w.summing.Add(1)
 	go func() {
@@ -132,11 +139,14 @@ func (w *Writer) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
 	return t.id, nil
 }
 
-// start starts one chunk's transfer, unless Writer closed; false when it
-// did not (t.err says why).
+// start starts one chunk's transfer, unless Writer closed or the write was
+// canceled; false when it did not (t.err says why).
 func (w *Writer) start(t *transfer, src, dst []uint64) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if errors.Is(t.err, data.ErrCanceled) {
+		return false
+	}
 	err := data.ErrClosed
 	if !w.closed {
 		var innerID uint64
@@ -154,11 +164,43 @@ func (w *Writer) start(t *transfer, src, dst []uint64) bool {
 
 // complete delivers t's one completion.
 func (w *Writer) complete(t *transfer) {
+	w.mu.Lock()
+	delete(w.writes, t.id)
 	c := data.Completion{PeerID: t.peerID, ID: t.id, Err: t.err}
-	if t.err == nil {
+	w.mu.Unlock()
+	if c.Err == nil {
 		c.Sums = t.sums
 	}
 	w.outbox.Send(c)
+}
+
+// Cancel implements data.Canceler under Writer's ids (a caller holds no
+// other): the write's chunks not started yet never start, and the
+// transport cancels those it runs, when it can; the write then completes
+// failed with data.ErrCanceled once they ended.
+func (w *Writer) Cancel(peerID string, id uint64) {
+	w.mu.Lock()
+	t := w.writes[id]
+	if t == nil || t.peerID != peerID {
+		w.mu.Unlock()
+		return
+	}
+	if t.err == nil {
+		t.err = data.ErrCanceled
+	}
+	var running []uint64
+	for innerID, x := range w.started {
+		if x == t {
+			running = append(running, innerID)
+		}
+	}
+	w.mu.Unlock()
+	// Outside mu: the transport may report at once, and forward takes mu.
+	if c, ok := w.inner.(data.Canceler); ok {
+		for _, innerID := range running {
+			c.Cancel(peerID, innerID)
+		}
+	}
 }
 
 // SetBeforeSend makes every later summed write call f between the read of

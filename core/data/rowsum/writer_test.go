@@ -163,3 +163,53 @@ func TestSummedWriteGoesToAPathThatSums(t *testing.T) {
 	assert.Equal(t, id, c.ID)
 	assert.Equal(t, []uint64{Row(r.Row(2))}, c.Sums, "summed by the Writer")
 }
+
+// cancelPath is a fakePath that can cancel: it records the ids it was
+// asked to cancel and completes them failed.
+type cancelPath struct {
+	*fakePath
+	canceled []uint64
+}
+
+func (c *cancelPath) Cancel(peerID string, id uint64) {
+	c.mu.Lock()
+	c.canceled = append(c.canceled, id)
+	c.mu.Unlock()
+	c.done <- data.Completion{PeerID: peerID, ID: id, Err: data.ErrCanceled}
+}
+
+// Canceling a write under Writer's id cancels the transport's transfer
+// that runs it (under the transport's id, which differs), never another
+// one, and the write completes once, canceled.
+func TestCancelStopsAWriteUnderItsOwnID(t *testing.T) {
+	rows := 4
+	region := data.Region{Mem: make([]byte, rows*64), RowLen: 64}
+	path := &cancelPath{fakePath: &fakePath{done: make(chan data.Completion, 8)}}
+	w := NewWriter(path, region)
+	defer w.Close()
+	// The transport numbers from 1: a write of its own first, so that
+	// Writer's ids and the transport's differ.
+	_, err := path.fakePath.Write("p", []uint64{0}, []uint64{0})
+	require.NoError(t, err)
+	other, err := w.Write("p", []uint64{1}, []uint64{1}) // Writer's 1, the transport's 2
+	require.NoError(t, err)
+	id, err := w.WriteSummed("p", []uint64{2, 3}, []uint64{2, 3}) // Writer's 2, the transport's 3
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return path.started() == 3 }, 10*time.Second, time.Millisecond)
+
+	var c data.Canceler = w
+	c.Cancel("q", id) // another peer's id: nothing
+	c.Cancel("p", id)
+	got := next(t, w)
+	assert.Equal(t, id, got.ID)
+	assert.ErrorIs(t, got.Err, data.ErrCanceled)
+	assert.Nil(t, got.Sums, "a canceled write carries no sums")
+	path.mu.Lock()
+	assert.Equal(t, []uint64{3}, path.canceled, "only the transport's transfer that runs the write is canceled")
+	path.mu.Unlock()
+
+	path.done <- data.Completion{PeerID: "p", ID: 2}
+	got = next(t, w)
+	assert.Equal(t, other, got.ID)
+	assert.NoError(t, got.Err, "the write beside it is not canceled")
+}

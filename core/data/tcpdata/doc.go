@@ -21,10 +21,11 @@
 //
 // Write returns at once; each transfer's outcome arrives exactly once on
 // Completions, which is closed when Close returns. Cancel drops a
-// transfer's rows not yet handed to a connection; a part on the wire is
-// sent to its end, since the stream must stay in step, so a canceled
-// transfer leaves the link within about one part's time, and is then
-// reported failed with data.ErrCanceled.
+// transfer's rows not yet handed to a connection and resets each
+// connection sending a part of it (SO_LINGER 0: the kernel's unsent bytes
+// are discarded; the stream cannot stay in step, so its sender dials again
+// for its next part), so a canceled transfer leaves the link at once, and
+// is then reported failed with data.ErrCanceled.
 //
 // # Wire format (little-endian, version 1: plaintext)
 //

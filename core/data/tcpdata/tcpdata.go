@@ -45,10 +45,10 @@ const (
 	// maxPartBytes bounds one part however fast the link.
 	maxPartBytes = 64 << 20
 	// partDuration is how long a sender sizes a part to last at its
-	// connection's measured speed: a part already on the wire when its
-	// transfer is canceled is sent to its end (the stream must stay in
-	// step), so this bounds the bytes a canceled transfer still puts on the
-	// link (docs/wire.md, abort).
+	// connection's measured speed: long enough that the ack's round trip
+	// costs little. A canceled transfer's part on the wire does not run to
+	// its end: its connection is reset (Cancel), since the speed a part was
+	// sized by may be stale (a link that just slowed).
 	partDuration = 50 * time.Millisecond
 	// maxUnsentBytes bounds what a producer connection leaves queued in
 	// the kernel (limitUnsent), about 20 ms of a 100 Mbit/s link.
@@ -426,8 +426,9 @@ func (t *Transport) write(peerID string, src, dst []uint64, summed bool) (uint64
 }
 
 // Cancel implements data.Canceler: the transfer's rows not yet handed to a
-// sender are dropped, a part on the wire is sent to its end, and the
-// transfer is then reported failed with data.ErrCanceled.
+// sender are dropped, a connection sending a part of it is reset (nothing
+// more of the part goes on the link), and the transfer is then reported
+// failed with data.ErrCanceled.
 func (t *Transport) Cancel(peerID string, id uint64) {
 	t.mu.Lock()
 	tr := t.pending[id]
@@ -443,6 +444,14 @@ func (t *Transport) Cancel(peerID string, id uint64) {
 	t.goSafe("cancel report", func() { t.finishPart(tr, 0, data.ErrCanceled, false) })
 	t.mu.Unlock()
 	tr.link.unqueue(tr)
+	tr.link.cut(tr)
+}
+
+// canceled says whether tr failed or was canceled: its parts are skipped.
+func (t *Transport) canceled(tr *transfer) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return tr.err != nil
 }
 
 // startPart puts a part of tr on the wire, unless tr already failed (its
