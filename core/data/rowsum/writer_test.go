@@ -213,3 +213,33 @@ func TestCancelStopsAWriteUnderItsOwnID(t *testing.T) {
 	assert.Equal(t, other, got.ID)
 	assert.NoError(t, got.Err, "the write beside it is not canceled")
 }
+
+// summingCancelPath sums its own writes and can cancel them.
+type summingCancelPath struct{ *cancelPath }
+
+func (s summingCancelPath) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
+	return s.Write(peerID, src, dst)
+}
+
+func (s summingCancelPath) SetBetweenReads(func(string, []uint64)) {}
+
+// A write the path sums is canceled under Writer's id as any other: the
+// path's transfer is canceled and the write completes once, failed,
+// without sums.
+func TestCancelStopsAWriteThePathSums(t *testing.T) {
+	path := summingCancelPath{&cancelPath{fakePath: &fakePath{done: make(chan data.Completion, 8)}}}
+	w := NewWriter(path, region(2, 64))
+	defer w.Close()
+	_, err := path.fakePath.Write("p", []uint64{0}, []uint64{0}) // the transport's 1: ids differ
+	require.NoError(t, err)
+	id, err := w.WriteSummed("p", []uint64{1}, []uint64{1})
+	require.NoError(t, err)
+	w.Cancel("p", id)
+	c := next(t, w)
+	assert.Equal(t, id, c.ID)
+	require.ErrorIs(t, c.Err, data.ErrCanceled)
+	assert.Nil(t, c.Sums)
+	path.mu.Lock()
+	assert.Equal(t, []uint64{2}, path.canceled, "the transport's transfer that runs it")
+	path.mu.Unlock()
+}
