@@ -129,7 +129,7 @@ int32_t peerkv_info(char *buf, size_t len, size_t *needed, char *err, size_t err
  *       loads, and TCP, chosen per peer | "nixl": NIXL only | "tcp": TCP only),
  *     "same_host_copy" (bool, default true: with "auto", copy straight into
  *       peerkv peers on this host),
- *     "verify_pulls" (bool, default true: CRC-32C of every row between
+ *     "verify_pulls" (bool, default true: XXH3-64 of every row between
  *       peerkv peers that both offer it; a mismatch fails the load),
  *     "data_host" (str), "data_port" (int, default port + 1000,
  *       0 = ephemeral),

@@ -126,8 +126,8 @@ type Config struct {
 	NoSameHostCopy bool
 	// NoVerifyPulls stops offering verified pulls ("verify_pulls": false):
 	// with it on (the default), a peerkv peer that offers them too sends
-	// the CRC-32C of each row it writes us, and a load whose rows do not
-	// match where they landed fails (docs/security.md G14).
+	// the XXH3-64 of each row it writes us, and a load whose rows do not
+	// match where they landed fails (docs/security.md G18).
 	NoVerifyPulls bool
 	// DataHost is the address the TCP data listener binds (default Host).
 	DataHost string

@@ -73,10 +73,10 @@ type Completion struct {
 	PeerID string
 	ID     uint64
 	Err    error // nil when every row was written
-	// Sums is the CRC-32C of each source row as it was read for the send,
+	// Sums is the XXH3-64 of each source row as it was read for the send,
 	// parallel to the Write's src, for writes that asked for them
 	// (rowsum.Writer.WriteSummed); nil otherwise.
-	Sums []uint32
+	Sums []uint64
 }
 
 // WriteGuard tells a receiving transport whether peerID may write a row.
@@ -188,3 +188,33 @@ func (r Region) BaseAddr() uint64 {
 	}
 	return uint64(uintptr(unsafe.Pointer(&r.Mem[0])))
 }
+
+// Unguarded is implemented by paths that know whether a peer may have
+// written into our region without the WriteGuard: one-sided paths once a
+// peer could reach the region (a same-host grant claimed, NIXL). The owner
+// then checks a verified load's rows by reading them again, since what the
+// guard saw of the writes says nothing about such writes. A path that does
+// not implement it is taken to allow unguarded writes.
+type Unguarded interface {
+	WritesUnguarded() bool
+}
+
+// Summer is implemented by paths that take a summed write's source sums
+// themselves, each row's right after the path read the whole row for the
+// send, while it is in the cache, instead of in a pass of their caller's
+// before the send. The send's read of a row ends before its sum's begins,
+// so a row changed while its transfer ran fails the consumer's check, as
+// with a sum taken first.
+type Summer interface {
+	// WriteSummed is Write whose successful completion carries Sums; it
+	// returns ErrNotSummed when the path serving peerID cannot sum.
+	WriteSummed(peerID string, src, dst []uint64) (uint64, error)
+	// SetBetweenReads makes every later summed write call f after the
+	// send read rows src and before they are summed (tests change a
+	// source row there).
+	SetBetweenReads(f func(peerID string, src []uint64))
+}
+
+// ErrNotSummed is returned by Summer.WriteSummed when the path serving the
+// peer does not sum its writes: the caller sums them itself.
+var ErrNotSummed = errors.New("data transport: this path does not sum writes")

@@ -92,9 +92,9 @@ type (
 		RoundSeq    uint64       `codec:"round_seq"`
 		PeerKV      *wireRowSums `codec:"peerkv,omitempty"`
 	}
-	// wireRowSums packs the row checksums as 4 big-endian bytes each.
+	// wireRowSums packs the row checksums as 8 big-endian bytes each.
 	wireRowSums struct {
-		CRC32C []byte `codec:"crc32c"`
+		XXH3 []byte `codec:"xxh3"`
 	}
 	wireProof struct {
 		Type   Type   `codec:"type"`
@@ -224,13 +224,13 @@ func toWire(m Message) (wire any, size int, err error) {
 		}
 		w := &wireTransferDone{TypeTransferDone, v.KVRequestID, v.Success, v.RoundSeq, nil}
 		if v.RowSums != nil {
-			packed := make([]byte, 4*len(v.RowSums))
+			packed := make([]byte, rowSumLen*len(v.RowSums))
 			for i, sum := range v.RowSums {
-				binary.BigEndian.PutUint32(packed[4*i:], sum)
+				binary.BigEndian.PutUint64(packed[rowSumLen*i:], sum)
 			}
 			w.PeerKV = &wireRowSums{packed}
 		}
-		return w, 2*header + len(v.KVRequestID) + 4*len(v.RowSums), nil
+		return w, 2*header + len(v.KVRequestID) + rowSumLen*len(v.RowSums), nil
 	case *AbortFetch:
 		if v != nil {
 			return &wireRound{TypeAbortFetch, v.KVRequestID, v.RoundSeq}, header + len(v.KVRequestID), nil

@@ -420,35 +420,38 @@ func (f *parsed) transferDone() (Message, error) {
 	return &m, nil
 }
 
-// rowSums reads transfer_done's "peerkv" map: "crc32c", 4 bytes per row,
+// rowSumLen is the bytes of one row's sum on the wire (XXH3-64).
+const rowSumLen = 8
+
+// rowSums reads transfer_done's "peerkv" map: "xxh3", 8 bytes per row,
 // at most MaxListItems rows. Other keys are ignored; absent reads as nil.
-func (f *parsed) rowSums() ([]uint32, error) {
+func (f *parsed) rowSums() ([]uint64, error) {
 	t, _ := f.value(fPeerKV)
 	if t.Kind != kindMap {
 		return nil, f.fail(fPeerKV, "expected map, got %s", t.describe())
 	}
-	var sums []uint32
+	var sums []uint64
 	for range t.Len {
 		k, _ := f.r.next()
 		v, _ := f.r.next()
-		if k.Kind != kindStr || string(k.Bytes) != VerifyCRC32C {
+		if k.Kind != kindStr || string(k.Bytes) != VerifyXXH3 {
 			_ = f.r.skip(k, 2) // scan already checked the nesting
 			_ = f.r.skip(v, 2)
 			continue
 		}
-		path := CapabilitiesKey + "." + VerifyCRC32C
+		path := CapabilitiesKey + "." + VerifyXXH3
 		if sums != nil {
 			return nil, f.failPath(path, "duplicate key")
 		}
 		if v.Kind != kindBin {
 			return nil, f.failPath(path, "expected bin, got %s", v.describe())
 		}
-		if len(v.Bytes)%4 != 0 || len(v.Bytes)/4 > f.limits.MaxListItems {
-			return nil, f.failPath(path, "%d bytes: not 4 per row, or over %d rows", len(v.Bytes), f.limits.MaxListItems)
+		if len(v.Bytes)%rowSumLen != 0 || len(v.Bytes)/rowSumLen > f.limits.MaxListItems {
+			return nil, f.failPath(path, "%d bytes: not %d per row, or over %d rows", len(v.Bytes), rowSumLen, f.limits.MaxListItems)
 		}
-		sums = make([]uint32, len(v.Bytes)/4)
+		sums = make([]uint64, len(v.Bytes)/rowSumLen)
 		for i := range sums {
-			sums[i] = binary.BigEndian.Uint32(v.Bytes[4*i:])
+			sums[i] = binary.BigEndian.Uint64(v.Bytes[rowSumLen*i:])
 		}
 	}
 	return sums, nil

@@ -64,7 +64,7 @@ type Capabilities struct {
 	// to us (see data.Grants); absent without the TCP path.
 	DataToken string `codec:"data_token,omitempty"`
 	// Verify names the row checksum this peer computes and checks
-	// (VerifyCRC32C), or "" (absent) when it offers none. Only when both
+	// (VerifyXXH3), or "" (absent) when it offers none. Only when both
 	// connects offer the same one does transfer_done carry row checksums.
 	Verify string `codec:"verify,omitempty"`
 	// Epoch names this start of the sender (random, fixed for the life of
@@ -79,8 +79,10 @@ type Capabilities struct {
 	Probe bool `codec:"probe,omitempty"`
 }
 
-// VerifyCRC32C is the only row checksum: CRC-32C (Castagnoli) of each row.
-const VerifyCRC32C = "crc32c"
+// VerifyXXH3 is the row checksum peerkv offers: XXH3-64 (seed 0) of each
+// row. Releases before it offered "crc32c"; a peer naming another function
+// gets no checks (docs/wire.md §7.2).
+const VerifyXXH3 = "xxh3"
 
 // Connect is the first message on a connection, sent by both sides.
 type Connect struct {
@@ -142,10 +144,10 @@ type TransferDone struct {
 	KVRequestID string
 	Success     bool
 	RoundSeq    uint64
-	// RowSums, when non-nil, is the CRC-32C of each row written, parallel
+	// RowSums, when non-nil, is the XXH3-64 of each row written, parallel
 	// to the fetch's block_indexes; encoded under CapabilitiesKey, sent
 	// only to a peer that negotiated Capabilities.Verify.
-	RowSums []uint32
+	RowSums []uint64
 }
 
 // AbortFetch cancels one fetch round.

@@ -305,7 +305,7 @@ func (c *consumer) onAbortAck(m *protocol.AbortAck) {
 // offered verified pulls.
 const IntegrityMissing = "missing"
 
-func (c *consumer) finishLoad(id string, round uint64, ok bool, via string, sums []uint32) {
+func (c *consumer) finishLoad(id string, round uint64, ok bool, via string, sums []uint64) {
 	r := c.requests[id]
 	var l *load
 	if r != nil {

@@ -254,7 +254,15 @@ func (s *Session) Restarted(c *protocol.Connect) (bool, string) {
 // offered the same row checksum in their connects.
 func (s *Session) Verifies() bool {
 	p := s.hs.peer
-	return !s.env.Cfg.NoVerifyPulls && p != nil && p.PeerKV != nil && p.PeerKV.Verify == protocol.VerifyCRC32C
+	return !s.env.Cfg.NoVerifyPulls && p != nil && p.PeerKV != nil && p.PeerKV.Verify == protocol.VerifyXXH3
+}
+
+// offeredVerify is the row checksum c offers ("" for none).
+func offeredVerify(c *protocol.Connect) string {
+	if c.PeerKV == nil {
+		return ""
+	}
+	return c.PeerKV.Verify
 }
 
 // checkFields refuses a connect whose block_len, fingerprint or hash seed
@@ -332,6 +340,10 @@ func (s *Session) onConnect(c *protocol.Connect) error {
 		return s.refuseProbeBlockLen(c)
 	}
 	s.hs.accepted(c)
+	if v := offeredVerify(c); !cfg.NoVerifyPulls && v != "" && v != protocol.VerifyXXH3 {
+		s.env.Logf("WARNING", "%s offers the row checksum %q, this node %q: pulls between them are not verified "+
+			"(run peerkv releases that share one)", s.describe(), v, protocol.VerifyXXH3)
+	}
 	if cfg.AuthSecret != "" {
 		n, err := peerNonce(c)
 		if err != nil {
@@ -466,7 +478,7 @@ func (s *Session) sendConnect() {
 	}
 	caps := &protocol.Capabilities{Version: capabilitiesVersion, Nonce: []byte{}, Epoch: s.env.Epoch, Probe: s.hs.probing}
 	if !s.env.Cfg.NoVerifyPulls {
-		caps.Verify = protocol.VerifyCRC32C
+		caps.Verify = protocol.VerifyXXH3
 	}
 	if s.env.Cfg.AuthSecret != "" {
 		caps.Nonce = s.hs.nonce

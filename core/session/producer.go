@@ -17,7 +17,7 @@ type transfer struct {
 	r     *round
 	rows  int
 	dst   []uint64      // the consumer's rows it writes (for their sums)
-	sums  []uint32      // its source rows' sums, when taken at the start
+	sums  []uint64      // its source rows' sums, when taken at the start
 	jobs  map[int64]int // job -> rows it contributes
 }
 
@@ -285,7 +285,7 @@ func (p *producer) write(kvID string, seq uint64, r *round, local, remote []uint
 // rows dst, summing the source rows when the session verifies pulls: on
 // Rows' goroutine (the sums come with the completion), or here, returned,
 // when the owner gave no Rows.
-func (p *producer) startWrite(src, dst []uint64) (uint64, []uint32, error) {
+func (p *producer) startWrite(src, dst []uint64) (uint64, []uint64, error) {
 	switch {
 	case p.env.Rows != nil && p.verifies():
 		id, err := p.env.Rows.WriteSummed(p.peerID, src, dst)
@@ -294,7 +294,7 @@ func (p *producer) startWrite(src, dst []uint64) (uint64, []uint32, error) {
 		id, err := p.env.Rows.Write(p.peerID, src, dst)
 		return id, nil, err
 	}
-	var sums []uint32
+	var sums []uint64
 	if p.verifies() {
 		for _, r := range src {
 			if r >= p.env.Region.NumRows() {

@@ -51,7 +51,7 @@ type Report struct {
 	// before it reports the load successful. Integrity names why the
 	// session failed a load the producer reported successful (e.g.
 	// IntegrityMissing), "" otherwise.
-	Sums      []uint32
+	Sums      []uint64
 	Integrity string
 }
 

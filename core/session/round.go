@@ -50,17 +50,17 @@ type round struct {
 	// Verified pulls: the fetch's rows (non-nil only when the session
 	// verifies) and the checksum of each row written so far.
 	fetchRows []uint64
-	sums      map[uint64]uint32
+	sums      map[uint64]uint64
 }
 
 // verify makes the round collect row checksums for its transfer_done.
 func (r *round) verify(rows []uint64) {
 	r.fetchRows = rows
-	r.sums = make(map[uint64]uint32, len(rows))
+	r.sums = make(map[uint64]uint64, len(rows))
 }
 
 // landed records the sums of rows a transfer wrote (parallel to dst).
-func (r *round) landed(dst []uint64, sums []uint32) {
+func (r *round) landed(dst []uint64, sums []uint64) {
 	if r.sums == nil || len(sums) != len(dst) {
 		return
 	}
@@ -71,8 +71,8 @@ func (r *round) landed(dst []uint64, sums []uint32) {
 
 // rowSums lists the sums in the fetch's order, or nil when a row has none
 // (a transfer that carried none): the consumer then fails the load.
-func (r *round) rowSums() []uint32 {
-	out := make([]uint32, len(r.fetchRows))
+func (r *round) rowSums() []uint64 {
+	out := make([]uint64, len(r.fetchRows))
 	for i, row := range r.fetchRows {
 		sum, ok := r.sums[row]
 		if !ok {
@@ -121,7 +121,7 @@ func (r *round) writeStarted() { r.inflight++ }
 
 // writeEnded counts a write that finished: its rows written (ok, with
 // their sums) or the round failed.
-func (r *round) writeEnded(now time.Time, ok bool, rows int, dst []uint64, sums []uint32) {
+func (r *round) writeEnded(now time.Time, ok bool, rows int, dst []uint64, sums []uint64) {
 	r.inflight--
 	if !ok {
 		r.kill(now, false)

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -17,12 +18,12 @@ import (
 func TestATransferDoneWithoutRowSumsFailsAVerifiedLoad(t *testing.T) {
 	for name, c := range map[string]struct {
 		mutate []func(*config.Config)
-		sums   []uint32
+		sums   []uint64
 		ok     bool
 	}{
 		"verified, no sums":        {nil, nil, false},
-		"verified, too few sums":   {nil, []uint32{1}, false},
-		"verified, a sum each row": {nil, []uint32{1, 2}, true},
+		"verified, too few sums":   {nil, []uint64{1}, false},
+		"verified, a sum each row": {nil, []uint64{1, 2}, true},
 		"not negotiated, no sums":  {[]func(*config.Config){func(c *config.Config) { c.NoVerifyPulls = true }}, nil, true},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -45,4 +46,30 @@ func TestATransferDoneWithoutRowSumsFailsAVerifiedLoad(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A peer that offers another row checksum (an older release's "crc32c")
+// gets no checks, and the log says why: never a pull checked against sums
+// computed with another function.
+func TestAPeerOfferingAnotherChecksumIsNotVerifiedAndLogged(t *testing.T) {
+	p := newPair(t)
+	for range 32 {
+		fromA, fromB := p.a.take(), p.b.take()
+		if len(fromA) == 0 && len(fromB) == 0 {
+			break
+		}
+		for _, m := range fromA {
+			if c, ok := m.(*protocol.Connect); ok && c.PeerKV != nil {
+				c.PeerKV.Verify = "crc32c"
+			}
+			p.sb.Handle(m)
+		}
+		for _, m := range fromB {
+			p.sa.Handle(m)
+		}
+	}
+	require.True(t, p.sb.Ready())
+	assert.False(t, p.sb.Verifies())
+	assert.Contains(t, strings.Join(p.b.logs, "\n"),
+		`offers the row checksum "crc32c", this node "xxh3": pulls between them are not verified`)
 }

@@ -40,6 +40,17 @@ func (t *Tier) BeforeCheck(f func(rows []uint64)) {
 	t.checks.before = f
 }
 
+// WriteAsPeer writes src into row as a data path writing for peerID
+// would: through the row guard, refused unless the row is owed to peerID.
+func (t *Tier) WriteAsPeer(peerID string, row uint64, src []byte) bool {
+	return t.book.guard.WriteRow(peerID, row, t.region.Row(row), src)
+}
+
+// RowsReread is how many rows verified loads' checks read again (rows
+// without a landed sum, or every row once something may write around the
+// row guard).
+func (t *Tier) RowsReread() int64 { return t.checks.reread.Load() }
+
 // BeforeSend runs f after each summed write's sums were taken and before
 // its transfer starts.
 func (t *Tier) BeforeSend(f func(peerID string, src []uint64)) { t.rows.SetBeforeSend(f) }

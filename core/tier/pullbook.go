@@ -85,14 +85,14 @@ type request struct {
 	dest *params.Dest
 }
 
-func newPullBook(h bookHooks, loadTimeout time.Duration, keyLen int, rowLen uint64) *pullBook {
+func newPullBook(h bookHooks, loadTimeout time.Duration, keyLen int, rowLen, rows uint64, verified bool) *pullBook {
 	return &pullBook{
 		h: h, loadTimeout: loadTimeout, keyLen: keyLen, rowLen: int64(rowLen),
 		requests:     map[string]*request{},
 		pulls:        pullIndex{},
 		loads:        map[int64]*pullLoad{},
 		registerWake: make(chan struct{}, 1),
-		guard:        newRowGuard(),
+		guard:        newRowGuard(rows, verified),
 	}
 }
 

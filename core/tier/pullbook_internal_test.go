@@ -96,7 +96,7 @@ func newBookRig(t *testing.T) *bookRig {
 		fetched:     func(session.Report, int64, time.Duration) {},
 		answersNews: func(bool) { rig.news++ },
 		logf:        func(string, string, ...any) {},
-	}, rigLoadTimeout, 4, 64)
+	}, rigLoadTimeout, 4, 64, 64, true)
 	return rig
 }
 
@@ -120,7 +120,7 @@ func (rig *bookRig) cachedRequest(reqID string, sources ...params.Source) *pull 
 // back; a row given to another peer moves; what a peer is owed never goes
 // negative and a peer owed nothing leaves no entry.
 func TestGuardCountsTheRowsEachPeerIsOwed(t *testing.T) {
-	g := newRowGuard()
+	g := newRowGuard(0, false)
 	var _ data.WriteGuard = g
 	var _ data.OwedRows = g
 	dst, src := make([]byte, 2), []byte{7, 7}
@@ -161,7 +161,7 @@ func TestGuardCountsTheRowsEachPeerIsOwed(t *testing.T) {
 
 // Poisoning takes every row back at once.
 func TestRowGuardRevokeAllTakesEveryRowBack(t *testing.T) {
-	g := newRowGuard()
+	g := newRowGuard(0, false)
 	g.expect("a", []uint64{1, 2}, true)
 	g.expect("b", []uint64{3}, true)
 	g.revokeAll()

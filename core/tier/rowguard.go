@@ -7,15 +7,23 @@ import "sync"
 // book owns it and is its only writer (expect, revokeAll); the data paths
 // only read it, from their own goroutines. Copies hold the read lock, and
 // releasing a load's rows (expect off) takes the write lock, so no row
-// lands after the load ended.
+// lands after the load ended. Rows given to a verified load are summed as
+// they are copied in (landed.go).
 type rowGuard struct {
 	mu       sync.RWMutex
 	expected map[uint64]string // consumer row -> peer allowed to write it
 	owed     map[string]int    // peer -> how many rows of expected it may write
+	landed   landedSums        // per region row: its sum as guarded writes left it
 }
 
-func newRowGuard() *rowGuard {
-	return &rowGuard{expected: map[uint64]string{}, owed: map[string]int{}}
+// newRowGuard guards a region of rows rows; verified says whether loads
+// may be verified (then their rows' sums are kept as they land).
+func newRowGuard(rows uint64, verified bool) *rowGuard {
+	g := &rowGuard{expected: map[uint64]string{}, owed: map[string]int{}}
+	if verified {
+		g.landed = make(landedSums, rows)
+	}
+	return g
 }
 
 func (g *rowGuard) MayWrite(peerID string, row uint64) bool {
@@ -38,13 +46,14 @@ func (g *rowGuard) WriteRow(peerID string, row uint64, dst, src []byte) bool {
 	if g.expected[row] != peerID {
 		return false
 	}
-	copy(dst, src)
+	g.landed.write(row, dst, src)
 	return true
 }
 
 // expect gives rows to peerID (on) or takes back those of them it holds
 // (off). A row given to another peer moves: the one it held it owes one
-// less.
+// less. A row given starts without a landed sum (wanted, when the guard
+// keeps them); one taken back keeps none.
 func (g *rowGuard) expect(peerID string, rows []uint64, on bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -57,11 +66,28 @@ func (g *rowGuard) expect(peerID string, rows []uint64, on bool) {
 			}
 			g.expected[r] = peerID
 			g.owed[peerID]++
+			g.landed.reset(r, true)
+		case on:
+			g.landed.reset(r, true)
 		case !on && had && prev == peerID:
 			delete(g.expected, r)
 			g.unowe(peerID)
+			g.landed.reset(r, false)
 		}
 	}
+}
+
+// landedSums returns, once every copy under way is over, the landed sum of
+// each of rows (parallel), and whether it has one: rows written only by
+// guarded writes since they were given, the last of them alone.
+func (g *rowGuard) landedSums(rows []uint64) ([]uint64, []bool) {
+	sums, have := make([]uint64, len(rows)), make([]bool, len(rows))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i, r := range rows {
+		sums[i], have[i] = g.landed.landed(r)
+	}
+	return sums, have
 }
 
 // unowe takes one row off what peerID may write; mu held. A peer owed
@@ -78,14 +104,6 @@ func (g *rowGuard) revokeAll() {
 	defer g.mu.Unlock()
 	clear(g.expected)
 	clear(g.owed)
-}
-
-// barrier returns once every copy under way when it was called is over:
-// writers hold the read lock while they copy, so taking the write lock
-// once orders what follows after them.
-func (g *rowGuard) barrier() {
-	g.mu.Lock()
-	g.mu.Unlock() //lint:ignore SA2001 a barrier: the copies made so far are over
 }
 
 // rowsExpected is how many rows some peer may write now.

@@ -96,7 +96,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 	t.desk = newServeDesk(cfg, now, t.logf, t.ledger.report, &t.stats, func() {
 		t.host.tell(NewsInbound, true)
 	})
-	t.book = newPullBook(t.bookHooks(), cfg.LoadTimeout, cfg.KeyLen, region.RowLen)
+	t.book = newPullBook(t.bookHooks(), cfg.LoadTimeout, cfg.KeyLen, region.RowLen, region.NumRows(), !cfg.NoVerifyPulls)
 	dt, err := deps.NewData(t.book.guard, t.logf)
 	if err != nil {
 		return nil, err

@@ -1,9 +1,11 @@
 package tier
 
 import (
+	"sync"
+	"sync/atomic"
+
 	"github.com/peerkv/peerkv/core/data/rowsum"
 	"github.com/peerkv/peerkv/core/session"
-	"sync"
 )
 
 // Integrity failure causes (stats integrity_failures, the metric's cause
@@ -22,6 +24,7 @@ var IntegrityCauses = []string{IntegrityMismatch, IntegrityMissing}
 type checker struct {
 	done    chan checked   // checks back to the loop (verdict)
 	running sync.WaitGroup // checks reading the region; Shutdown waits (the host may free it after)
+	reread  atomic.Int64   // rows checked by reading them again (not by their landed sums)
 	// before, if set (tests), runs before a verified load's rows are
 	// checked, on the checking goroutine.
 	before func(rows []uint64)
@@ -54,14 +57,45 @@ func (t *Tier) checkRows(r session.Report) (session.Report, bool) {
 		if hook != nil {
 			hook(r.Rows)
 		}
-		t.book.guard.barrier() // this read comes after every copy made so far
-		bad := rowsum.Mismatch(t.region, r.Rows, r.Sums)
+		bad := t.mismatch(r.Rows, r.Sums)
 		select {
 		case t.checks.done <- checked{r, bad}:
 		case <-t.life.stop:
 		}
 	}()
 	return r, false
+}
+
+// mismatch returns the index of the first of rows whose bytes are not what
+// sums say, or -1. A row summed as it landed through the row guard, in a
+// region no one can write around the guard, is checked by that sum (the
+// guard hands the sums over once every copy under way is over); any other
+// row is read again, after every copy made so far.
+func (t *Tier) mismatch(rows []uint64, sums []uint64) int {
+	landed, have := t.book.guard.landedSums(rows)
+	unguarded := landedUnguarded(t.dt)
+	var reread []int // indexes into rows
+	bad := -1
+	for i := range rows {
+		switch {
+		case unguarded || !have[i]:
+			reread = append(reread, i)
+		case landed[i] != sums[i] && bad < 0:
+			bad = i
+		}
+	}
+	t.checks.reread.Add(int64(len(reread)))
+	if len(reread) == 0 {
+		return bad
+	}
+	rrows, rsums := make([]uint64, len(reread)), make([]uint64, len(reread))
+	for j, i := range reread {
+		rrows[j], rsums[j] = rows[i], sums[i]
+	}
+	if j := rowsum.Mismatch(t.region, rrows, rsums); j >= 0 && (bad < 0 || reread[j] < bad) {
+		bad = reread[j]
+	}
+	return bad
 }
 
 // verdict applies a check's outcome: the report as the session made it,

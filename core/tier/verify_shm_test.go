@@ -66,7 +66,7 @@ func runShmProducer(corrupt bool) error {
 	defer t.Shutdown()
 	prod.Tier = t
 	if corrupt {
-		t.BeforeSend(func(_ string, src []uint64) { region.Row(src[2])[rowLen-1] ^= 0x01 })
+		t.BeforeSend(flipRow(region, 12)) // key 2's row: the copy read it, its sum has not yet
 	}
 	ks := keys(0, 1, 2)
 	if _, err := t.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-shm"}}`)); err != nil {
@@ -139,6 +139,8 @@ func TestVerifiedShmPull(t *testing.T) {
 			case "clean":
 				require.True(t, res.Success, "logs: %s", dec.TakeLogs(1<<16))
 				require.Equal(t, int64(1), dec.Stats().Paths["shm"].Loads, "the rows came over shm")
+				require.Equal(t, int64(3), dec.RowsReread(),
+					"a peer holding a same-host grant can write around the row guard: every row is read again")
 			case "changed after it landed":
 				assertCaught(t, dec, &peer{id: prodID}, res, "shm", "kv-shm", 41)
 			default:

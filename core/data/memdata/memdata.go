@@ -64,6 +64,10 @@ func (h *Hub) Transport(peerID string, region data.Region, guard data.WriteGuard
 	return t
 }
 
+// WritesUnguarded implements data.Unguarded: with a guard, every row a
+// peer writes is copied in by the guard.
+func (t *Transport) WritesUnguarded() bool { return t.guard == nil }
+
 // SetFail makes every transfer to peerID fail with ErrInjected while fail is
 // true (transfers already copying are not affected).
 func (h *Hub) SetFail(peerID string, fail bool) {

@@ -189,6 +189,17 @@ func (t *Transport) Fence(peerID string) {
 	}
 }
 
+// WritesUnguarded implements data.Unguarded: true when any path may have
+// written into us around the guard, or cannot say.
+func (t *Transport) WritesUnguarded() bool {
+	for _, p := range t.paths {
+		if u, ok := p.(data.Unguarded); !ok || u.WritesUnguarded() {
+			return true
+		}
+	}
+	return false
+}
+
 // Cancel implements data.Canceler: it cancels on the path that runs the
 // transfer, if that path can.
 func (t *Transport) Cancel(peerID string, id uint64) {
@@ -235,6 +246,35 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 		return 0, err
 	}
 	return id<<indexBits | uint64(i), nil
+}
+
+// WriteSummed implements data.Summer: the peer's path sums the write if it
+// can (data.ErrNotSummed otherwise, nothing started).
+func (t *Transport) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
+	t.mu.Lock()
+	i, ok := t.chosen[peerID]
+	t.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("%w: %s", data.ErrUnknownPeer, peerID)
+	}
+	s, ok := t.paths[i].(data.Summer)
+	if !ok {
+		return 0, data.ErrNotSummed
+	}
+	id, err := s.WriteSummed(peerID, src, dst)
+	if err != nil {
+		return 0, err
+	}
+	return id<<indexBits | uint64(i), nil
+}
+
+// SetBetweenReads implements data.Summer for every path that sums.
+func (t *Transport) SetBetweenReads(f func(peerID string, src []uint64)) {
+	for _, p := range t.paths {
+		if s, ok := p.(data.Summer); ok {
+			s.SetBetweenReads(f)
+		}
+	}
 }
 
 // Completions delivers every path's outcomes, each once.

@@ -301,3 +301,31 @@ func TestCancelReachesThePathOfTheTransfer(t *testing.T) {
 	require.Len(t, tap.canceled, 1)
 	require.NoError(t, completion(t, tr).Err)
 }
+
+// silentPath is a path that cannot say whether it lets writes around the
+// guard (no data.Unguarded).
+type silentPath struct{ data.Transport }
+
+// multipath lets writes around the guard when any of its paths does, or
+// cannot say.
+func TestWritesAroundTheGuardIfAnyPathDoes(t *testing.T) {
+	hub := memdata.NewHub()
+	region := data.Region{Mem: make([]byte, rowLen), RowLen: rowLen}
+	allow := data.GuardFunc(func(string, uint64) bool { return true })
+	guarded := func() data.Transport { return hub.Transport("g", region, allow) }
+	for name, c := range map[string]struct {
+		paths []data.Transport
+		want  bool
+	}{
+		"all guarded":    {[]data.Transport{guarded()}, false},
+		"one around":     {[]data.Transport{hub.Transport("a", region, nil), guarded()}, true},
+		"one cannot say": {[]data.Transport{silentPath{guarded()}, guarded()}, true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			mp, err := New("", c.paths...)
+			require.NoError(t, err)
+			defer mp.Close()
+			assert.Equal(t, c.want, mp.WritesUnguarded())
+		})
+	}
+}

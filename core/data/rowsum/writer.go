@@ -40,7 +40,8 @@ type Writer struct {
 type transfer struct {
 	peerID  string
 	id      uint64
-	sums    []uint32 // nil for a write without sums
+	sums    []uint64 // nil for a write without sums
+	bySum   bool     // the path sums it (data.Summer): its completion brings the sums
 	pending int      // the transport's transfers not yet completed
 	issued  bool     // every chunk started, or the write gave up starting more
 	err     error    // the first failure
@@ -76,10 +77,12 @@ func (w *Writer) Write(peerID string, src, dst []uint64) (uint64, error) {
 	return w.next, nil
 }
 
-// WriteSummed starts a transfer whose completion carries the CRC-32C of
-// each source row (Completion.Sums), summed on a goroutine of its own,
-// chunk by chunk, each chunk's transfer starting once its rows are summed.
-// Failures after it returned arrive as its completion.
+// WriteSummed starts a transfer whose completion carries the XXH3-64 of
+// each source row (Completion.Sums). A path that sums its own writes
+// (data.Summer: the same-host copy) takes them as it copies; otherwise they
+// are summed on a goroutine of its own, chunk by chunk, each chunk's
+// transfer starting once its rows are summed. Failures after it returned
+// arrive as its completion.
 func (w *Writer) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
 	rows := w.region.NumRows()
 	for _, r := range src {
@@ -95,8 +98,20 @@ func (w *Writer) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
 	if w.closed {
 		return 0, data.ErrClosed
 	}
+	if s, ok := w.inner.(data.Summer); ok {
+		innerID, err := s.WriteSummed(peerID, src, dst)
+		if err == nil {
+			w.next++
+			t := &transfer{peerID: peerID, id: w.next, pending: 1, issued: true, bySum: true}
+			w.started[innerID], w.writes[t.id] = t, t
+			return w.next, nil
+		}
+		if !errors.Is(err, data.ErrNotSummed) {
+			return 0, err
+		}
+	}
 	w.next++
-	t := &transfer{peerID: peerID, id: w.next, sums: make([]uint32, len(src))}
+	t := &transfer{peerID: peerID, id: w.next, sums: make([]uint64, len(src))}
 	w.writes[t.id] = t
 	hook := w.beforeSend
 	w.summing.Add(1)
@@ -188,12 +203,18 @@ func (w *Writer) Cancel(peerID string, id uint64) {
 	}
 }
 
-// SetBeforeSend makes every later summed write call f after each chunk's
-// sums and before its transfer starts: tests change a source row there.
+// SetBeforeSend makes every later summed write call f between the read of
+// rows src for their sums and the read for their send, whichever comes
+// first: after each chunk's sums and before its transfer starts, or, on a
+// path that sums (data.Summer), after its copy and before its sums. Tests
+// change a source row there.
 func (w *Writer) SetBeforeSend(f func(peerID string, src []uint64)) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.beforeSend = f
+	if s, ok := w.inner.(data.Summer); ok {
+		s.SetBetweenReads(f)
+	}
 }
 
 // Completions delivers each write's outcome once, under Writer's ids.
@@ -210,6 +231,9 @@ func (w *Writer) forward() {
 			t.pending--
 			if c.Err != nil && t.err == nil {
 				t.err = c.Err
+			}
+			if t.bySum {
+				t.sums = c.Sums
 			}
 			done = t.issued && t.pending == 0
 		}

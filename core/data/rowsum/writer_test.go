@@ -120,6 +120,50 @@ func TestCloseWaitsForTheSumsInFlight(t *testing.T) {
 	assert.Zero(t, f.started(), "nothing starts once closed")
 }
 
+// summingPath is a fakePath whose writes to peer "shm" it sums itself
+// (data.Summer), as the same-host path does; others it cannot.
+type summingPath struct {
+	*fakePath
+	between func(string, []uint64)
+}
+
+func (s *summingPath) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
+	if peerID != "shm" {
+		return 0, data.ErrNotSummed
+	}
+	return s.Write(peerID, src, dst)
+}
+
+func (s *summingPath) SetBetweenReads(f func(string, []uint64)) { s.between = f }
+
+// A path that sums its own writes gets the summed write whole, its
+// completion's sums pass through, and the test hook goes to it; a peer
+// its path cannot sum for gets the Writer's own chunked sums.
+func TestSummedWriteGoesToAPathThatSums(t *testing.T) {
+	r := region(4, 1<<10)
+	s := &summingPath{fakePath: &fakePath{done: make(chan data.Completion, 16)}}
+	w := NewWriter(s, r)
+	defer s.Close()
+	w.SetBeforeSend(func(string, []uint64) {})
+	assert.NotNil(t, s.between, "the hook runs where the path reads the rows")
+
+	id, err := w.WriteSummed("shm", []uint64{0, 1}, []uint64{2, 3})
+	require.NoError(t, err)
+	require.Equal(t, 1, s.started(), "one write, summed by the path")
+	s.done <- data.Completion{PeerID: "shm", ID: 1, Sums: []uint64{7, 8}}
+	c := next(t, w)
+	assert.Equal(t, id, c.ID)
+	assert.Equal(t, []uint64{7, 8}, c.Sums)
+
+	id, err = w.WriteSummed("tcp", []uint64{2}, []uint64{0})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return s.started() == 2 }, 10*time.Second, time.Millisecond)
+	s.done <- data.Completion{PeerID: "tcp", ID: 2}
+	c = next(t, w)
+	assert.Equal(t, id, c.ID)
+	assert.Equal(t, []uint64{Row(r.Row(2))}, c.Sums, "summed by the Writer")
+}
+
 // cancelPath is a fakePath that can cancel: it records the ids it was
 // asked to cancel and completes them failed.
 type cancelPath struct {
@@ -168,4 +212,34 @@ func TestCancelStopsAWriteUnderItsOwnID(t *testing.T) {
 	got = next(t, w)
 	assert.Equal(t, other, got.ID)
 	assert.NoError(t, got.Err, "the write beside it is not canceled")
+}
+
+// summingCancelPath sums its own writes and can cancel them.
+type summingCancelPath struct{ *cancelPath }
+
+func (s summingCancelPath) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
+	return s.Write(peerID, src, dst)
+}
+
+func (s summingCancelPath) SetBetweenReads(func(string, []uint64)) {}
+
+// A write the path sums is canceled under Writer's id as any other: the
+// path's transfer is canceled and the write completes once, failed,
+// without sums.
+func TestCancelStopsAWriteThePathSums(t *testing.T) {
+	path := summingCancelPath{&cancelPath{fakePath: &fakePath{done: make(chan data.Completion, 8)}}}
+	w := NewWriter(path, region(2, 64))
+	defer w.Close()
+	_, err := path.fakePath.Write("p", []uint64{0}, []uint64{0}) // the transport's 1: ids differ
+	require.NoError(t, err)
+	id, err := w.WriteSummed("p", []uint64{1}, []uint64{1})
+	require.NoError(t, err)
+	w.Cancel("p", id)
+	c := next(t, w)
+	assert.Equal(t, id, c.ID)
+	require.ErrorIs(t, c.Err, data.ErrCanceled)
+	assert.Nil(t, c.Sums)
+	path.mu.Lock()
+	assert.Equal(t, []uint64{2}, path.canceled, "the transport's transfer that runs it")
+	path.mu.Unlock()
 }

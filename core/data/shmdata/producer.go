@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/core/data/rowsum"
 )
 
 // maxBatchBytes bounds one read, so a transfer sees Close, removal and its
@@ -242,6 +243,24 @@ func (t *Transport) RemovePeer(peerID string) {
 
 // Write starts copying local rows src[i] into the peer's rows dst[i].
 func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
+	return t.write(peerID, src, dst, false)
+}
+
+// WriteSummed implements data.Summer: Write, whose copy workers sum each
+// source row right after copying it, while it is in the cache; the
+// successful completion carries the sums.
+func (t *Transport) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
+	return t.write(peerID, src, dst, true)
+}
+
+// SetBetweenReads implements data.Summer.
+func (t *Transport) SetBetweenReads(f func(peerID string, src []uint64)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.betweenReads = f
+}
+
+func (t *Transport) write(peerID string, src, dst []uint64, summed bool) (uint64, error) {
 	if len(src) != len(dst) {
 		return 0, fmt.Errorf("shmdata: %d source rows but %d destination rows", len(src), len(dst))
 	}
@@ -267,6 +286,9 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 	t.nextID++
 	id := t.nextID
 	j := &copyJob{peerID: peerID, deadline: time.Now().Add(t.opts.TransferTimeout)}
+	if summed {
+		j.sums, j.betweenReads = make([]uint64, len(src)), t.betweenReads
+	}
 	t.copies[id] = j
 	p.users++
 	t.running.Add(1)
@@ -277,7 +299,11 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 		delete(t.copies, id)
 		t.mu.Unlock()
 		t.release(p)
-		t.outbox.Send(data.Completion{PeerID: peerID, ID: id, Err: err})
+		c := data.Completion{PeerID: peerID, ID: id, Err: err}
+		if err == nil {
+			c.Sums = j.sums
+		}
+		t.outbox.Send(c)
 	}()
 	return id, nil
 }
@@ -287,6 +313,36 @@ type copyJob struct {
 	peerID   string
 	deadline time.Time
 	canceled atomic.Bool
+	// sums (summed writes) gets each source row's sum, parallel to the
+	// write's src; each worker fills its own share.
+	sums         []uint64
+	betweenReads func(peerID string, src []uint64) // tests: after a batch's copy, before its sums
+}
+
+// summedBatchBytes bounds a summed write's batch, so the rows it copied are
+// still in the cache when the worker sums them.
+const summedBatchBytes = 1 << 20
+
+// maxRun is how many rows one batch copies at most.
+func (j *copyJob) maxRun(rowLen uint64) uint64 {
+	if j.sums != nil {
+		return max(1, summedBatchBytes/rowLen)
+	}
+	return max(1, maxBatchBytes/rowLen)
+}
+
+// summed sums rows src[i:i+n] of region, just copied, into sums[i:i+n]
+// (sums is the worker's share of the job's, parallel to src).
+func (j *copyJob) summed(region data.Region, src []uint64, sums []uint64, i, n int) {
+	if j.sums == nil {
+		return
+	}
+	if j.betweenReads != nil {
+		j.betweenReads(j.peerID, src[i:i+n])
+	}
+	for k := i; k < i+n; k++ {
+		sums[k] = rowsum.Row(region.Row(src[k]))
+	}
 }
 
 // Cancel implements data.Canceler: the copy stops before its next batch
@@ -318,7 +374,11 @@ func (t *Transport) copyRows(p *peer, src, dst []uint64, j *copyJob) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[w] = copyPart(p, src[lo:hi], dst[lo:hi], j)
+			var sums []uint64
+			if j.sums != nil {
+				sums = j.sums[lo:hi]
+			}
+			errs[w] = copyPart(p, src[lo:hi], dst[lo:hi], sums, j)
 		}()
 	}
 	wg.Wait()
@@ -334,9 +394,9 @@ func (t *Transport) copyRows(p *peer, src, dst []uint64, j *copyJob) error {
 // the peer's pages, so whatever the peer does to its file, and whatever
 // signal handlers the host installed, the copy fails cleanly or succeeds
 // (see the package doc).
-func (t *Transport) copyPart(p *peer, src, dst []uint64, j *copyJob) error {
+func (t *Transport) copyPart(p *peer, src, dst, sums []uint64, j *copyJob) error {
 	rowLen := t.opts.Region.RowLen
-	maxRun := max(1, maxBatchBytes/rowLen)
+	maxRun := j.maxRun(rowLen)
 	iov := make([]unix.Iovec, 0, min(maxPieces, len(src)))
 	var sinceCheck uint64
 	for i := 0; i < len(src); {
@@ -365,6 +425,7 @@ func (t *Transport) copyPart(p *peer, src, dst []uint64, j *copyJob) error {
 		if err := preadFull(t.file.fd, iov, t.file.offset+src[i]*rowLen); err != nil {
 			return t.copyFailed(p, src[i], n, err)
 		}
+		j.summed(t.opts.Region, src, sums, i, int(n))
 		i += int(n)
 		sinceCheck += n * rowLen
 	}
@@ -375,7 +436,7 @@ func (t *Transport) copyPart(p *peer, src, dst []uint64, j *copyJob) error {
 // rows, merging rows consecutive on both sides; it runs only while Go
 // handles SIGBUS (sigbus.go), so a fault on the mapping (the peer shrank
 // its file) or on our own becomes this transfer's error, not a crash.
-func (t *Transport) copyPartMapped(p *peer, src, dst []uint64, j *copyJob) (err error) {
+func (t *Transport) copyPartMapped(p *peer, src, dst, sums []uint64, j *copyJob) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
@@ -384,7 +445,7 @@ func (t *Transport) copyPartMapped(p *peer, src, dst []uint64, j *copyJob) (err 
 	}()
 	rowLen := t.opts.Region.RowLen
 	mem := t.opts.Region.Mem
-	maxRun := max(1, maxBatchBytes/rowLen)
+	maxRun := j.maxRun(rowLen)
 	// No size check between batches: a shrink faults here, and the fault is
 	// this transfer's error (copyRows checks the size once more at the end).
 	for i := 0; i < len(src); {
@@ -396,6 +457,7 @@ func (t *Transport) copyPartMapped(p *peer, src, dst []uint64, j *copyJob) (err 
 			n++
 		}
 		copy(p.rows[dst[i]*rowLen:(dst[i]+n)*rowLen], mem[src[i]*rowLen:(src[i]+n)*rowLen])
+		j.summed(t.opts.Region, src, sums, i, int(n))
 		i += int(n)
 	}
 	return nil

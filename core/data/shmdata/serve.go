@@ -111,6 +111,7 @@ func (t *Transport) serveOne(c *net.UnixConn) {
 	if t.replyHook != nil {
 		t.replyHook(&r)
 	}
+	t.granted.Store(true) // before the peer can hold the fd
 	if _, _, err := c.WriteMsgUnix(r.encode(), unix.UnixRights(fd), nil); err != nil {
 		t.logf("shmdata: sending the grant to peer %q (process %d): %v", req.peerID, cred.Pid, err)
 	}

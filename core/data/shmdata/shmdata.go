@@ -45,6 +45,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -95,7 +96,13 @@ type Transport struct {
 
 	outbox    *data.Outbox
 	closeOnce sync.Once
+	// granted: a peer was sent our region's fd; from then on it can write
+	// into any of our rows around the guard, for good.
+	granted atomic.Bool
 
+	// betweenReads, when set (tests), runs in summed writes after each
+	// batch's copy and before its sums (SetBetweenReads).
+	betweenReads func(peerID string, src []uint64)
 	// batchHook, when set (tests), runs before each batch a copy starts.
 	batchHook func()
 	// kernelCopyOnly (tests) makes every transfer take the kernel's copy,
@@ -109,6 +116,8 @@ var (
 	_ data.Transport = (*Transport)(nil)
 	_ data.Granter   = (*Transport)(nil)
 	_ data.Canceler  = (*Transport)(nil)
+	_ data.Unguarded = (*Transport)(nil)
+	_ data.Summer    = (*Transport)(nil)
 )
 
 // New finds the file behind opts.Region and starts the grant listener. It
@@ -202,6 +211,10 @@ func (t *Transport) Withdraw(peerID, offerString string) {
 	}
 	t.grants.revoke(peerID, o.token)
 }
+
+// WritesUnguarded implements data.Unguarded: once a peer was sent our
+// region's fd, it can write any of our rows whenever it likes.
+func (t *Transport) WritesUnguarded() bool { return t.granted.Load() }
 
 // Completions implements data.Transport.
 func (t *Transport) Completions() <-chan data.Completion { return t.outbox.C() }

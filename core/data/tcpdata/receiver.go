@@ -69,6 +69,10 @@ func (t *Transport) acceptLoop() {
 	}
 }
 
+// WritesUnguarded implements data.Unguarded: with a guard, every row a
+// peer sends is copied in by the guard (receiveRow).
+func (t *Transport) WritesUnguarded() bool { return t.opts.Guard == nil }
+
 // Fence implements data.Fencer: it closes every connection writing into us
 // for peerID and waits (at most IOTimeout) until their goroutines can
 // write no more. A row being copied finishes first; the rest are cut.

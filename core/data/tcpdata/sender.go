@@ -15,11 +15,17 @@ import (
 	"time"
 
 	"github.com/peerkv/peerkv/core/data"
+	"github.com/peerkv/peerkv/core/data/rowsum"
 )
 
 // writeBatchBytes is how much one writev call may carry before the write
 // deadline is renewed: the deadline bounds a stall, not a whole transfer.
 const writeBatchBytes = 8 << 20
+
+// summedBatchBytes is writeBatchBytes for a summed transfer: small enough
+// that the rows writev just read are still in the cache when they are
+// summed.
+const summedBatchBytes = 1 << 20
 
 // part is a run of a transfer's rows sent on one connection: local rows
 // src[first:end] go to the peer's rows dst[first:end]. src and dst are the
@@ -414,15 +420,19 @@ func (s *sender) send(p *part) (keepConn bool, err error) {
 	raceSync()
 	start := time.Now()
 	s.iov = append(s.iov[:0], hdr)
-	batchBytes := uint64(len(hdr))
+	batchBytes, batchFirst, limit := uint64(len(hdr)), p.first, uint64(writeBatchBytes)
+	if p.tr.sums != nil {
+		limit = summedBatchBytes
+	}
 	for i := p.first; i < p.end; i++ {
 		s.iov = append(s.iov, t.region.Row(p.src[i]))
 		batchBytes += rowLen
-		if batchBytes >= writeBatchBytes || i == p.end-1 {
+		if batchBytes >= limit || i == p.end-1 {
 			if err := s.writeBatch(c); err != nil {
 				return false, fmt.Errorf("tcpdata: send transfer %d to %s: %w", p.tr.id, s.link.peerID, err)
 			}
-			s.iov, batchBytes = s.iov[:0], 0
+			s.sumSent(p.tr, batchFirst, i+1)
+			s.iov, batchBytes, batchFirst = s.iov[:0], 0, i+1
 		}
 	}
 	written := time.Now()
@@ -439,6 +449,22 @@ func (s *sender) send(p *part) (keepConn bool, err error) {
 	}
 	// A bad-request answer means the receiver is dropping the connection.
 	return a.status != statusBadRequest, partError(s.link.peerID, a.status, a.row)
+}
+
+// sumSent sums the source rows tr.src[from:to], which writev has just read
+// (sent, or copied into the socket's buffers), when tr is summed: the
+// send's read of each row ended before its sum's begins, so a row changed
+// in between fails the consumer's check.
+func (s *sender) sumSent(tr *transfer, from, to int) {
+	if tr.sums == nil {
+		return
+	}
+	if tr.betweenReads != nil {
+		tr.betweenReads(s.link.peerID, tr.src[from:to])
+	}
+	for i := from; i < to; i++ {
+		tr.sums[i] = rowsum.Row(s.link.t.region.Row(tr.src[i]))
+	}
 }
 
 func (s *sender) writeBatch(c net.Conn) error {

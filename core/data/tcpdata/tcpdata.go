@@ -191,7 +191,10 @@ type Transport struct {
 	admit   admission         // inbound connection counts; see admit.go
 	tokens  map[string]string // peer id -> its session's data token (Grant)
 	nextID  uint64
-	closed  bool
+	// betweenReads, when set (tests), runs in summed writes after each
+	// batch's send and before its sums (SetBetweenReads).
+	betweenReads func(peerID string, src []uint64)
+	closed       bool
 
 	outbox  *data.Outbox
 	closing chan struct{} // closed when Close starts
@@ -209,11 +212,17 @@ type transfer struct {
 	onWire   int   // parts being sent right now
 	err      error // the first part's failure, or ErrCanceled: the rest are skipped
 	done     bool  // reported
+	// sums (summed writes) gets each source row's sum, parallel to src,
+	// taken by the part's sender right after writev read the row; parts
+	// fill disjoint ranges.
+	sums         []uint64
+	betweenReads func(peerID string, src []uint64) // tests: after a batch's send, before its sums
 }
 
 var (
 	_ data.Transport = (*Transport)(nil)
 	_ data.Canceler  = (*Transport)(nil)
+	_ data.Summer    = (*Transport)(nil)
 )
 
 // New binds the data listener and starts accepting writers.
@@ -360,6 +369,24 @@ func (t *Transport) dropLink(link *peerLink, reason error) {
 // unknown peer, a closed transport) are returned; everything the receiver
 // decides arrives on Completions.
 func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
+	return t.write(peerID, src, dst, false)
+}
+
+// WriteSummed implements data.Summer: Write, whose senders sum each source
+// row right after writev read it for the send, while it is in the cache;
+// the successful completion carries the sums.
+func (t *Transport) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
+	return t.write(peerID, src, dst, true)
+}
+
+// SetBetweenReads implements data.Summer.
+func (t *Transport) SetBetweenReads(f func(peerID string, src []uint64)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.betweenReads = f
+}
+
+func (t *Transport) write(peerID string, src, dst []uint64, summed bool) (uint64, error) {
 	if len(src) != len(dst) {
 		return 0, fmt.Errorf("tcpdata: %d source rows but %d destination rows", len(src), len(dst))
 	}
@@ -383,12 +410,15 @@ func (t *Transport) Write(peerID string, src, dst []uint64) (uint64, error) {
 	}
 	t.nextID++
 	tr := &transfer{id: t.nextID, link: link, src: slices.Clone(src), dst: slices.Clone(dst), rowsLeft: len(src)}
+	if summed {
+		tr.sums, tr.betweenReads = make([]uint64, len(src)), t.betweenReads
+	}
 	if len(src) > 0 {
 		t.pending[tr.id] = tr
 	}
 	t.mu.Unlock()
 	if len(src) == 0 {
-		t.report(data.Completion{PeerID: peerID, ID: tr.id})
+		t.report(data.Completion{PeerID: peerID, ID: tr.id, Sums: tr.sums})
 		return tr.id, nil
 	}
 	link.enqueue(tr)
@@ -470,7 +500,11 @@ func (t *Transport) finishPart(tr *transfer, rows int, err error, onWire bool) {
 	if firstErr {
 		tr.link.unqueue(tr)
 	}
-	t.report(data.Completion{PeerID: tr.link.peerID, ID: tr.id, Err: err})
+	c := data.Completion{PeerID: tr.link.peerID, ID: tr.id, Err: err}
+	if err == nil {
+		c.Sums = tr.sums
+	}
+	t.report(c)
 }
 
 // report delivers a completion, logging one dropped at shutdown.
