@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/peerkv/peerkv/core/node"
+	corenode "github.com/peerkv/peerkv/core/node"
 	"github.com/peerkv/peerkv/core/params"
 	"github.com/peerkv/peerkv/core/tier"
 	"github.com/stretchr/testify/assert"
@@ -15,8 +15,8 @@ import (
 )
 
 func TestHandlesStartAtAnUnlikelyValueAndAreNeverReused(t *testing.T) {
-	tbl := handleTable{next: firstHandle, peers: map[int64]*peer{}}
-	a, b := tbl.add(&peer{}), tbl.add(&peer{})
+	tbl := handleTable{next: firstHandle, nodes: map[int64]*node{}}
+	a, b := tbl.add(&node{}), tbl.add(&node{})
 	assert.Equal(t, int64(42<<16+1), a)
 	assert.Equal(t, a+1, b)
 
@@ -30,7 +30,7 @@ func TestHandlesStartAtAnUnlikelyValueAndAreNeverReused(t *testing.T) {
 	_, err = tbl.get(a)
 	require.ErrorIs(t, err, errUnknownHandle)
 	assert.Contains(t, err.Error(), "destroyed")
-	assert.NotEqual(t, a, tbl.add(&peer{}), "a released handle must not come back")
+	assert.NotEqual(t, a, tbl.add(&node{}), "a released handle must not come back")
 
 	for _, h := range []int64{0, 1, -1, firstHandle - 1, 1 << 40} {
 		_, err := tbl.get(h)
@@ -43,18 +43,18 @@ func TestHandlesStartAtAnUnlikelyValueAndAreNeverReused(t *testing.T) {
 }
 
 func TestADestroyedHandleStillShuttingDownIsFoundByASecondDestroy(t *testing.T) {
-	tbl := handleTable{next: firstHandle, peers: map[int64]*peer{}}
-	p := &peer{}
-	h := tbl.add(p)
+	tbl := handleTable{next: firstHandle, nodes: map[int64]*node{}}
+	nd := &node{}
+	h := tbl.add(nd)
 	got, released, err := tbl.remove(h)
 	require.NoError(t, err)
 	assert.False(t, released)
-	assert.Same(t, p, got)
+	assert.Same(t, nd, got)
 
 	again, released, err := tbl.remove(h)
 	require.NoError(t, err)
 	assert.True(t, released)
-	assert.Same(t, p, again, "the second destroy waits on the same peer's shutdown")
+	assert.Same(t, nd, again, "the second destroy waits on the same node's shutdown")
 
 	tbl.retired(h)
 	gone, released, err := tbl.remove(h)
@@ -64,18 +64,18 @@ func TestADestroyedHandleStillShuttingDownIsFoundByASecondDestroy(t *testing.T) 
 }
 
 func TestShutdownOfADestroyedHandleWaitsForOrReportsTheOneTeardown(t *testing.T) {
-	tbl := handleTable{next: firstHandle, peers: map[int64]*peer{}}
-	p := &peer{}
-	h := tbl.add(p)
+	tbl := handleTable{next: firstHandle, nodes: map[int64]*node{}}
+	nd := &node{}
+	h := tbl.add(nd)
 	live, err := tbl.shuttingDown(h)
 	require.NoError(t, err)
-	assert.Same(t, p, live)
+	assert.Same(t, nd, live)
 
 	_, _, err = tbl.remove(h)
 	require.NoError(t, err)
 	retiring, err := tbl.shuttingDown(h)
 	require.NoError(t, err)
-	assert.Same(t, p, retiring, "a shutdown racing a destroy waits on the same peer's shutdown")
+	assert.Same(t, nd, retiring, "a shutdown racing a destroy waits on the same node's shutdown")
 
 	tbl.retired(h)
 	gone, err := tbl.shuttingDown(h)
@@ -108,8 +108,8 @@ func TestStatusForMapsEveryCoreSentinel(t *testing.T) {
 		{wrap(tier.ErrDuplicate), statusDuplicate},
 		{wrap(tier.ErrClosed), statusClosed},
 		{wrap(tier.ErrTimeout), statusTimeout},
-		{wrap(node.ErrUnavailable), statusUnavailable},
-		{wrap(node.ErrTransport), statusTransport},
+		{wrap(corenode.ErrUnavailable), statusUnavailable},
+		{wrap(corenode.ErrTransport), statusTransport},
 		{errors.New("unclassified"), statusInternal},
 	}
 	for _, c := range cases {

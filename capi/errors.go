@@ -8,7 +8,7 @@ import "C"
 import (
 	"errors"
 
-	"github.com/peerkv/peerkv/core/node"
+	corenode "github.com/peerkv/peerkv/core/node"
 	"github.com/peerkv/peerkv/core/params"
 	"github.com/peerkv/peerkv/core/tier"
 )
@@ -51,9 +51,9 @@ func statusFor(err error, fallback C.int32_t) C.int32_t {
 		return statusClosed
 	case errors.Is(err, tier.ErrTimeout):
 		return statusTimeout
-	case errors.Is(err, node.ErrUnavailable):
+	case errors.Is(err, corenode.ErrUnavailable):
 		return statusUnavailable
-	case errors.Is(err, node.ErrTransport):
+	case errors.Is(err, corenode.ErrTransport):
 		return statusTransport
 	case errors.Is(err, tier.ErrInvalidArgument):
 		return statusInvalidArgument

@@ -1,8 +1,7 @@
 package main
 
 /*
-#include <stddef.h>
-#include <stdint.h>
+#include "peerkv.h"
 */
 import "C"
 
@@ -12,6 +11,8 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+
+	"github.com/peerkv/peerkv/core/tier"
 )
 
 // A panic inside the library leaves its state unknown: the first one is
@@ -30,12 +31,37 @@ type call struct {
 	errLen C.size_t
 }
 
-func newCall(fn string, errBuf *C.char, errLen C.size_t) *call {
-	return &call{fn: fn, errBuf: errBuf, errLen: errLen}
+// enter is every export's preamble, in one place: the panic guard is
+// deferred first, then begin refuses a poisoned library; body runs only
+// after both. body never escapes, so an export's func literal stays on its
+// stack (no allocation per call: go build -gcflags=-m ./capi says "func
+// literal does not escape"); c is passed by value for the same reason.
+func enter(fn string, errBuf *C.char, errLen C.size_t, body func(c call) C.int32_t) (rc C.int32_t) {
+	c := call{fn: fn, errBuf: errBuf, errLen: errLen}
+	defer c.guard(&rc)
+	if rc = c.begin(); rc != statusOK {
+		return rc
+	}
+	return body(c)
 }
 
-// begin clears the error buffer and refuses work once poisoned. Every export
-// calls it first, after deferring guard.
+// enterNode is enter for the exports that take a handle: body gets the
+// tier of the node h names, or never runs (PEERKV_ERR_UNKNOWN_HANDLE).
+func enterNode(fn string, h C.peerkv_handle, errBuf *C.char, errLen C.size_t, body func(c call, t *tier.Tier) C.int32_t) (rc C.int32_t) {
+	c := call{fn: fn, errBuf: errBuf, errLen: errLen}
+	defer c.guard(&rc)
+	if rc = c.begin(); rc != statusOK {
+		return rc
+	}
+	nd, err := handles.get(int64(h))
+	if err != nil {
+		return c.fail(err, statusUnknownHandle)
+	}
+	return body(c, nd.tier)
+}
+
+// begin clears the error buffer and refuses work once poisoned; enter and
+// enterNode call it right after deferring guard.
 func (c *call) begin() C.int32_t {
 	writeCString(c.errBuf, c.errLen, "")
 	if poisoned.Load() {
@@ -46,7 +72,7 @@ func (c *call) begin() C.int32_t {
 	return statusOK
 }
 
-// guard must be deferred by every export: it turns a panic into
+// guard is deferred first by enter and enterNode: it turns a panic into
 // PEERKV_ERR_INTERNAL and poisons the library.
 func (c *call) guard(rc *C.int32_t) {
 	r := recover()

@@ -12,7 +12,7 @@ import (
 
 	"github.com/peerkv/peerkv/core/contract"
 	"github.com/peerkv/peerkv/core/gpuinfo"
-	"github.com/peerkv/peerkv/core/node"
+	corenode "github.com/peerkv/peerkv/core/node"
 )
 
 // hostDescription is peerkv_info's JSON document.
@@ -25,7 +25,7 @@ type hostDescription struct {
 	// DataPaths: per path, "ok ..." or why this host cannot serve it.
 	DataPaths map[string]string `json:"data_paths"`
 	// GoMaxProcs is the Go runtime's size now; GoMaxProcsDefault what a
-	// peer without go_max_procs sets (core/node/procs.go).
+	// node without go_max_procs sets (core/node/procs.go).
 	GoMaxProcs        int `json:"go_max_procs"`
 	GoMaxProcsDefault int `json:"go_max_procs_default"`
 	// OptionsSchema is the digest of the options schema and metric shapes
@@ -35,7 +35,7 @@ type hostDescription struct {
 }
 
 // GPUs do not change while the process runs and probing them (NVML init)
-// is slow, so it happens once. NIXL is asked each time: a peer created
+// is slow, so it happens once. NIXL is asked each time: a node created
 // since may have loaded it from a path given in its options.
 var gpus = sync.OnceValue(gpuinfo.Discover)
 
@@ -46,10 +46,10 @@ func hostInfo() hostDescription {
 		ABI:               fmt.Sprintf("%d.%d", C.PEERKV_ABI_VERSION_MAJOR, C.PEERKV_ABI_VERSION_MINOR),
 		GPUs:              g.GPUs,
 		NVML:              g.Status,
-		NIXL:              node.NixlStatus(),
-		DataPaths:         node.DataPathStatus(),
+		NIXL:              corenode.NixlStatus(),
+		DataPaths:         corenode.DataPathStatus(),
 		GoMaxProcs:        runtime.GOMAXPROCS(0),
-		GoMaxProcsDefault: node.DefaultGoMaxProcs(),
+		GoMaxProcsDefault: corenode.DefaultGoMaxProcs(),
 		OptionsSchema:     contract.Digest(),
 	}
 }

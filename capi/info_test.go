@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/peerkv/peerkv/core/contract"
-	"github.com/peerkv/peerkv/core/node"
+	corenode "github.com/peerkv/peerkv/core/node"
 )
 
 func TestInfoNamesDataPathsRuntimeAndSchema(t *testing.T) {
@@ -18,7 +18,7 @@ func TestInfoNamesDataPathsRuntimeAndSchema(t *testing.T) {
 	}
 	assert.Contains(t, h.DataPaths["tcp"], "ok")
 	assert.Equal(t, runtime.GOMAXPROCS(0), h.GoMaxProcs)
-	assert.Equal(t, node.DefaultGoMaxProcs(), h.GoMaxProcsDefault)
-	assert.LessOrEqual(t, h.GoMaxProcsDefault, node.DefaultMaxProcsCap)
+	assert.Equal(t, corenode.DefaultGoMaxProcs(), h.GoMaxProcsDefault)
+	assert.LessOrEqual(t, h.GoMaxProcsDefault, corenode.DefaultMaxProcsCap)
 	assert.Equal(t, contract.Digest(), h.OptionsSchema)
 }

@@ -5,9 +5,10 @@
  * harness, any other embedder) may rely on is written here.
  *
  * Model
- *   A handle is one peer: it binds a ZMQ control socket at host:port, serves
- *   its primary CPU region (num_rows rows of row_len bytes, owned by the host)
- *   to remote consumers, and pulls rows from remote producers into it.
+ *   A handle is one node (this side; a peer is always a remote node): it
+ *   binds a ZMQ control socket at host:port, serves its primary CPU region
+ *   (num_rows rows of row_len bytes, owned by the host) to remote consumers,
+ *   and pulls rows from remote producers into it.
  *   Network progress runs on the library's own threads. No call below waits
  *   on the network except peerkv_drain and peerkv_destroy, and both are
  *   bounded by their configured deadlines.
@@ -116,7 +117,7 @@ int32_t peerkv_version(char *buf, size_t len);
  * len < *needed. */
 int32_t peerkv_info(char *buf, size_t len, size_t *needed, char *err, size_t errlen);
 
-/* Creates a peer.
+/* Creates a node: the handle the other calls take.
  *   abi_major   PEERKV_ABI_VERSION_MAJOR the caller was built against.
  *   region      primary CPU region base; num_rows * row_len bytes, host-owned.
  *   options     JSON object (may be NULL or "{}"):
@@ -244,7 +245,7 @@ int32_t peerkv_probe(peerkv_handle h, const char *peer, double timeout_s, char *
 
 /* Points *words at PEERKV_NEWS_COUNT counters the host may read at any time
  * without calling in: each grows when something of its kind is queued for
- * the host (and all once when the peer shuts down or is poisoned). A count
+ * the host (and all once when the node shuts down or is poisoned). A count
  * the host has seen already means that call has nothing to do, so an idle
  * host makes no call. Read each as one aligned 64-bit load. The memory stays
  * mapped for the life of the process (after peerkv_destroy it no longer
@@ -317,7 +318,7 @@ int32_t peerkv_answer_inbound(peerkv_handle h, int64_t lookup_id,
 int32_t peerkv_request_finish(peerkv_handle h, const char *req_id, char *err,
                               size_t errlen);
 
-/* 1 while the peer has work that needs the host to keep calling (jobs in
+/* 1 while the node has work that needs the host to keep calling (jobs in
  * flight or unreported, inbound lookups queued, sessions handshaking), else 0.
  * Negative on error. */
 int32_t peerkv_has_pending_work(peerkv_handle h);
@@ -336,7 +337,7 @@ int32_t peerkv_has_pending_work(peerkv_handle h);
  *   - a job result for peerkv_get_finished,
  *   - changed lookup answers for peerkv_take_answers (once per request
  *     until they are taken),
- *   - and once when the peer shuts down or is stopped by an internal error.
+ *   - and once when the node shuts down or is stopped by an internal error.
  * Items queued before the first call make it readable at once. It is never
  * signalled for nothing new, and a signal never blocks the library.
  * Order, so nothing is missed: when it is readable, first read(2) its 8 bytes
@@ -368,7 +369,7 @@ int32_t peerkv_stats(peerkv_handle h, char *buf, size_t len, size_t *needed,
  * so in the next line. */
 int32_t peerkv_take_logs(peerkv_handle h, char *buf, size_t len, size_t *n_out);
 
-/* Shuts the peer down: drains transfers for shutdown_drain_timeout_s, fails
+/* Shuts the node down: drains transfers for shutdown_drain_timeout_s, fails
  * every job not yet finished (they are still returned by a final
  * peerkv_get_finished on this handle, which stays valid for that until
  * peerkv_destroy), closes sockets. Idempotent, and safe to call from several
@@ -378,7 +379,7 @@ int32_t peerkv_take_logs(peerkv_handle h, char *buf, size_t len, size_t *n_out);
  * already finished, even one that raced that destroy and entered only after
  * it returned, has nothing left to tear down and returns PEERKV_OK, like a
  * second peerkv_destroy; handles are never reused, so it cannot reach another
- * peer. PEERKV_ERR_UNKNOWN_HANDLE only for a handle never created. */
+ * node. PEERKV_ERR_UNKNOWN_HANDLE only for a handle never created. */
 int32_t peerkv_shutdown(peerkv_handle h, char *err, size_t errlen);
 
 /* Releases the handle (shutting down first if needed). The region may be

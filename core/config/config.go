@@ -1,4 +1,4 @@
-// Package config holds every tunable of a peerkv peer: identity, data path
+// Package config holds every tunable of a peerkv node: identity, data path
 // and all deadlines, with defaults that match vLLM's built-in p2p tier where
 // it has one. Timeouts live here and nowhere else.
 package config
@@ -92,9 +92,9 @@ func (c Config) WithServedLimits(rows uint64) Config {
 // per peer; see core/data/multipath.
 const DataAuto = "auto"
 
-// Config is one peer's configuration. Zero durations mean "use the default".
+// Config is one node's configuration. Zero durations mean "use the default".
 type Config struct {
-	// Host and Port are bound and are this peer's identity "host:port".
+	// Host and Port are bound and are this node's identity "host:port".
 	// A host name (default "localhost") is resolved before binding, to its
 	// first IPv4 address (IPv6 when it has none); the identity keeps the
 	// name. Port is the final port (base + data-parallel index).

@@ -43,7 +43,7 @@ type Event struct {
 
 // Transport is the control path of one peer.
 type Transport interface {
-	// LocalID is this peer's identity, "host:port", exactly as peers dial it.
+	// LocalID is this node's identity, "host:port", exactly as peers dial it.
 	LocalID() string
 	// Connect opens the connection to peerID ahead of the first Send.
 	Connect(peerID string) error

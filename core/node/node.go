@@ -1,6 +1,7 @@
-// Package node wires one peer: the ZMQ control transport, the data transport
-// chosen by the configuration, and the tier on top. It keeps capi thin and is
-// the one place that knows which concrete transports exist.
+// Package node wires one node (this side; its peers are the remote nodes):
+// the ZMQ control transport, the data transport chosen by the
+// configuration, and the tier on top. It keeps capi thin and is the one
+// place that knows which concrete transports exist.
 package node
 
 import (
@@ -31,7 +32,7 @@ var ErrTransport = errors.New("transport failure")
 // installed); its messages read "NIXL unavailable: ...".
 var ErrUnavailable = nixl.ErrUnavailable
 
-// Open builds a peer bound at cfg.Host:cfg.Port serving region. cfg must
+// Open builds a node bound at cfg.Host:cfg.Port serving region. cfg must
 // have its defaults applied (config.FromJSON does).
 func Open(cfg config.Config, region data.Region) (*tier.Tier, error) {
 	cfg = cfg.WithServedLimits(region.NumRows())

@@ -19,23 +19,23 @@ import (
 // CPUs this process may use: the affinity mask, capped by a cgroup CPU
 // quota) capped at DefaultMaxProcsCap. go_max_procs sets it explicitly; a
 // GOMAXPROCS variable in the environment, read by the runtime when the
-// library loads, wins over both and is left alone. When several peers of
+// library loads, wins over both and is left alone. When several nodes of
 // one process ask for different sizes, the largest wins.
 const DefaultMaxProcsCap = 4
 
 // initialProcs is the runtime's own default, taken when the library loads,
-// before any peer sized it.
+// before any node sized it.
 var initialProcs = runtime.GOMAXPROCS(0)
 
 var procs struct {
 	mu  sync.Mutex
-	set int // the size a peer of this process set (0: none yet)
+	set int // the size a node of this process set (0: none yet)
 }
 
-// DefaultGoMaxProcs is what a peer without go_max_procs sets.
+// DefaultGoMaxProcs is what a node without go_max_procs sets.
 func DefaultGoMaxProcs() int { return min(initialProcs, DefaultMaxProcsCap) }
 
-// procsChoice is one peer's sizing decision, logged when the peer starts.
+// procsChoice is one node's sizing decision, logged when the node starts.
 type procsChoice struct {
 	n     int    // GOMAXPROCS after the decision
 	apply bool   // whether runtime.GOMAXPROCS(n) must be called
@@ -62,7 +62,7 @@ func decideProcs(asked int, env string, envSet bool, initial, already int) procs
 	}
 	if already >= want {
 		if already > want {
-			why = fmt.Sprintf("Go runtime: GOMAXPROCS stays %d, set by another peer of this process (this one asked for %d)",
+			why = fmt.Sprintf("Go runtime: GOMAXPROCS stays %d, set by another node of this process (this one asked for %d)",
 				already, want)
 		}
 		return procsChoice{n: already, why: why}
@@ -70,7 +70,7 @@ func decideProcs(asked int, env string, envSet bool, initial, already int) procs
 	return procsChoice{n: want, apply: true, why: why}
 }
 
-// sizeGoRuntime applies the rule for a peer that asked for asked (0 =
+// sizeGoRuntime applies the rule for a node that asked for asked (0 =
 // default) and returns the line to log.
 func sizeGoRuntime(asked int) procsChoice {
 	env, envSet := os.LookupEnv("GOMAXPROCS")

@@ -23,8 +23,8 @@ func TestGoRuntimeSizing(t *testing.T) {
 		"environment wins":                {asked: 12, initial: 64, env: "3", envSet: true, says: "GOMAXPROCS=3 from the environment (go_max_procs 12 ignored"},
 		"environment, no option":          {initial: 64, env: "7", envSet: true, says: "GOMAXPROCS=7 from the environment"},
 		"empty environment variable":      {initial: 64, env: "", envSet: true, n: 4, apply: true, says: "default"},
-		"another peer set more":           {initial: 64, already: 8, n: 8, says: "stays 8, set by another peer of this process (this one asked for 4)"},
-		"another peer set less":           {asked: 6, initial: 64, already: 4, n: 6, apply: true, says: "GOMAXPROCS 6"},
+		"another node set more":           {initial: 64, already: 8, n: 8, says: "stays 8, set by another node of this process (this one asked for 4)"},
+		"another node set less":           {asked: 6, initial: 64, already: 4, n: 6, apply: true, says: "GOMAXPROCS 6"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			got := decideProcs(c.asked, c.env, c.envSet, c.initial, c.already)
@@ -35,7 +35,7 @@ func TestGoRuntimeSizing(t *testing.T) {
 	}
 }
 
-// The process-wide part: a peer sizes the runtime, and a later peer asking
+// The process-wide part: a node sizes the runtime, and a later node asking
 // for less does not shrink it.
 func TestSizeGoRuntimeSetsTheRuntime(t *testing.T) {
 	t.Setenv("GOMAXPROCS", "") // set but empty: as if unset

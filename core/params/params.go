@@ -2,7 +2,7 @@
 // counterpart a request transfers with, and in which role.
 //
 // Keys name the remote counterpart ("the remote ___ I transfer with"):
-//   - remote_decoder {kv_request_id}: this peer is a prefill producer.
+//   - remote_decoder {kv_request_id}: this node is a prefill producer.
 //   - remote_prefiller {kv_request_id, endpoint}: PD decoder.
 //   - remote_kv_source {kv_request_id?, endpoint}, or a list of them (and of
 //     URL strings) in the orchestrator's order of preference: P2P consumer.
@@ -168,7 +168,7 @@ func kvSources(raw json.RawMessage, maxSources int) ([]Source, error) {
 		return nil, fmt.Errorf("%w: remote_kv_source is an empty list; give at least one source, or leave the key out", ErrMalformed)
 	}
 	if len(list) > maxSources {
-		return nil, fmt.Errorf("%w: remote_kv_source lists %d sources; this peer takes at most %d (option max_sources_per_request)",
+		return nil, fmt.Errorf("%w: remote_kv_source lists %d sources; this node takes at most %d (option max_sources_per_request)",
 			ErrMalformed, len(list), maxSources)
 	}
 	out := make([]Source, 0, len(list))

@@ -78,7 +78,7 @@ func url(u string) string      { return src(`"remote_url": "` + u + `"`) }
 
 var malformedSources = map[string]refusedCase{
 	"empty list":               {raw: list(``), want: "remote_kv_source is an empty list"},
-	"too many sources":         {raw: list(`"tcp://a:1", "tcp://b:1", "tcp://c:1"`), want: "remote_kv_source lists 3 sources; this peer takes at most 2 (option max_sources_per_request)", schemaAllows: "the engine's max_sources_per_request"},
+	"too many sources":         {raw: list(`"tcp://a:1", "tcp://b:1", "tcp://c:1"`), want: "remote_kv_source lists 3 sources; this node takes at most 2 (option max_sources_per_request)", schemaAllows: "the engine's max_sources_per_request"},
 	"null in a list":           {raw: list(`"tcp://a:1", null`), want: "remote_kv_source[1] must be an object with kv_request_id, got null"},
 	"number in a list":         {raw: list(`7`), want: "remote_kv_source[0] must be an object"},
 	"list in a list":           {raw: list(`["tcp://a:1"]`), want: "remote_kv_source[0] must be an object"},

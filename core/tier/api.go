@@ -8,8 +8,9 @@
 //
 // Glossary (one word per concept, here and in core/session):
 //   - node: this process's tier (one vLLM engine's); peer: always a remote
-//     node we hold, or could hold, a session with. (The C API's handle and
-//     Python's Peer class name the node, for compatibility.)
+//     node we hold, or could hold, a session with. (The C API's handle names
+//     the node; so do capi's node and Python's Node, whose old name Peer is
+//     a deprecated alias.)
 //   - host request: a vLLM request (req_id) and its kv_transfer_params.
 //   - kv id: the kv_request_id shared by both ends of a transfer: the
 //     orchestrator's, or minted by this consumer for a remote_kv_source entry

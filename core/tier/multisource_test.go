@@ -649,7 +649,7 @@ func TestTooManySourcesAreRefused(t *testing.T) {
 	five := `{"remote_kv_source": ["tcp://127.0.0.1:7001", "tcp://127.0.0.1:7002", "tcp://127.0.0.1:7003", "tcp://127.0.0.1:7004", "tcp://127.0.0.1:7005"]}`
 	_, err := p.StartRequest("r", []byte(five))
 	require.ErrorIs(t, err, tier.ErrBadParams)
-	assert.Contains(t, err.Error(), "lists 5 sources; this peer takes at most 4 (option max_sources_per_request)")
+	assert.Contains(t, err.Error(), "lists 5 sources; this node takes at most 4 (option max_sources_per_request)")
 	assert.EqualValues(t, 1, p.Stats().BadParams)
 	assert.Equal(t, []tier.LookupResult{tier.Miss}, p.lookup("r", keys(1)))
 

@@ -6,7 +6,7 @@ import (
 	"github.com/peerkv/peerkv/core/session"
 )
 
-// serveState is where a PD kv id this peer serves as a prefiller stands.
+// serveState is where a PD kv id this node serves as a prefiller stands.
 type serveState int
 
 const (
@@ -26,7 +26,7 @@ type parked struct {
 	rows  []uint64
 }
 
-// serveKV is one PD kv id this peer serves: the one owner of what the
+// serveKV is one PD kv id this node serves: the one owner of what the
 // prefill stored for it, which session may fetch it, and its deadline.
 type serveKV struct {
 	id    string

@@ -7,14 +7,14 @@ import (
 	"github.com/peerkv/peerkv/core/session"
 )
 
-// serveDesk owns what this peer serves to others: the PD kv ids it serves
+// serveDesk owns what this node serves to its peers: the PD kv ids it serves
 // as a prefiller (serve.go), the inbound lookups the host evaluates with
 // the queue of their work (here), and the frames waiting behind a deferred
 // answer (outbox.go). It is the only writer and deleter of each, and holds
 // the serving deadlines (tick). A session's end reaches it as purge; the
-// peer's end as clear. Owned under t.mu.
+// node's end as clear. Owned under t.mu.
 type serveDesk struct {
-	serving       map[string]*serveKV // PD kv ids this peer serves as a prefiller
+	serving       map[string]*serveKV // PD kv ids this node serves as a prefiller
 	parkedBatches int                 // store batches parked in serving, summed
 	inbound       inboundQueue        // work for the host's serve pass
 	lookups       map[int64]*session.InboundLookup

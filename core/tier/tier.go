@@ -157,7 +157,7 @@ func (t *Tier) mayDial(peerID string) error {
 	return err
 }
 
-// LocalID is this peer's identity "host:port".
+// LocalID is this node's identity "host:port".
 func (t *Tier) LocalID() string { return t.ctl.LocalID() }
 
 // bookHooks is what the pull book is given of the coordinator; each runs
@@ -439,7 +439,7 @@ func (t *Tier) recoverLoop(where string) {
 
 // crashed poisons the tier after a panic r in where (recovered there).
 func (t *Tier) crashed(where string, r any) {
-	t.logf("ERROR", "internal error in %s: %v; this peer stops serving and fails its jobs (restart the engine)\n%s",
+	t.logf("ERROR", "internal error in %s: %v; this node stops serving and fails its jobs (restart the engine)\n%s",
 		where, r, debug.Stack())
 	t.poison(fmt.Errorf("%w: %s panicked (%v); the peer is stopped", ErrInternal, where, r))
 }

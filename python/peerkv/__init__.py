@@ -3,6 +3,9 @@
 Importing this package never loads libpeerkv.so; the library is loaded on the
 first call that needs it (see peerkv._lib). The vLLM tier class lives in
 peerkv.vllm and needs vLLM installed.
+
+`Node` is this process's node (one libpeerkv handle); a *peer* is always a
+remote node. `Peer` is Node's old name, kept as a deprecated alias.
 """
 
 from peerkv._lib import LIBRARY_ENV, in_forked_child, is_loaded, library_path
@@ -23,7 +26,7 @@ from peerkv.errors import (
     UnknownHandleError,
     UnknownRequestError,
 )
-from peerkv.peer import (
+from peerkv.node import (
     INBOUND_EVALUATE,
     INBOUND_FINISH,
     LOOKUP_HIT,
@@ -34,13 +37,25 @@ from peerkv.peer import (
     POLICY_REQUEST_LEVEL,
     Inbound,
     JobResult,
-    Peer,
+    Node,
     abi_version,
     info,
     version,
 )
 
 from peerkv._version import __version__
+
+
+def __getattr__(name: str) -> type[Node]:
+    if name == "Peer":  # Node's old name (see peerkv.peer)
+        import warnings
+
+        from peerkv.peer import PEER_DEPRECATED
+
+        warnings.warn(PEER_DEPRECATED, DeprecationWarning, stacklevel=2)
+        return Node
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ABIMismatchError",
@@ -61,8 +76,8 @@ __all__ = [
     "LOOKUP_RETRY",
     "LibraryLoadError",
     "POLICY_BLOCK_LEVEL",
+    "Node",
     "POLICY_REQUEST_LEVEL",
-    "Peer",
     "PeerKVError",
     "PeerKVForkError",
     "PeerKVTimeoutError",

@@ -130,7 +130,7 @@ SIGNATURES: dict[str, tuple[type | None, tuple]] = {
 }
 
 
-# Calls that never take the peer's state lock keep the GIL: releasing it
+# Calls that never take the node's state lock keep the GIL: releasing it
 # costs more than they do (getting it back can wait a switch interval behind
 # another thread). Every other call releases it: the lock can be held for a
 # moment by the library's own threads (a data-path call under way), and a

@@ -45,8 +45,8 @@ def _bar(done: int, total: int, text: str) -> None:
 
 
 class Puller:
-    def __init__(self, peer, endpoint: str, rows: int, row_len: int) -> None:
-        self.peer, self.rows, self.row_len = peer, rows, row_len
+    def __init__(self, node, endpoint: str, rows: int, row_len: int) -> None:
+        self.node, self.rows, self.row_len = node, rows, row_len
         self.host, self.port = _standalone.split_endpoint(endpoint)
         self.keys = [_standalone.key(i) for i in range(rows)]
         self.job = 0
@@ -55,18 +55,18 @@ class Puller:
         """(lookup seconds, load seconds, bytes) of one pull; raises on failure."""
         req = f"bench-{uuid.uuid4().hex[:12]}"
         params = {"remote_kv_source": {"kv_request_id": req, "remote_host": self.host, "remote_port": self.port}}
-        self.peer.request_start(req, params)
+        self.node.request_start(req, params)
         try:
             deadline = time.monotonic() + timeout
-            if self.peer.lookup_mode(req) != 2:  # LOOKUPS_ASK
+            if self.node.lookup_mode(req) != 2:  # LOOKUPS_ASK
                 raise RuntimeError(f"cannot pull from {self.host}:{self.port} (see the log lines above)")
             start = time.monotonic()
-            told = list(self.peer.lookup_many([(req, self.keys)]))
+            told = list(self.node.lookup_many([(req, self.keys)]))
             while 4 in told:  # LOOKUP_RETRY
                 if time.monotonic() > deadline:
                     raise RuntimeError("the peer did not answer the lookup in time")
                 time.sleep(0.0002)
-                for change in self.peer.take_answers():
+                for change in self.node.take_answers():
                     if change.failed:
                         raise RuntimeError("the pull failed (see the log lines above)")
                     for pos, code in zip(change.positions, change.results):
@@ -78,7 +78,7 @@ class Puller:
                                    f"with --rows >= {self.rows} and --row-len {self.row_len}?)")
             self.job += 1
             start = time.monotonic()
-            self.peer.submit_load(req, self.job, self.keys, list(range(self.rows)))
+            self.node.submit_load(req, self.job, self.keys, list(range(self.rows)))
             result = self._wait_job(self.job, deadline)
             load_s = time.monotonic() - start
             if not result.success:
@@ -88,11 +88,11 @@ class Puller:
                     raise RuntimeError(f"row {i} arrived corrupted")
             return lookup_s, load_s, result.bytes or self.rows * self.row_len
         finally:
-            self.peer.request_finish(req)
+            self.node.request_finish(req)
 
     def _wait_job(self, job: int, deadline: float):
         while time.monotonic() < deadline:
-            for result in self.peer.get_finished():
+            for result in self.node.get_finished():
                 if result.job_id == job:
                     return result
             time.sleep(0.0002)
@@ -101,7 +101,7 @@ class Puller:
 
 def run(args: argparse.Namespace) -> int:
     from peerkv.errors import PeerKVError
-    from peerkv.peer import Peer
+    from peerkv.node import Node
 
     try:
         host, port = _standalone.split_endpoint(args.peer)
@@ -117,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
                **_standalone.secret_options(args)}
     lookups, rates = [], []
     try:
-        with Peer(region, args.rows, args.row_len, options) as peer:
-            puller = Puller(peer, args.peer, args.rows, args.row_len)
+        with Node(region, args.rows, args.row_len, options) as node:
+            puller = Puller(node, args.peer, args.rows, args.row_len)
             try:
                 puller.round(region, args.timeout)  # warm-up: handshake, data-path registration
                 for n in range(args.rounds):
@@ -129,11 +129,11 @@ def run(args: argparse.Namespace) -> int:
                     _bar(n + 1, args.rounds, f"lookup {lookups[-1]:.2f} ms, load {rates[-1]:.2f} GB/s")
             except RuntimeError as exc:
                 sys.stderr.write("\n")
-                for line in peer.take_logs():
+                for line in node.take_logs():
                     print(f"peerkv bench: {line}", file=sys.stderr)
                 print(f"peerkv bench: {exc}", file=sys.stderr)
                 return 1
-            paths = peer.stats().get("paths") or {}
+            paths = node.stats().get("paths") or {}
     except PeerKVError as exc:
         print(f"peerkv bench: {exc}", file=sys.stderr)
         return 1

@@ -220,7 +220,7 @@ def report(result: dict[str, Any], want: dict[str, Any]) -> tuple[list[str], int
 
 
 def probe(peer: str, options: dict[str, Any], want: dict[str, Any], timeout: float) -> dict[str, Any]:
-    from peerkv.peer import Peer
+    from peerkv.node import Node
 
     host, port = _split(peer)
     address = _local_address(host, port)
@@ -235,7 +235,7 @@ def probe(peer: str, options: dict[str, Any], want: dict[str, Any], timeout: flo
         "handshake_timeout_s": timeout,
     }
     region = bytearray(row_len)
-    with Peer(region, 1, row_len, create) as doctor:
+    with Node(region, 1, row_len, create) as doctor:
         doctor.take_logs()  # its own start-up, not the probe's
         result = doctor.probe(peer, timeout)
         # Stay reachable a moment: a stock vLLM peer dials back and sends

@@ -1,4 +1,4 @@
-"""Run a standalone peer that serves synthetic rows, to test a network.
+"""Run a standalone node that serves synthetic rows, to test a network.
 
 Binds HOST:PORT like an engine's tier, holds ROWS synthetic rows of ROW_LEN
 bytes in a region of its own, and answers every peer's lookups and fetches
@@ -17,7 +17,7 @@ import time
 
 from peerkv import _standalone
 
-HELP = "serve synthetic rows from a standalone peer (for `peerkv bench`)"
+HELP = "serve synthetic rows from a standalone node (for `peerkv bench`)"
 EPILOG = """examples:
   peerkv serve --host 10.0.0.7 --port 5710
   peerkv serve --host 0.0.0.0 --advertise-host 10.0.0.7 --port 5710 --rows 512 --row-len 1048576
@@ -37,18 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class Server:
-    """The host side of a peer that only serves: inbound lookups are HIT for
+    """The host side of a node that only serves: inbound lookups are HIT for
     the synthetic keys it holds (pinned as one job), finished pins dropped."""
 
-    def __init__(self, peer, rows: int) -> None:
-        self.peer = peer
+    def __init__(self, node, rows: int) -> None:
+        self.node = node
         self.held = {_standalone.key(i): i for i in range(rows)}
         self.next_job = 1
         self.served = 0
 
     def serve_once(self) -> None:
         while True:
-            item = self.peer.next_inbound()
+            item = self.node.next_inbound()
             if item is None:
                 break
             if item.kind != 1:  # FINISH: nothing of ours to release
@@ -62,15 +62,15 @@ class Server:
             job = -1
             if pins:
                 job, self.next_job = self.next_job, self.next_job + 1
-            self.peer.answer_inbound(item.lookup_id, results, job, pins)
-        for result in self.peer.get_finished():
+            self.node.answer_inbound(item.lookup_id, results, job, pins)
+        for result in self.node.get_finished():
             if result.success:
                 self.served += 1
 
 
 def run(args: argparse.Namespace) -> int:
     from peerkv.errors import PeerKVError
-    from peerkv.peer import Peer
+    from peerkv.node import Node
 
     if args.rows <= 0 or args.row_len <= 0:
         print("peerkv serve: --rows and --row-len must be positive", file=sys.stderr)
@@ -85,15 +85,15 @@ def run(args: argparse.Namespace) -> int:
     if args.data_port is not None:
         options["data_port"] = args.data_port
     try:
-        peer = Peer(region, args.rows, args.row_len, options)
+        node = Node(region, args.rows, args.row_len, options)
     except PeerKVError as exc:
         print(f"peerkv serve: {exc}", file=sys.stderr)
         return 1
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    server = Server(peer, args.rows)
-    fd = peer.notify_fd()
-    stats = peer.stats()
+    server = Server(node, args.rows)
+    fd = node.notify_fd()
+    stats = node.stats()
     print(f"peerkv serve: {stats.get('local_id', args.port)}: {args.rows} rows x {args.row_len} bytes (block_len); "
           f"data paths {stats.get('data_paths', '?')}; Ctrl-C stops", flush=True)
     deadline = time.monotonic() + args.seconds if args.seconds else None
@@ -106,12 +106,12 @@ def run(args: argparse.Namespace) -> int:
                 except BlockingIOError:
                     pass
             server.serve_once()
-            for line in peer.take_logs():
+            for line in node.take_logs():
                 print(f"peerkv serve: {line}", flush=True)
     except KeyboardInterrupt:
         pass
     finally:
         print(f"peerkv serve: stopping after serving {server.served} pulls", flush=True)
-        peer.shutdown()
-        peer.destroy()
+        node.shutdown()
+        node.destroy()
     return 0

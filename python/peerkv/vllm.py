@@ -73,7 +73,7 @@ from peerkv.errors import BadParamsError, PeerKVError, PeerKVTimeoutError
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
 
-    from peerkv.peer import Peer
+    from peerkv.node import Node
 
 # Under "vllm." so lines use vLLM's handlers and format.
 logger = init_logger("vllm.peerkv")
@@ -235,7 +235,7 @@ _HISTOGRAMS: dict[str, tuple[str, str | None, tuple[float, ...], str]] = {
 }
 
 
-# Indexes of the library's news counts (peerkv.peer.NEWS_*; include/peerkv.h).
+# Indexes of the library's news counts (peerkv.node.NEWS_*; include/peerkv.h).
 _NEWS_RESULTS, _NEWS_ANSWERS, _NEWS_INBOUND, _NEWS_LOGS = 0, 1, 2, 3
 
 # _RequestState.fixed by the library's PEERKV_LOOKUPS_* mode.
@@ -394,7 +394,7 @@ class PeerKVTier(SecondaryTierManager):
         self._peer_series = _peer_metrics.PeerSeries(_METRIC_PREFIX)
         self._logged_once: set[str] = set()
         self._seed_checked = False
-        self._peer: Peer | None = None
+        self._node: Node | None = None
         self._waker: EngineWaker | None = None
         self._polled = False  # vLLM's tier-poll thread serves this tier
         self._early_poller: EarlyPoller | None = None
@@ -413,17 +413,17 @@ class PeerKVTier(SecondaryTierManager):
         # tuple, replaced whole; reset wherever a context's state is set.
         self._last_lookup: tuple[ReqContext | None, _RequestState | None] = (None, None)
         self._inbound_more = False  # the last serve pass stopped at its cap
-        self._seen = [0] * 4  # news counts collected, by peerkv.peer.NEWS_*
+        self._seen = [0] * 4  # news counts collected, by peerkv.node.NEWS_*
         self._hint_counts = _kv_hints.Counts()
         self._hint_rows = 0  # a kv.fetch may list at most the region's rows
 
-        from peerkv.peer import Peer  # loads libpeerkv.so: scheduler process only
+        from peerkv.node import Node  # loads libpeerkv.so: scheduler process only
 
         rows, row_len = _region_shape(primary_kv_view)
         self._hint_rows = rows
-        self._peer = Peer(primary_kv_view, rows, row_len, create_options)
-        self._news = self._peer.news() or _AlwaysNew()
-        started = self._peer.stats()
+        self._node = Node(primary_kv_view, rows, row_len, create_options)
+        self._news = self._node.news() or _AlwaysNew()
+        started = self._node.stats()
         self._local_id = started.get("local_id") or self._local_id
         self._forward_logs()  # how the Go runtime was sized, which paths serve
         self._waker = self._start_engine_waker(offloading_spec)
@@ -451,7 +451,7 @@ class PeerKVTier(SecondaryTierManager):
         params = req_context.kv_transfer_params
         _note_legacy_keys(params)
         fetch = self._read_hints(req_context, params)
-        if not (params or fetch) or self._peer is None:
+        if not (params or fetch) or self._node is None:
             req_context.set_state(_RequestState(started=False))
             return RequestOffloadingContext()
         try:
@@ -475,7 +475,7 @@ class PeerKVTier(SecondaryTierManager):
             return RequestOffloadingContext()
         policy, params, blocks = started
         try:
-            mode = self._peer.lookup_mode(req_context.req_id)
+            mode = self._node.lookup_mode(req_context.req_id)
         except PeerKVError as exc:
             self._log_once("lookup_mode", "reading a request's lookup mode failed: %s", exc)
             mode = 0
@@ -510,7 +510,7 @@ class PeerKVTier(SecondaryTierManager):
         """The request's kv.fetch hint, when it is to be pulled; every action
         not acted on is counted by reason and logged."""
         hints = getattr(req_context, "kv_hints", None)
-        if hints is None or self._peer is None:
+        if hints is None or self._node is None:
             return None
         fetch, refused = _kv_hints.read(hints, self._hint_rows)
         if fetch is not None and _kv_hints.names_source(params):
@@ -558,10 +558,10 @@ class PeerKVTier(SecondaryTierManager):
         starts with its own params alone, or not at all (None). Raises
         BadParamsError only for the request's own params."""
         if fetch is None:
-            return self._peer.request_start(req_id, params), params, None
+            return self._node.request_start(req_id, params), params, None
         merged = _kv_hints.with_source(params, fetch)
         try:
-            policy = self._peer.request_start(req_id, merged)
+            policy = self._node.request_start(req_id, merged)
         except BadParamsError as exc:
             hint_error = exc
         else:
@@ -569,7 +569,7 @@ class PeerKVTier(SecondaryTierManager):
             return policy, merged, _kv_hints.BlockFilter(fetch.blocks)
         if params:
             try:
-                policy = self._peer.request_start(req_id, params)
+                policy = self._node.request_start(req_id, params)
             except BadParamsError:
                 self._hint_counts.ignore("kv_transfer_params")
                 raise
@@ -600,7 +600,7 @@ class PeerKVTier(SecondaryTierManager):
             return answer
         # Never asked: RETRY now, sent with the step's other keys at
         # on_schedule_end; the answer comes back through get_finished_jobs.
-        if self._peer is None:
+        if self._node is None:
             return _MISS
         if state.blocks is not None and not state.blocks.admits(key):
             state.answers[key] = _MISS  # outside the hint's block list: computed locally
@@ -642,7 +642,7 @@ class PeerKVTier(SecondaryTierManager):
         if not sent:
             return
         try:
-            results = self._peer.lookup_packed(ids, counts, b"".join(packed), len(sent[0][1][0]))
+            results = self._node.lookup_packed(ids, counts, b"".join(packed), len(sent[0][1][0]))
         except PeerKVError as exc:
             self._log_once("lookup_many", "sending lookups failed: %s; those requests recompute", exc)
             for state, _ in sent:
@@ -657,7 +657,7 @@ class PeerKVTier(SecondaryTierManager):
     def _apply_answers(self) -> None:
         """Answers the library changed since the last step."""
         try:
-            changes = self._peer.take_answers()
+            changes = self._node.take_answers()
         except PeerKVError as exc:
             self._log_once("take_answers", "reading lookup answers failed: %s; requests recompute", exc)
             for state in self._tracked.values():
@@ -714,7 +714,7 @@ class PeerKVTier(SecondaryTierManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         state = req_context.get_state(_RequestState)
-        if state is None or not state.started or self._peer is None:
+        if state is None or not state.started or self._node is None:
             return
         state.started = False
         state.fail()
@@ -725,7 +725,7 @@ class PeerKVTier(SecondaryTierManager):
         self._tracked.pop(req_context.req_id, None)
         self._last_lookup = (None, None)  # holds no finished request
         try:
-            self._peer.request_finish(req_context.req_id)
+            self._node.request_finish(req_context.req_id)
         except PeerKVError as exc:
             logger.error("PeerKVTier: finishing request %s failed: %s", req_context.req_id, exc)
 
@@ -742,7 +742,7 @@ class PeerKVTier(SecondaryTierManager):
     def _submit(self, job: TransferJob, is_load: bool) -> None:
         state = job.req_context.get_state(_RequestState)
         started = state is not None and state.started
-        if not started or self._peer is None:
+        if not started or self._node is None:
             # Nothing to pull for this request; a store has nobody to serve,
             # unless it named a decoder the library refused (vLLM fails it).
             stores_fail = state is not None and state.stores_fail
@@ -753,7 +753,7 @@ class PeerKVTier(SecondaryTierManager):
             # starts over for a key looked up again (keys asked this step
             # and not yet sent stay RETRY: they are sent at step end).
             state.answers = dict.fromkeys(state.unsent, _RETRY)
-        submit = self._peer.submit_load if is_load else self._peer.submit_store
+        submit = self._node.submit_load if is_load else self._node.submit_store
         try:
             submit(job.req_context.req_id, job.job_id, list(job.keys), job.chunk_ids)
         except PeerKVError as exc:
@@ -778,7 +778,7 @@ class PeerKVTier(SecondaryTierManager):
             # signalled so far is collected in this step.
             self._waker.collecting()
         results, self._local_results = self._local_results, []
-        if self._peer is None:
+        if self._node is None:
             return results
         news, seen = self._news, self._seen
         n = news[_NEWS_ANSWERS]
@@ -789,7 +789,7 @@ class PeerKVTier(SecondaryTierManager):
         if n != seen[_NEWS_RESULTS]:
             seen[_NEWS_RESULTS] = n
             try:
-                for r in self._peer.get_finished():
+                for r in self._node.get_finished():
                     if self._outstanding.pop(r.job_id, None) is None:
                         continue  # already failed locally (poisoned library)
                     loading = self._loading.pop(r.job_id, None)
@@ -821,10 +821,10 @@ class PeerKVTier(SecondaryTierManager):
         self._loading.clear()
 
     def drain_jobs(self) -> None:
-        if self._peer is None:
+        if self._node is None:
             return
         try:
-            self._peer.drain()
+            self._node.drain()
         except PeerKVTimeoutError as exc:
             logger.error("PeerKVTier: drain_jobs: %s; jobs are reported when they end", exc)
         except PeerKVError as exc:
@@ -848,14 +848,14 @@ class PeerKVTier(SecondaryTierManager):
             # The waker steps the engine when the library has news; jobs in
             # flight and lookups waiting for a re-offer need no step until then.
             return self._waker.pending
-        if self._peer is None:
+        if self._node is None:
             return False
         if self._outstanding or self._inbound_ctx or self._inbound_more or self._to_send:
             return True
         news, seen = self._news, self._seen
         if isinstance(news, _AlwaysNew):  # no news page: ask the library
             try:
-                return self._peer.has_pending_work()
+                return self._node.has_pending_work()
             except PeerKVError:
                 return False
         return (
@@ -869,7 +869,7 @@ class PeerKVTier(SecondaryTierManager):
     # ------------------------------------------------------------------
 
     def serve_external_requests(self, parent: ParentManager) -> None:
-        if self._peer is None:
+        if self._node is None:
             return
         if not self._early_poll_tried:
             self._start_early_poller(parent)
@@ -881,7 +881,7 @@ class PeerKVTier(SecondaryTierManager):
         self._inbound_more = False
         for _ in range(_MAX_INBOUND_PER_CALL):
             try:
-                item = self._peer.next_inbound()
+                item = self._node.next_inbound()
             except PeerKVError as exc:
                 self._log_once("next_inbound", "reading inbound lookups failed: %s", exc)
                 return
@@ -906,7 +906,7 @@ class PeerKVTier(SecondaryTierManager):
         hits = [key for key, r in zip(item.keys, results) if r is LookupResult.HIT]
         pin: TransferJob | None = parent.create_store_job(hits, ctx) if hits else None
         try:
-            finished = self._peer.answer_inbound(
+            finished = self._node.answer_inbound(
                 item.lookup_id,
                 [r.value for r in results],
                 pin.job_id if pin is not None else -1,
@@ -929,7 +929,7 @@ class PeerKVTier(SecondaryTierManager):
             parent.on_request_finished(ctx)
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
-        if self._peer is None:
+        if self._node is None:
             return
         if self._to_send:
             self._send_lookups()
@@ -954,15 +954,15 @@ class PeerKVTier(SecondaryTierManager):
         waker, self._waker = self._waker, None
         if waker is not None:
             waker.stop()
-        peer, self._peer = self._peer, None
-        if peer is None:
+        node, self._node = self._node, None
+        if node is None:
             return
         try:
-            peer.shutdown()
-            for r in peer.get_finished():
+            node.shutdown()
+            for r in node.get_finished():
                 if self._outstanding.pop(r.job_id, None) is not None:
                     self._local_results.append(JobResult(job_id=r.job_id, success=r.success))
-            self._forward_logs(peer)
+            self._forward_logs(node)
         except PeerKVError as exc:
             logger.error("PeerKVTier: shutdown: %s", exc)
         finally:
@@ -970,24 +970,24 @@ class PeerKVTier(SecondaryTierManager):
                 self._local_results.append(JobResult(job_id=job_id, success=False))
             self._outstanding.clear()
             try:
-                peer.destroy()  # drops our export of the primary view
+                node.destroy()  # drops our export of the primary view
             except PeerKVError as exc:
                 logger.error("PeerKVTier: destroy: %s", exc)
 
     def links(self) -> dict[str, dict[str, Any]]:
-        """Each live peer's link (Peer.links; docs/links.md); {} before the
+        """Each live peer's link (Node.links; docs/links.md); {} before the
         library started."""
-        return self._peer.links() if self._peer is not None else {}
+        return self._node.links() if self._node is not None else {}
 
     def get_stats(self) -> Any:
-        if self._peer is None:
+        if self._node is None:
             return None
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
             OffloadingConnectorStats,
         )
 
         try:
-            snapshot = self._peer.stats()
+            snapshot = self._node.stats()
         except PeerKVError:
             return None
         stats = OffloadingConnectorStats()
@@ -1043,12 +1043,12 @@ class PeerKVTier(SecondaryTierManager):
         if delta > 0:
             stats.increase_counter(name, delta, labels)
 
-    def _forward_logs(self, peer: Peer | None = None) -> None:
-        peer = peer or self._peer
-        if peer is None:
+    def _forward_logs(self, node: Node | None = None) -> None:
+        node = node or self._node
+        if node is None:
             return
         try:
-            lines = peer.take_logs()
+            lines = node.take_logs()
         except PeerKVError:
             return
         for line in lines:
@@ -1061,14 +1061,14 @@ class PeerKVTier(SecondaryTierManager):
         if _off_thread_polling(offloading_spec):
             return None
         wake = find_engine_wakeup()
-        if wake is None or self._peer is None:
+        if wake is None or self._node is None:
             logger.warning(
                 "PeerKVTier %s: no EngineCore input queue found to wake; this "
                 "engine answers peers only while it steps for its own requests.",
                 self._local_id,
             )
             return None
-        return EngineWaker(self._peer.notify_fd(), wake, name="peerkv-engine-wake")
+        return EngineWaker(self._node.notify_fd(), wake, name="peerkv-engine-wake")
 
     def _start_early_poller(self, parent: ParentManager) -> None:
         """Called on vLLM's tier-poll thread or the scheduler's, manager lock
@@ -1076,7 +1076,7 @@ class PeerKVTier(SecondaryTierManager):
         behind parent."""
         self._early_poll_tried = True
         found = _compat.tier_poll_round(parent, self)
-        if found is None or self._peer is None:
+        if found is None or self._node is None:
             logger.info(
                 "PeerKVTier %s: vLLM's manager is not reachable from its parent handle; "
                 "peers are served at vLLM's tier_poll_interval_s.",
@@ -1085,7 +1085,7 @@ class PeerKVTier(SecondaryTierManager):
             return
         lock, round_ = found
         self._early_poller = EarlyPoller(
-            self._peer.notify_fd(), lock, round_, name="peerkv-early-poll", on_exit=self._early_poller_ended
+            self._node.notify_fd(), lock, round_, name="peerkv-early-poll", on_exit=self._early_poller_ended
         )
 
     def _early_poller_ended(self) -> None:

@@ -363,7 +363,7 @@ class _Node:
 
     def stats(self, name: str) -> dict[str, Any]:
         tier = self.managers[name].secondary_tiers[0]
-        return tier._peer.stats()
+        return tier._node.stats()
 
     def links(self, name: str) -> dict[str, Any]:
         return self.managers[name].secondary_tiers[0].links()
@@ -375,13 +375,13 @@ class _Node:
 
     def count_library_calls(self, name: str) -> None:
         """From now on, count the calls the tier makes into its library (by
-        Peer method); count_library_calls_taken returns and resets them."""
-        peer = self.managers[name].secondary_tiers[0]._peer
+        Node method); count_library_calls_taken returns and resets them."""
+        node = self.managers[name].secondary_tiers[0]._node
         counts = self.__dict__.setdefault("_library_calls", {}).setdefault(name, {})
         counts.clear()
-        if getattr(peer, "_peerkv_test_counted", False):
+        if getattr(node, "_peerkv_test_counted", False):
             return
-        peer._peerkv_test_counted = True
+        node._peerkv_test_counted = True
 
         def counting(method_name: str, method: Any) -> Any:
             def call(*args: Any, **kwargs: Any) -> Any:
@@ -390,10 +390,10 @@ class _Node:
 
             return call
 
-        for method_name in dir(type(peer)):
-            method = getattr(peer, method_name)
+        for method_name in dir(type(node)):
+            method = getattr(node, method_name)
             if not method_name.startswith("_") and callable(method) and method_name not in ("news",):
-                setattr(peer, method_name, counting(method_name, method))
+                setattr(node, method_name, counting(method_name, method))
 
     def count_library_calls_taken(self, name: str) -> dict[str, int]:
         counts = self.__dict__.get("_library_calls", {}).get(name, {})

@@ -5,7 +5,7 @@ per-position path must leave the same answers."""
 import pytest
 
 import peerkv.vllm as vllm_tier  # needs vLLM, as the other tier tests do: never skipped
-from peerkv.peer import AnswerChange
+from peerkv.node import AnswerChange
 
 LookupResult = vllm_tier.LookupResult
 MISS, HIT, HIT_PENDING, RETRY = 1, 2, 3, 4  # PEERKV_LOOKUP_*
@@ -27,7 +27,7 @@ def _applied(order, change_positions, results):
     state.order = list(order)
     state.answers = dict.fromkeys(order, LookupResult.RETRY)
     tier._tracked = {"r": state}
-    tier._peer = _Changes([AnswerChange("r", False, change_positions, bytes(results))])
+    tier._node = _Changes([AnswerChange("r", False, change_positions, bytes(results))])
     tier._apply_answers()
     return [state.answers[k] for k in order]
 

@@ -149,7 +149,7 @@ def test_python_and_the_library_word_every_refusal_alike(library):
         for value in _WRONG[option["type"]]:
             (expected,) = _problems({option["name"]: value})
             with pytest.raises(peerkv.InvalidArgumentError) as caught:
-                peerkv.Peer(region, 1, 4096, {"port": 27399, "data_port": 0, "host": "127.0.0.1", option["name"]: value})
+                peerkv.Node(region, 1, 4096, {"port": 27399, "data_port": 0, "host": "127.0.0.1", option["name"]: value})
             assert caught.value.message.endswith("options: " + expected), (option["name"], value)
             checked += 1
     for tier in ({"prot": 1}, {"host": "0.0.0.0"}, {"host": "::", "port": 27399},
@@ -157,7 +157,7 @@ def test_python_and_the_library_word_every_refusal_alike(library):
                  {"allowed_peers": ["prefill-0.svc"]}, {"allowed_peers": ["fe80::1%eth0"]}, {"allowed_peers": ["a..b"]}):
         (expected,) = _problems(tier)
         with pytest.raises(peerkv.InvalidArgumentError) as caught:
-            peerkv.Peer(region, 1, 4096, tier)
+            peerkv.Node(region, 1, 4096, tier)
         assert caught.value.message.endswith(expected), (tier, caught.value.message)
     assert checked > 80
 
@@ -167,7 +167,7 @@ def test_an_advertised_identity_is_what_peers_dial(library):
 
     port = control_port()
     region = bytearray(4 * 4096)
-    with peerkv.Peer(region, 4, 4096, {"host": "0.0.0.0", "advertise_host": "127.0.0.1", "port": port, "data_port": 0,
+    with peerkv.Node(region, 4, 4096, {"host": "0.0.0.0", "advertise_host": "127.0.0.1", "port": port, "data_port": 0,
                                       "data_transport": "tcp"}) as peer:
         stats = peer.stats()
         assert stats["local_id"] == f"127.0.0.1:{port}"
@@ -357,7 +357,7 @@ def test_the_library_words_the_secret_refusals_alike(library, tmp_path):
                  {"auth_secret_file": str(empty)}):
         (expected,) = _engine_problems({**tier, "host": "127.0.0.1"})
         with pytest.raises(peerkv.InvalidArgumentError) as caught:
-            peerkv.Peer(region, 1, 4096, {"port": 27399, "data_port": 0, "host": "127.0.0.1", **tier})
+            peerkv.Node(region, 1, 4096, {"port": 27399, "data_port": 0, "host": "127.0.0.1", **tier})
         assert caught.value.message.endswith(expected), (tier, caught.value.message)
 
 

@@ -23,7 +23,7 @@ def _wait_child(pid: int) -> int:
 
 def test_call_in_forked_child_raises_fork_error(library):
     region = bytearray(4 * 4096)
-    peer = peerkv.Peer(region, 4, 4096, {"host": "127.0.0.1", "port": control_port(), "data_port": 0, "key_len": 36})
+    peer = peerkv.Node(region, 4, 4096, {"host": "127.0.0.1", "port": control_port(), "data_port": 0, "key_len": 36})
     try:
         pid = os.fork()
         if pid == 0:  # child: must not touch the Go runtime
@@ -35,7 +35,7 @@ def test_call_in_forked_child_raises_fork_error(library):
                 except peerkv.PeerKVForkError as exc:
                     fast = time.monotonic() - started < 1.0
                     code = 0 if fast and "forked child" in str(exc) and peerkv.in_forked_child() else 2
-                # The inherited Peer's finalizer must skip silently.
+                # The inherited Node's finalizer must skip silently.
                 del peer
             finally:
                 os._exit(code)

@@ -20,7 +20,7 @@ def _peer(port, **options):
     opts = {"host": "127.0.0.1", "port": port, "data_port": 0, "key_len": 36, "hash_seed": "s1", "data_transport": "tcp",
             "handshake_timeout_s": 5, "lookup_timeout_s": 3, "load_timeout_s": 3}
     opts.update(options)
-    return peerkv.Peer(bytearray(16 * ROW), 16, ROW, opts)
+    return peerkv.Node(bytearray(16 * ROW), 16, ROW, opts)
 
 
 def _pull_once(consumer, producer_port):
@@ -102,7 +102,7 @@ _PROCS = r"""
 import json, os, sys
 import peerkv
 opts = json.loads(sys.argv[1])
-with peerkv.Peer(bytearray(4096), 1, 4096, opts) as p:
+with peerkv.Node(bytearray(4096), 1, 4096, opts) as p:
     lines = [l for l in p.take_logs() if "Go runtime" in l]
     info = peerkv.info()
 print(json.dumps({"env": os.environ.get("GOMAXPROCS"), "procs": info["go_max_procs"],

@@ -76,7 +76,7 @@ def test_the_built_library_writes_the_contract_keys(library):
     region = bytearray(8 * 4096)
     from peerkv_node import control_port
 
-    with peerkv.Peer(region, 8, 4096, {"host": "127.0.0.1", "port": control_port(), "data_port": 0, "key_len": 36}) as peer:
+    with peerkv.Node(region, 8, 4096, {"host": "127.0.0.1", "port": control_port(), "data_port": 0, "key_len": 36}) as peer:
         got = set(peer.stats())
     want = set(SCHEMA["stats_keys"]["stats"]) - {"poisoned"}  # omitted while healthy
     assert got == want

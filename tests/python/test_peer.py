@@ -1,4 +1,4 @@
-"""The ctypes binding against the real library: one Peer, no vLLM."""
+"""The ctypes binding against the real library: one Node, no vLLM."""
 
 import json
 import os
@@ -39,7 +39,7 @@ def test_library_loads_with_defaults(library):
 
 
 def test_create_lookup_and_lifecycle(library, region):
-    with peerkv.Peer(region, ROWS, ROW_LEN, _options()) as peer:
+    with peerkv.Node(region, ROWS, ROW_LEN, _options()) as peer:
         assert peer.handle != 0
         key = bytes(range(KEY_LEN))
         # Unknown request: every key MISS, no error.
@@ -68,9 +68,9 @@ def test_create_lookup_and_lifecycle(library, region):
 
 def test_errors_carry_the_library_message(library, region):
     options = _options()
-    with peerkv.Peer(region, ROWS, ROW_LEN, options) as peer:
+    with peerkv.Node(region, ROWS, ROW_LEN, options) as peer:
         with pytest.raises(peerkv.TransportError) as in_use:
-            peerkv.Peer(bytearray(ROWS * ROW_LEN), ROWS, ROW_LEN, dict(options))
+            peerkv.Node(bytearray(ROWS * ROW_LEN), ROWS, ROW_LEN, dict(options))
         assert in_use.value.code == -6 and in_use.value.message
         forbidden = {
             "remote_prefiller": {"kv_request_id": "a", "remote_host": "127.0.0.1", "remote_port": 1},
@@ -82,7 +82,7 @@ def test_errors_carry_the_library_message(library, region):
         with pytest.raises(peerkv.InvalidArgumentError):
             peer.submit_store("r1", 1, [b"x" * KEY_LEN], [ROWS + 5])
     with pytest.raises(peerkv.InvalidArgumentError) as unknown:
-        peerkv.Peer(region, ROWS, ROW_LEN, _options(no_such_option=1))
+        peerkv.Node(region, ROWS, ROW_LEN, _options(no_such_option=1))
     assert "no_such_option" in unknown.value.message
 
 
@@ -108,7 +108,7 @@ def test_options_reach_the_library_as_json(library, region):
         '"store_timeout_s","unbound_store_timeout_s","inbound_lookup_timeout_s",'
         '"shutdown_drain_timeout_s","drain_timeout_s"]'
     )
-    with peerkv.Peer(region, ROWS, ROW_LEN, _options(**{n: 1.5 for n in names})):
+    with peerkv.Node(region, ROWS, ROW_LEN, _options(**{n: 1.5 for n in names})):
         pass
 
 
@@ -120,8 +120,8 @@ def _readable(fd, timeout):
 def test_notify_fd_wakes_the_producer_when_a_lookup_arrives(library):
     prod_region, cons_region = bytearray(ROWS * ROW_LEN), bytearray(ROWS * ROW_LEN)
     prod_options = _options(data_transport="tcp")
-    with peerkv.Peer(prod_region, ROWS, ROW_LEN, prod_options) as prod, \
-            peerkv.Peer(cons_region, ROWS, ROW_LEN, _options(data_transport="tcp")) as cons:
+    with peerkv.Node(prod_region, ROWS, ROW_LEN, prod_options) as prod, \
+            peerkv.Node(cons_region, ROWS, ROW_LEN, _options(data_transport="tcp")) as cons:
         fd = prod.notify_fd()
         assert fd >= 0 and prod.notify_fd() == fd
         assert not _readable(fd, 0.05), "nothing to collect on a fresh peer"
@@ -154,13 +154,13 @@ def test_one_packed_call_asks_each_requests_keys_of_its_source(library):
     request's own keys to the producer; a bad call is refused whole."""
     prod_region, cons_region = bytearray(ROWS * ROW_LEN), bytearray(ROWS * ROW_LEN)
     prod_options = _options(data_transport="tcp")
-    with peerkv.Peer(prod_region, ROWS, ROW_LEN, prod_options) as prod, \
-            peerkv.Peer(cons_region, ROWS, ROW_LEN, _options(data_transport="tcp")) as cons:
+    with peerkv.Node(prod_region, ROWS, ROW_LEN, prod_options) as prod, \
+            peerkv.Node(cons_region, ROWS, ROW_LEN, _options(data_transport="tcp")) as cons:
         asked = {"a": [bytes([1]) * KEY_LEN, bytes([2]) * KEY_LEN], "b": [bytes([3]) * KEY_LEN], "c": []}
         for req in asked:
             source = {"kv_request_id": f"kv-{req}", "remote_host": "127.0.0.1", "remote_port": prod_options["port"]}
             cons.request_start(req, {"remote_kv_source": source})
-            assert cons.lookup_mode(req) == peerkv.peer.LOOKUPS_ASK
+            assert cons.lookup_mode(req) == peerkv.node.LOOKUPS_ASK
         ids = [b"a", b"b", b"c"]
         with pytest.raises(peerkv.InvalidArgumentError):
             cons.lookup_packed([b"a\0b", b"b", b"c"], [2, 1, 0], b"".join(asked["a"] + asked["b"]), KEY_LEN)
@@ -211,7 +211,7 @@ def _answer_record(req_id: bytes, positions, results: bytes, failed: bool = Fals
 def test_answer_changes_read_positions_in_order_as_a_range():
     """A change of a request's first keys in order is read without an int per
     key, and reads the same as any other change."""
-    from peerkv.peer import _parse_answers
+    from peerkv.node import _parse_answers
 
     raw = (_answer_record(b"first", range(5), bytes([2] * 5))
            + _answer_record(b"later", [3, 1, 2], bytes([1, 2, 2]))
@@ -226,13 +226,13 @@ def test_answer_changes_read_positions_in_order_as_a_range():
 
 
 def test_links_lists_each_live_peers_link(library):
-    """Peer.links(): per peer, the round trips, setup and pull model the
+    """Node.links(): per peer, the round trips, setup and pull model the
     library keeps; answered from the newest list between the library's
     once-a-second ones."""
     prod_region, cons_region = bytearray(ROWS * ROW_LEN), bytearray(ROWS * ROW_LEN)
     prod_options = _options(data_transport="tcp")
-    with peerkv.Peer(prod_region, ROWS, ROW_LEN, prod_options) as prod, \
-            peerkv.Peer(cons_region, ROWS, ROW_LEN, _options(data_transport="tcp")) as cons:
+    with peerkv.Node(prod_region, ROWS, ROW_LEN, prod_options) as prod, \
+            peerkv.Node(cons_region, ROWS, ROW_LEN, _options(data_transport="tcp")) as cons:
         assert cons.links() == {}
         keys = [bytes([7]) * KEY_LEN]
         source = {"kv_request_id": "kv-links", "remote_host": "127.0.0.1", "remote_port": prod_options["port"]}

@@ -13,15 +13,15 @@ from peerkv_node import control_port
 ROWS, ROW_LEN = 16, 64 << 10
 
 # `peerkv serve`, with faulthandler enabled once the library is loaded and
-# its runtime started (the Peer exists), not before.
+# its runtime started (the Node exists), not before.
 PRODUCER = """
 import faulthandler, sys
-import peerkv.peer
-made = peerkv.peer.Peer.__init__
+import peerkv.node
+made = peerkv.node.Node.__init__
 def init(self, *args, **kwargs):
     made(self, *args, **kwargs)
     faulthandler.enable()
-peerkv.peer.Peer.__init__ = init
+peerkv.node.Node.__init__ = init
 from peerkv.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -33,11 +33,11 @@ CONSUMER = """
 import os, sys
 from peerkv import _standalone
 from peerkv.bench_cli import Puller
-from peerkv.peer import Peer
+from peerkv.node import Node
 port, rows, row_len = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 region = _standalone.region(rows, row_len)
 options = {"host": "127.0.0.1", "port": _standalone.free_port("127.0.0.1"), "data_port": 0, "key_len": _standalone.KEY_LEN}
-with Peer(region, rows, row_len, options) as peer:
+with Node(region, rows, row_len, options) as peer:
     puller = Puller(peer, f"127.0.0.1:{port}", rows, row_len)
     puller.round(region, 30)
     print("paths", ",".join(n for n, e in (peer.stats().get("paths") or {}).items() if (e or {}).get("loads")), flush=True)

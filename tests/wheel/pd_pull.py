@@ -50,7 +50,7 @@ def row_pattern(key: bytes) -> bytes:
     return (key[:1] * ROW_LEN)[:ROW_LEN]
 
 
-def pump(peer: peerkv.Peer, finished: dict) -> None:
+def pump(peer: peerkv.Node, finished: dict) -> None:
     for result in peer.get_finished():
         finished[result.job_id] = result
     while (item := peer.next_inbound()) is not None:
@@ -58,7 +58,7 @@ def pump(peer: peerkv.Peer, finished: dict) -> None:
             peer.answer_inbound(item.lookup_id, [peerkv.LOOKUP_MISS] * len(item.keys))
 
 
-def wait_line(stream, peer: peerkv.Peer, finished: dict, timeout: float) -> str:
+def wait_line(stream, peer: peerkv.Node, finished: dict, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pump(peer, finished)
@@ -77,7 +77,7 @@ def prefiller(port: int, encrypt: bool) -> int:
     for slot, key in enumerate(ks):
         region[slot * ROW_LEN:(slot + 1) * ROW_LEN] = row_pattern(key)
     finished: dict = {}
-    with peerkv.Peer(region, ROWS, ROW_LEN, options(port, encrypt)) as peer:
+    with peerkv.Node(region, ROWS, ROW_LEN, options(port, encrypt)) as peer:
         peer.request_start("prefill", {"remote_decoder": {"kv_request_id": KID}})
         peer.submit_store("prefill", 1, ks, list(range(len(ks))))
         peer.request_finish("prefill")
@@ -105,7 +105,7 @@ def decoder(encrypt: bool, prefiller_library: str | None = None) -> int:
     try:
         region = bytearray(ROWS * ROW_LEN)
         finished: dict = {}
-        with peerkv.Peer(region, ROWS, ROW_LEN, options(port, encrypt)) as peer:
+        with peerkv.Node(region, ROWS, ROW_LEN, options(port, encrypt)) as peer:
             assert wait_line(child.stdout, peer, finished, 90) == "stored"
             source = {"kv_request_id": KID, "remote_host": "127.0.0.1", "remote_port": producer_port}
             peer.request_start("decode", {"remote_prefiller": source})

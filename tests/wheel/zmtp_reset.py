@@ -87,7 +87,7 @@ def main() -> int:
     port = control_port()
     region = bytearray(4 * 4096)
     opts = {"host": "127.0.0.1", "port": port, "data_port": 0, "key_len": 36, "data_transport": "tcp"}
-    with peerkv.Peer(region, 4, 4096, opts) as peer:
+    with peerkv.Node(region, 4, 4096, opts) as peer:
         stop = threading.Event()
         talker = threading.Thread(target=keep_talking, args=(port, stop), daemon=True)
         talker.start()

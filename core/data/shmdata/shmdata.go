@@ -61,7 +61,7 @@ type Options struct {
 	// Region is the host's region; it must be a MAP_SHARED mapping of a
 	// file (a memfd or a file on /dev/shm) to be granted to peers.
 	Region data.Region
-	// LocalID is this peer's id ("host:port"); it binds tokens and
+	// LocalID is this node's id ("host:port"); it binds tokens and
 	// replies, so a grant reaches only the peer it was issued to.
 	LocalID string
 	// Workers copy one transfer's rows in parallel; 0 = min(4, GOMAXPROCS).

@@ -60,10 +60,10 @@ const (
 
 // Options configure a Transport. Zero durations and counts take defaults.
 type Options struct {
-	// LocalID is this peer's id, sent to receivers so their guard knows
+	// LocalID is this node's id, sent to receivers so their guard knows
 	// who writes.
 	LocalID string
-	// Region is this peer's primary region: rows are sent from it and
+	// Region is this node's primary region: rows are sent from it and
 	// received into it.
 	Region data.Region
 	// Guard decides which rows a peer may write here (nil allows all). It
