@@ -139,12 +139,14 @@ func (w *Writer) WriteSummed(peerID string, src, dst []uint64) (uint64, error) {
 	return t.id, nil
 }
 
-// start starts one chunk's transfer, unless Writer closed or the write was
-// canceled; false when it did not (t.err says why).
+// start starts one chunk's transfer, unless Writer closed, the write was
+// canceled or an earlier chunk already failed it (the write fails anyway:
+// nothing more of it goes on the link); false when it did not (t.err says
+// why).
 func (w *Writer) start(t *transfer, src, dst []uint64) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if errors.Is(t.err, data.ErrCanceled) {
+	if t.err != nil {
 		return false
 	}
 	err := data.ErrClosed

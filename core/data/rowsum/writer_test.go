@@ -243,3 +243,37 @@ func TestCancelStopsAWriteThePathSums(t *testing.T) {
 	assert.Equal(t, []uint64{2}, path.canceled, "the transport's transfer that runs it")
 	path.mu.Unlock()
 }
+
+// A chunk whose transfer failed fails the write: the chunks after it are
+// not started (nothing more of a failed write goes on the link).
+func TestNoChunkStartsAfterOneFailed(t *testing.T) {
+	const rowLen = 8 << 20 // 4 rows a chunk
+	r := region(10, rowLen)
+	f := &fakePath{done: make(chan data.Completion, 16)}
+	w := NewWriter(f, r)
+	defer w.Close()
+	chunk := make(chan struct{}, 4)
+	proceed := make(chan struct{})
+	w.SetBeforeSend(func(string, []uint64) {
+		chunk <- struct{}{}
+		<-proceed
+	})
+	src := []uint64{9, 8, 7, 6, 5, 4, 3, 2, 1}
+	id, err := w.WriteSummed("p", src, []uint64{0, 1, 2, 3, 4, 5, 6, 7, 8})
+	require.NoError(t, err)
+	<-chunk
+	proceed <- struct{}{} // the first chunk starts
+	<-chunk               // the second waits to start
+	require.Equal(t, 1, f.started())
+	f.done <- data.Completion{PeerID: "p", ID: 1, Err: errors.New("link lost")}
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.writes[id] != nil && w.writes[id].err != nil
+	}, 10*time.Second, time.Millisecond, "the first chunk's failure reached the write")
+	close(proceed)
+	c := next(t, w)
+	assert.Equal(t, id, c.ID)
+	assert.ErrorContains(t, c.Err, "link lost")
+	assert.Equal(t, 1, f.started(), "no chunk starts after one failed")
+}

@@ -49,20 +49,19 @@ type peerLink struct {
 	ctx    context.Context // cancelled by shutdown; aborts dials
 	cancel context.CancelFunc
 
-	mu       sync.Mutex
-	queue    []*transfer            // transfers with rows not yet handed to a sender
-	conns    map[net.Conn]struct{}  // open connections, closed by shutdown
-	carrying map[net.Conn]*transfer // the transfer of the part each connection sends now
-	closed   bool
-	wake     chan struct{}
+	mu     sync.Mutex
+	queue  []*transfer           // transfers with rows not yet handed to a sender
+	conns  map[net.Conn]struct{} // open connections, closed by shutdown
+	closed bool
+	wake   chan struct{}
 }
 
 func newPeerLink(t *Transport, peerID, addr string) *peerLink {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &peerLink{
 		t: t, peerID: peerID, addr: addr, ctx: ctx, cancel: cancel,
-		conns: map[net.Conn]struct{}{}, carrying: map[net.Conn]*transfer{},
-		wake: make(chan struct{}, t.opts.Streams),
+		conns: map[net.Conn]struct{}{},
+		wake:  make(chan struct{}, t.opts.Streams),
 	}
 }
 
@@ -115,35 +114,6 @@ func (l *peerLink) unqueue(tr *transfer) {
 	defer l.mu.Unlock()
 	if i := slices.Index(l.queue, tr); i >= 0 {
 		l.queue = slices.Delete(l.queue, i, i+1)
-	}
-}
-
-// carry records that raw sends a part of tr now (nil: no part), so that
-// canceling tr cuts it.
-func (l *peerLink) carry(raw net.Conn, tr *transfer) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if tr == nil {
-		delete(l.carrying, raw)
-		return
-	}
-	l.carrying[raw] = tr
-}
-
-// cut resets the connections sending a part of tr (it was canceled): what
-// the kernel holds of the part is discarded and nothing more of it goes on
-// the link; their senders see the part fail and dial again for the next.
-func (l *peerLink) cut(tr *transfer) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for c, x := range l.carrying {
-		if x == tr {
-			if tc, ok := c.(*net.TCPConn); ok {
-				_ = tc.SetLinger(0) // close sends a reset, not the unsent bytes
-			}
-			_ = c.Close()
-			delete(l.carrying, c)
-		}
 	}
 }
 
@@ -251,9 +221,11 @@ func (s *sender) process(p *part) {
 			return
 		}
 	}
-	// Registered before the check: a Cancel either sees the connection
-	// carrying the part (and cuts it) or happened before the check.
-	s.link.carry(s.raw, p.tr)
+	// A part of a transfer canceled while it waited for this connection is
+	// not sent. One already on the wire runs to its end (about
+	// partDuration): the transfer is reported, and its abort acknowledged,
+	// only once the receiver acked every row of it, so no byte of it can
+	// land after the consumer handed its rows back.
 	var keepConn bool
 	var err error
 	if t.canceled(p.tr) {
@@ -261,7 +233,6 @@ func (s *sender) process(p *part) {
 	} else {
 		keepConn, err = s.send(p)
 	}
-	s.link.carry(s.raw, nil)
 	if !keepConn {
 		s.dropConn()
 	}

@@ -46,9 +46,8 @@ const (
 	maxPartBytes = 64 << 20
 	// partDuration is how long a sender sizes a part to last at its
 	// connection's measured speed: long enough that the ack's round trip
-	// costs little. A canceled transfer's part on the wire does not run to
-	// its end: its connection is reset (Cancel), since the speed a part was
-	// sized by may be stale (a link that just slowed).
+	// costs little, short enough that a canceled transfer's part on the
+	// wire, which runs to its end (Cancel), puts little more on the link.
 	partDuration = 50 * time.Millisecond
 	// maxUnsentBytes bounds what a producer connection leaves queued in
 	// the kernel (limitUnsent), about 20 ms of a 100 Mbit/s link.
@@ -426,9 +425,12 @@ func (t *Transport) write(peerID string, src, dst []uint64, summed bool) (uint64
 }
 
 // Cancel implements data.Canceler: the transfer's rows not yet handed to a
-// sender are dropped, a connection sending a part of it is reset (nothing
-// more of the part goes on the link), and the transfer is then reported
-// failed with data.ErrCanceled.
+// sender are dropped, a part waiting for a connection is not sent, a part
+// on the wire runs to its end (sized to last about partDuration), and the
+// transfer is then reported failed with data.ErrCanceled. Not cutting that
+// part is what keeps the abort's promise: acknowledged only once no byte
+// of it can still land (a reset connection's bytes may still be read after
+// the consumer handed its rows back).
 func (t *Transport) Cancel(peerID string, id uint64) {
 	t.mu.Lock()
 	tr := t.pending[id]
@@ -444,7 +446,6 @@ func (t *Transport) Cancel(peerID string, id uint64) {
 	t.goSafe("cancel report", func() { t.finishPart(tr, 0, data.ErrCanceled, false) })
 	t.mu.Unlock()
 	tr.link.unqueue(tr)
-	tr.link.cut(tr)
 }
 
 // canceled says whether tr failed or was canceled: its parts are skipped.
