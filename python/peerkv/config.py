@@ -303,30 +303,18 @@ def _allows_host(allowed: Any, host: str) -> bool:
     list (reported on its own) admits every host."""
     if not isinstance(allowed, (list, tuple)) or allowed_peers_problem(allowed) is not None:
         return True
-    try:
+    networks = [ipaddress.ip_network(e) for e in allowed if "/" in e or not _is_name(e)]
+    if not _is_name(host):
         ip = ipaddress.ip_address(host)
-    except ValueError:
-        ip = None
-    if ip is not None:
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
             ip = ip.ipv4_mapped
-        for entry in allowed:
-            if "/" in entry:
-                net = ipaddress.ip_network(entry)
-            else:
-                try:
-                    net = ipaddress.ip_network(entry)  # one address
-                except ValueError:
-                    continue  # a name
-            if ip.version == net.version and ip in net:
-                return True
-        return False
+        return any(ip.version == net.version and ip in net for net in networks)
     name = host.lower().removesuffix(".")
     for entry in allowed:
         if entry.startswith("*."):
             if name.endswith("." + entry[2:].lower().removesuffix(".")):
                 return True
-        elif "/" not in entry and entry.lower().removesuffix(".") == name:
+        elif "/" not in entry and _is_name(entry) and entry.lower().removesuffix(".") == name:
             return True
     return False
 
