@@ -27,6 +27,19 @@
  *     library allocates nothing the caller must free.
  *   - Threads: calls on one handle may come from any thread but are
  *     serialised internally; they never block on network I/O.
+ *   - The calls a scheduler makes every step never wait for the library's
+ *     own threads either: when the state they read is busy for more than
+ *     half a millisecond they return at once with no work done now, and the
+ *     work follows a step later. peerkv_get_finished, peerkv_take_answers
+ *     and peerkv_next_inbound then return nothing, and the matching news
+ *     count moves again (the notification fd becomes readable) once the
+ *     library is done, so the host calls again; peerkv_lookup and
+ *     peerkv_lookup_many answer RETRY for every key (the library registers
+ *     the keys itself; for peerkv_lookup_many the answers come as changes);
+ *     peerkv_on_schedule_end's sends happen on the library's thread;
+ *     peerkv_has_pending_work returns 1; peerkv_stats writes the last
+ *     document it built, without "peers". Nothing is lost or reported
+ *     twice. The "host_calls_deferred" counter says how often it happened.
  *   - fork: after fork(), every call in the child returns PEERKV_ERR_FORKED.
  *     Load the library after the process split (e.g. in a spawned child).
  *   - Panics inside the library are recovered and returned as

@@ -59,7 +59,7 @@ func (rk RequestKeys) key(i, keyLen int) []byte {
 // LookupMode tells a host that caches answers how reqID's lookups go, and
 // from then on queues the request's changed answers for TakeAnswers.
 func (t *Tier) LookupMode(reqID string) LookupMode {
-	t.mu.Lock()
+	t.lockHost()
 	defer t.mu.Unlock()
 	if t.life.closed {
 		return LookupsMiss
@@ -103,7 +103,16 @@ func (t *Tier) LookupMany(batch []RequestKeys, keyLen int, out []LookupResult) e
 	if len(out) != n {
 		return fmt.Errorf("%w: %d results for %d keys", ErrInvalidArgument, len(out), n)
 	}
-	t.mu.Lock()
+	if !t.lockForHost() {
+		for i := range out {
+			out[i] = Retry
+		}
+		for _, rk := range batch {
+			t.gate.asks.push(rk.ReqID, rk.Keys, keyLen, true)
+		}
+		t.book.wakeRegister() // the loop registers them and flushes
+		return nil
+	}
 	defer t.mu.Unlock()
 	deferred := t.book.lookupMany(batch, keyLen, n, out)
 	t.flushLookups() // OnScheduleEnd's part: keys registered by earlier calls go out too
@@ -150,8 +159,12 @@ func (b *pullBook) lookupKey(r *request, key []byte) LookupResult {
 
 // TakeAnswers moves queued changes out while fits accepts them (in order);
 // a change fits refuses stays queued, with those after it.
+// None are moved while the lock stays held (hostgate.go).
 func (t *Tier) TakeAnswers(fits func(AnswerChange) bool) []AnswerChange {
-	t.mu.Lock()
+	if !t.lockForHost() {
+		t.gate.missed(NewsAnswers)
+		return nil
+	}
 	defer t.mu.Unlock()
 	return t.book.takeAnswers(fits)
 }

@@ -54,3 +54,29 @@ func (t *Tier) RowsReread() int64 { return t.checks.reread.Load() }
 // BeforeSend runs f after each summed write's sums were taken and before
 // its transfer starts.
 func (t *Tier) BeforeSend(f func(peerID string, src []uint64)) { t.rows.SetBeforeSend(f) }
+
+// HoldLock takes the tier's lock on a goroutine of its own, as a preempted
+// holder would keep it, and returns once it is held; release lets it go.
+func (t *Tier) HoldLock() (release func()) {
+	held, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		t.mu.Lock()
+		close(held)
+		<-done
+		t.mu.Unlock()
+	}()
+	<-held
+	return func() { close(done) }
+}
+
+// WaitForTheLock makes host calls wait for the lock as long as it is held,
+// as they did before the gate (hostgate.go): for tests that assert what
+// one call answers on a loaded machine. Call before the first host call.
+func (t *Tier) WaitForTheLock() { t.gate.wait = -1 }
+
+// GateWaits makes host calls try for the lock for at most the gate's
+// default wait again.
+func (t *Tier) GateWaits() { t.gate.wait = defaultHostWait }
+
+// HostCallsDeferred is how many host calls did without the lock.
+func (t *Tier) HostCallsDeferred() int64 { return t.gate.deferred.Load() }

@@ -66,6 +66,7 @@ func (c *cluster) wrappedPeer(n int, wrap *countingData, mutate ...func(*config.
 		},
 	})
 	require.NoError(c.t, err)
+	tr.WaitForTheLock() // single calls' answers are asserted (hostgate.go)
 	c.t.Cleanup(func() { _ = tr.Shutdown() })
 	return &peer{Tier: tr, t: c.t, id: id, region: region, seen: map[int64]tier.JobResult{}}
 }
@@ -377,6 +378,7 @@ func (c *cluster) peerWithFailingSends(n int) (*peer, *failingCtl) {
 		},
 	})
 	require.NoError(t, err)
+	tr.WaitForTheLock() // single calls' answers are asserted (hostgate.go)
 	t.Cleanup(func() { _ = tr.Shutdown() })
 	return &peer{Tier: tr, t: t, id: cfg.LocalID(), region: region, seen: map[int64]tier.JobResult{}}, ctl
 }

@@ -25,15 +25,19 @@ func (q *inboundQueue) postpone(it inboundItem) { q.later = append(q.later, it) 
 func (q *inboundQueue) len() int                { return len(q.now) + len(q.later) }
 
 // NextInbound returns the head of the inbound queue; see the tierapi notes.
+// While the lock stays held it returns none (hostgate.go).
 func (t *Tier) NextInbound(fits func(Inbound) bool) (Inbound, bool, bool) {
-	t.mu.Lock()
+	if !t.lockForHost() {
+		t.gate.missed(NewsInbound)
+		return Inbound{}, false, false
+	}
 	defer t.mu.Unlock()
 	return t.desk.next(fits)
 }
 
 // AnswerInbound applies the host's answers to an Evaluate item.
 func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID int64, pinSlots []int64) (bool, error) {
-	t.mu.Lock()
+	t.lockHost()
 	defer t.mu.Unlock()
 	if err := t.life.usable(); err != nil {
 		return true, err

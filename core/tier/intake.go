@@ -93,11 +93,20 @@ func (in *intake) toLoop(f func(), stop <-chan struct{}) {
 // take handles one control event, on the goroutine that delivers it.
 func (t *Tier) take(ev control.Event) {
 	if ev.Kind != control.EventFrame {
-		t.locked(func() { t.onPeerDown(ev) })
+		if t.peers.known.has(ev.PeerID) { // a stranger's lost connection ends nothing
+			t.locked(func() { t.onPeerDown(ev) })
+		}
 		return
 	}
 	lim := t.frameLimits()
 	typ, peekErr := protocol.PeekType(ev.Frame, lim)
+	if (peekErr != nil || typ != protocol.TypeConnect) && !t.peers.known.has(ev.PeerID) {
+		// Off the lock: a stranger's flood never holds up a host call.
+		// screen drops it the same way should a session end meanwhile.
+		t.strangerFrames.Add(1)
+		t.logSessionless(ev.PeerID, describeType(typ, peekErr))
+		return
+	}
 	decode, laned := false, false
 	t.locked(func() {
 		if decode = t.screen(ev, typ, peekErr); decode {
@@ -165,6 +174,12 @@ func (t *Tier) screen(ev control.Event, typ protocol.Type, peekErr error) bool {
 // dropSessionless drops a frame from an identity with no session.
 func (t *Tier) dropSessionless(peerID, what string) {
 	t.stats.droppedFrames++
+	t.logSessionless(peerID, what)
+}
+
+// logSessionless logs a dropped frame of a sender with no session (the
+// log's limiter keeps it to a few lines a second).
+func (t *Tier) logSessionless(peerID, what string) {
 	t.logf("WARNING", "dropping a frame from %s, which has no session (first message must be connect): %v", peerID, what)
 }
 

@@ -153,3 +153,35 @@ func TestAStrangersLargeFramesDoNotStallHostCalls(t *testing.T) {
 	t.Logf("slowest of %d host lookups during the flood: %v (target < 5 ms)", calls, slowest)
 	assert.Less(t, slowest, 50*time.Millisecond, "a stranger's frames stalled host calls")
 }
+
+// A stranger's frames are dropped without the lock host calls take: while
+// a goroutine holds it (as one preempted while holding it would), the
+// frames of an identity with no session are still taken and dropped, so a
+// flood of them never queues behind the lock nor adds to its holders.
+func TestAStrangersFramesAreDroppedWithoutTheLock(t *testing.T) {
+	c := newCluster(t)
+	victim, victimID := zmqTier(t, c)
+	attacker := zmqTransport(t)
+	release := victim.HoldLock()
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
+	for range 3 {
+		require.NoError(t, attacker.Send(victimID, lookupFrame(8)))
+	}
+	var logs strings.Builder
+	dropped := func() bool {
+		logs.Write(victim.TakeLogs(1 << 16)) // the log is not under the lock
+		return strings.Contains(logs.String(), "dropping a frame from "+attacker.LocalID()+", which has no session")
+	}
+	require.Eventually(t, dropped, 10*time.Second, 5*time.Millisecond,
+		"a stranger's frame waited for the lock: logs %q", logs.String())
+	release()
+	released = true
+	require.Eventually(t, func() bool { return victim.Stats().DroppedFrames == 3 }, 10*time.Second, 5*time.Millisecond,
+		"every frame counted once: %+v", victim.Stats())
+	assert.Zero(t, victim.FramesDecoded())
+}

@@ -2,6 +2,7 @@ package tier
 
 import (
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/peerkv/peerkv/core/control"
@@ -127,6 +128,10 @@ func (o *observations) path(name string) *PathStats {
 type telemetry struct {
 	stats counters
 	obs   observations
+	// strangerFrames counts the frames dropped without the lock because
+	// their sender holds no session (intake.go); they count in frames_in
+	// and dropped_frames too.
+	strangerFrames atomic.Int64
 }
 
 func newTelemetry() telemetry { return telemetry{obs: newObservations()} }
@@ -189,6 +194,9 @@ func (m *telemetry) peersSent(now time.Time) { m.obs.peersDelivered = now }
 func (m *telemetry) fill(st *Stats, notAllowedAtAccept uint64) {
 	c := &m.stats
 	st.FramesIn, st.FramesOut, st.DroppedFrames, st.BadFrames = c.framesIn, c.framesOut, c.droppedFrames, c.badFrames
+	stranger := m.strangerFrames.Load()
+	st.FramesIn += stranger
+	st.DroppedFrames += stranger
 	st.InboundLookups = c.inboundLookups
 	st.LoadsOK, st.LoadsFailed, st.StoresOK, st.StoresFailed = c.loadsOK, c.loadsFailed, c.storesOK, c.storesFailed
 	st.BytesIn, st.BytesOut = c.bytesIn, c.bytesOut

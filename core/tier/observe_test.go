@@ -200,6 +200,7 @@ func TestFallbacksToASlowerPathAreCounted(t *testing.T) {
 			},
 		})
 		require.NoError(t, err)
+		tr.WaitForTheLock() // single calls' answers are asserted (hostgate.go)
 		t.Cleanup(func() { _ = tr.Shutdown() })
 		return &peer{Tier: tr, t: t, id: id, region: region, seen: map[int64]tier.JobResult{}}
 	}

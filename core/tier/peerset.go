@@ -22,6 +22,9 @@ import (
 type peerSet struct {
 	peerDeps
 	sessions map[string]*session.Session
+	// known mirrors the keys of sessions for readers without the lock
+	// (identities.go); every write to sessions publishes it.
+	known identities
 	// active holds the sessions not Quiet: only they are ticked, flushed
 	// and asked for pending work, so a step costs O(sessions in use), not
 	// O(peers). A session joins when opened and when it takes on a request
@@ -148,6 +151,7 @@ func (p *peerSet) add(peerID string, newSession func() *session.Session) *sessio
 	}
 	s := newSession()
 	p.sessions[peerID] = s
+	p.known.publish(p.sessions)
 	p.stats[s] = &peerStats{PeerStats: PeerStats{Peer: peerID}, rtt: newHistogram(LookupRTTBuckets)}
 	p.active[s] = struct{}{} // its handshake has a deadline
 	p.counts.opened++
@@ -158,6 +162,7 @@ func (p *peerSet) add(peerID string, newSession func() *session.Session) *sessio
 // forget removes s from every map: the one place a session's entries go.
 func (p *peerSet) forget(s *session.Session) {
 	delete(p.sessions, s.PeerID())
+	p.known.publish(p.sessions)
 	delete(p.active, s)
 	delete(p.paths, s)
 	delete(p.stats, s)
@@ -235,6 +240,7 @@ func (p *peerSet) drop() []*session.Session {
 		gone = append(gone, s)
 	}
 	clear(p.sessions)
+	p.known.publish(p.sessions)
 	clear(p.active)
 	clear(p.paths)
 	clear(p.stats)

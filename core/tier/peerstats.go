@@ -23,18 +23,33 @@ const peersEvery = time.Second
 // HostStats is Stats as peerkv_stats writes it: Peers only when peersEvery
 // passed since a document carrying them was delivered (PeersDelivered),
 // else nil ("peers": null) and not built at all: with the link figures
-// (links.go) building it costs about 13 µs a peer.
+// (links.go) building it costs about 13 µs a peer. While the lock stays
+// held past the gate's wait, it is the last document built, without
+// Peers (hostgate.go).
 func (t *Tier) HostStats() Stats {
-	t.mu.Lock()
-	due := t.telemetry.peersDue(t.now())
+	if !t.lockForHost() {
+		if last := t.gate.lastStats.Load(); last != nil {
+			st := *last
+			st.Peers = nil
+			st.HostCallsDeferred = t.gate.deferred.Load()
+			return st
+		}
+		t.lockHost() // none built yet: the first waits
+	}
+	st := t.snapshotLocked(t.telemetry.peersDue(t.now()))
 	t.mu.Unlock()
-	return t.snapshot(due)
+	t.gate.lastStats.Store(&st)
+	return st
 }
 
 // PeersDelivered says a document from HostStats with the per-peer list
 // reached the host (not one refused for a too small buffer).
+// While the lock stays held it records nothing: the next document carries
+// the list again.
 func (t *Tier) PeersDelivered() {
-	t.mu.Lock()
+	if !t.lockForHost() {
+		return
+	}
 	defer t.mu.Unlock()
 	t.telemetry.peersSent(t.now())
 }

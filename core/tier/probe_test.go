@@ -111,6 +111,7 @@ func (c *cluster) peerWithRowLen(n int, rl uint64) *peer {
 		},
 	})
 	require.NoError(c.t, err)
+	tr.WaitForTheLock() // single calls' answers are asserted (hostgate.go)
 	c.t.Cleanup(func() { _ = tr.Shutdown() })
 	return &peer{Tier: tr, t: c.t, id: id, region: region, seen: map[int64]tier.JobResult{}}
 }

@@ -12,7 +12,7 @@ import (
 // starts connecting to its sources in the background.
 func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
 	p, err := params.Parse(kvParams, t.cfg.MaxSourcesPerRequest)
-	t.mu.Lock()
+	t.lockHost()
 	defer t.mu.Unlock()
 	if err := t.life.usable(); err != nil {
 		return BlockLevel, err
@@ -36,7 +36,8 @@ func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
 	return BlockLevel, nil
 }
 
-// Lookup answers from local state only; see peerkv_lookup.
+// Lookup answers from local state only; see peerkv_lookup. While the lock
+// stays held it answers RETRY for every key (hostgate.go).
 func (t *Tier) Lookup(reqID string, keys [][]byte, out []LookupResult) error {
 	if len(out) != len(keys) {
 		return fmt.Errorf("%w: %d results for %d keys", ErrInvalidArgument, len(out), len(keys))
@@ -44,7 +45,13 @@ func (t *Tier) Lookup(reqID string, keys [][]byte, out []LookupResult) error {
 	if err := t.checkKeys(keys); err != nil {
 		return err
 	}
-	t.mu.Lock()
+	if !t.lockForHost() {
+		for i := range out {
+			out[i] = Retry
+		}
+		t.queueAsk(reqID, keys)
+		return nil
+	}
 	defer t.mu.Unlock()
 	r := t.book.request(reqID)
 	for i, k := range keys {
@@ -53,9 +60,13 @@ func (t *Tier) Lookup(reqID string, keys [][]byte, out []LookupResult) error {
 	return nil
 }
 
-// OnScheduleEnd sends the lookups registered this step.
+// OnScheduleEnd sends the lookups registered this step; while the lock
+// stays held, the progress loop sends them (hostgate.go).
 func (t *Tier) OnScheduleEnd() error {
-	t.mu.Lock()
+	if !t.lockForHost() {
+		t.book.wakeRegister() // the loop's wake-up registers the queued keys and flushes
+		return nil
+	}
 	defer t.mu.Unlock()
 	t.flushLookups()
 	return nil
@@ -83,7 +94,7 @@ func (t *Tier) SubmitLoad(reqID string, jobID int64, keys [][]byte, slots []int6
 	if err != nil {
 		return err
 	}
-	t.mu.Lock()
+	t.lockHost()
 	defer t.mu.Unlock()
 	j, err := t.admitJob(jobID, true, rows)
 	if err != nil {
@@ -101,7 +112,7 @@ func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int
 	if err != nil {
 		return err
 	}
-	t.mu.Lock()
+	t.lockHost()
 	defer t.mu.Unlock()
 	if _, err := t.admitJob(jobID, false, rows); err != nil {
 		return err
@@ -116,16 +127,20 @@ func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int
 	return nil
 }
 
-// GetFinished moves up to max finished jobs out.
+// GetFinished moves up to max finished jobs out; none while the lock
+// stays held (hostgate.go).
 func (t *Tier) GetFinished(max int) []JobResult {
-	t.mu.Lock()
+	if !t.lockForHost() {
+		t.gate.missed(NewsResults)
+		return nil
+	}
 	defer t.mu.Unlock()
 	return t.ledger.take(max)
 }
 
 // FinishRequest ends a request's roles; its jobs are still reported.
 func (t *Tier) FinishRequest(reqID string) error {
-	t.mu.Lock()
+	t.lockHost()
 	defer t.mu.Unlock()
 	if t.life.closed {
 		return nil
@@ -141,9 +156,12 @@ func (t *Tier) FinishRequest(reqID string) error {
 	return nil
 }
 
-// HasPendingWork is true while the host must keep calling in.
+// HasPendingWork is true while the host must keep calling in, and while
+// the lock stays held (hostgate.go).
 func (t *Tier) HasPendingWork() bool {
-	t.mu.Lock()
+	if !t.lockForHost() {
+		return true
+	}
 	defer t.mu.Unlock()
 	if t.life.closed {
 		return t.ledger.unreported() > 0

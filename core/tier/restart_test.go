@@ -26,7 +26,8 @@ func (c *cluster) restartSilently(old *peer, cfg config.Config) *peer {
 		},
 	})
 	require.NoError(c.t, err)
-	_ = old.Shutdown() // its transport is gone: nothing it says reaches anyone
+	tr.WaitForTheLock() // single calls' answers are asserted (hostgate.go)
+	_ = old.Shutdown()  // its transport is gone: nothing it says reaches anyone
 	p := &peer{Tier: tr, t: c.t, id: old.id, region: region, seen: map[int64]tier.JobResult{}}
 	c.t.Cleanup(func() { _ = tr.Shutdown() })
 	return p
@@ -117,6 +118,7 @@ func TestHandshakeTimeoutDialsAfresh(t *testing.T) {
 		},
 	})
 	require.NoError(t, err)
+	tr.WaitForTheLock() // single calls' answers are asserted (hostgate.go)
 	t.Cleanup(func() { _ = tr.Shutdown() })
 	dec := &peer{Tier: tr, t: t, id: cfg.LocalID(), region: region, seen: map[int64]tier.JobResult{}}
 

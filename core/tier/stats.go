@@ -66,6 +66,10 @@ type Stats struct {
 	// peer hold as a producer: kv ids with state, keys fetched awaiting rows.
 	ServeKVIDs      int `json:"serve_kv_ids"`
 	ServeKeysWanted int `json:"serve_keys_wanted"`
+	// HostCallsDeferred counts host calls that found the lock held by a
+	// goroutine past their wait and did without it (hostgate.go): their
+	// work was collected or done a step later.
+	HostCallsDeferred int64 `json:"host_calls_deferred"`
 	// Poisoned says why the peer stopped after an internal error ("" if not).
 	Poisoned string `json:"poisoned,omitempty"`
 
@@ -99,6 +103,11 @@ func (t *Tier) Stats() Stats { return t.snapshot(true) }
 func (t *Tier) snapshot(peers bool) Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.snapshotLocked(peers)
+}
+
+// snapshotLocked is snapshot with t.mu held.
+func (t *Tier) snapshotLocked(peers bool) Stats {
 	kvIDs, wanted := 0, 0
 	for s := range t.peers.all {
 		k, w := s.Holds()
@@ -118,7 +127,7 @@ func (t *Tier) snapshot(peers bool) Stats {
 		LookupHits: bc.lookupHits, LookupMisses: bc.lookupMisses,
 		SessionsEvicted: t.peers.counts.evicted, KVIDsMinted: bc.kvIDsMinted, LoadsSpread: bc.loadsSpread,
 		SourceFailovers: bc.sourceFailovers, DataPeers: t.peers.reg.count(), ServeKVIDs: kvIDs, ServeKeysWanted: wanted,
-		Poisoned: poisoned,
+		Poisoned: poisoned, HostCallsDeferred: t.gate.deferred.Load(),
 	}
 	t.telemetry.fill(&st, t.peers.notAllowedAtAccept())
 	st.PeerConnectFailures = t.peers.unreach.connectFailureCounts()

@@ -40,6 +40,7 @@ type Tier struct {
 	checks checker        // verified loads' row checks under way (verify.go)
 	now    func() time.Time
 	host   *hostSide // what the host learns without calling in: log, news, notification fd (hostside.go)
+	gate   hostGate  // how host calls do without the lock while a goroutine holds it (hostgate.go)
 
 	mu   sync.Mutex
 	life lifecycle // open, closed or poisoned; the goroutines' stop (lifecycle.go)
@@ -82,6 +83,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		ctl:       deps.Control,
 		now:       now,
 		host:      newHostSide(now),
+		gate:      hostGate{wait: defaultHostWait},
 		checks:    checker{done: make(chan checked, 64)},
 		intake:    newIntake(cfg.MaxFrameBytes),
 		telemetry: newTelemetry(),
@@ -279,6 +281,7 @@ func (t *Tier) loop() {
 		case <-t.book.registerWake:
 			more := false
 			t.locked(func() {
+				t.book.registerQueued(t.gate.asks.take())
 				more = t.book.registerSome()
 				t.flushLookups()
 			})
@@ -294,6 +297,7 @@ func (t *Tier) loop() {
 // locked runs f under the lock, then settles what f set off.
 func (t *Tier) locked(f func()) {
 	t.mu.Lock()
+	defer t.gate.retell(t.host) // after the unlock: what a host call missed meanwhile
 	defer t.mu.Unlock()
 	if t.life.closed {
 		return

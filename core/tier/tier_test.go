@@ -69,6 +69,7 @@ func (c *cluster) peer(n int, mutate ...func(*config.Config)) *peer {
 		},
 	})
 	require.NoError(c.t, err)
+	tr.WaitForTheLock() // these tests assert single calls' answers; the gate's own are in hostgate_test.go
 	p := &peer{Tier: tr, t: c.t, id: id, region: region, seen: map[int64]tier.JobResult{}}
 	c.t.Cleanup(func() { _ = tr.Shutdown() })
 	return p

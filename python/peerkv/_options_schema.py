@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "d29341a0f69dbec61352af1d075ed5db8b907dd3659f7696b3907b7bd6fb5f5a"
+DIGEST = "f3cb86fc1c1cf1428c23e3b3fcbc524b323b7cb70bc58434ec4faf1049c8d387"
 
 SCHEMA = json.loads(
     r"""
@@ -488,6 +488,7 @@ SCHEMA = json.loads(
    "data_peers",
    "serve_kv_ids",
    "serve_keys_wanted",
+   "host_calls_deferred",
    "poisoned",
    "integrity_failures",
    "handshake_rejections",

@@ -145,6 +145,11 @@ _STATS_METRICS: dict[str, tuple[str, str, str]] = {
         "Producer stores dropped because no consumer fetched them in time.",
     ),
     "bad_frames": ("bad_frames", "counter", "Control messages rejected as malformed."),
+    "host_calls_deferred": (
+        "host_calls_deferred",
+        "counter",
+        "Scheduler-thread calls that found peerkv's lock held by its network side and returned at once, their work done a step later.",
+    ),
     "dropped_frames": (
         "dropped_frames",
         "counter",

@@ -1,0 +1,212 @@
+package tier
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Host calls run on vLLM's scheduler thread, which must never wait on the
+// network. The tier's lock is also taken by goroutines (the control pump,
+// the progress loop, the lanes), and on a loaded host the kernel or Go's
+// scheduler can preempt one of them while it holds the lock: holds of a few
+// microseconds of work then last tens of milliseconds. So the host calls
+// made every step try the lock for at most the gate's wait, and when it is
+// still held they do without it:
+//
+//   - calls that collect (GetFinished, TakeAnswers, NextInbound) return
+//     nothing this time, and the news count of what they could not collect
+//     moves again (waking the host) as soon as the lock's holder is done,
+//     so the host comes back for it next step: nothing is lost or reported
+//     twice, only collected a step later;
+//   - Lookup and LookupMany answer RETRY for every key and queue the keys;
+//     the next holder registers them as the call would have (askQueue), and
+//     for LookupMany queues every answer other than RETRY as a change, as
+//     for a large first ask (asked.go);
+//   - OnScheduleEnd (and LookupMany's part of it) leaves the flush to the
+//     progress loop;
+//   - HasPendingWork says true.
+//
+// Calls made once per request or job (StartRequest, LookupMode, SubmitLoad,
+// SubmitStore, AnswerInbound, FinishRequest) still wait: what they return
+// depends on state only the lock's holder may read. They register the
+// queued keys first, so a request's keys keep the order it asked them in.
+// Strangers never take the lock (intake.go): only peers with a session,
+// and our own goroutines, can hold it.
+
+// hostGate is how host calls get the tier's lock without waiting on it:
+// the bound on a try, the calls that did without it, what they could not
+// collect and the lookups they could not register. Safe without the lock.
+type hostGate struct {
+	// wait bounds how long a host call tries for the lock. It spins rather
+	// than sleeps: a sleeping call would wait for Go's scheduler to run it
+	// again, which on a busy host takes as long as the lock's holder. Set
+	// before the first host call, never changed after.
+	wait     time.Duration
+	deferred atomic.Int64  // host calls that did without the lock
+	owed     atomic.Uint32 // bit k: news kind k is to be told again (retell)
+	asks     askQueue
+	// lastStats is the last document HostStats built, what it returns
+	// while the lock stays held.
+	lastStats atomic.Pointer[Stats]
+}
+
+// defaultHostWait is hostGate.wait: holds of real work take microseconds.
+const defaultHostWait = 500 * time.Microsecond
+
+// lockForHost takes the tier's lock if it is free within the gate's wait,
+// registering the lookups queued meanwhile; false means it was not taken
+// (and the call is counted as deferred).
+func (t *Tier) lockForHost() bool {
+	if t.tryLockFor(t.gate.wait) {
+		t.book.registerQueued(t.gate.asks.take())
+		return true
+	}
+	t.gate.deferred.Add(1)
+	return false
+}
+
+// lockHost takes the tier's lock for a host call that must have it, and
+// registers the lookups queued meanwhile first.
+func (t *Tier) lockHost() {
+	t.mu.Lock()
+	t.book.registerQueued(t.gate.asks.take())
+}
+
+// tryLockFor takes the lock if it is free within wait; a negative wait
+// waits for it (tests that assert what one call answers set it).
+func (t *Tier) tryLockFor(wait time.Duration) bool {
+	if wait < 0 {
+		t.mu.Lock()
+		return true
+	}
+	if t.mu.TryLock() {
+		return true
+	}
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		if t.mu.TryLock() {
+			return true
+		}
+	}
+	return false
+}
+
+// missed notes that a host call could not collect news kind k now.
+func (g *hostGate) missed(k NewsKind) { g.owed.Or(1 << k) }
+
+// retell moves the news count of every kind a host call missed, and wakes
+// the host. Called by the lock's holders as they let it go (locked), the
+// progress loop's tick among them, so a miss is told again within a tick.
+func (g *hostGate) retell(h *hostSide) {
+	owed := g.owed.Swap(0)
+	if owed == 0 {
+		return
+	}
+	for k := NewsKind(0); k < NewsKinds; k++ {
+		if owed&(1<<k) != 0 {
+			h.news.bump(k)
+		}
+	}
+	h.notify.signal()
+}
+
+// askQueue holds the keys of lookups made while the lock was held, in the
+// order the host asked them, until the next holder registers them as the
+// calls would have: the next host call (which must see them registered
+// first, so the request's keys keep the order it asked them in), or the
+// progress loop, woken for them. Its own lock is held only to append or
+// to take the whole queue.
+type askQueue struct {
+	mu    sync.Mutex
+	asks  []queuedAsk
+	count atomic.Int32 // len(asks), read without mu
+}
+
+// queuedAsk is one request's keys of one host call; cached: the call was a
+// LookupMany, whose answers the host caches (a RETRY it was given must be
+// followed by a change).
+type queuedAsk struct {
+	reqID  string
+	keys   []byte
+	keyLen int
+	cached bool
+}
+
+// push queues a copy of the keys of reqID asked by a call that did not
+// get the lock.
+func (q *askQueue) push(reqID string, keys []byte, keyLen int, cached bool) {
+	if len(keys) > 0 {
+		q.pushOwned(reqID, append([]byte(nil), keys...), keyLen, cached)
+	}
+}
+
+// pushOwned is push of keys the queue may keep.
+func (q *askQueue) pushOwned(reqID string, keys []byte, keyLen int, cached bool) {
+	q.mu.Lock()
+	q.asks = append(q.asks, queuedAsk{reqID: reqID, keys: keys, keyLen: keyLen, cached: cached})
+	q.count.Store(int32(len(q.asks)))
+	q.mu.Unlock()
+}
+
+// take empties the queue, returning what it held in order; nil (and no
+// lock taken) when it is empty.
+func (q *askQueue) take() []queuedAsk {
+	if q.count.Load() == 0 {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	asks := q.asks
+	q.asks = nil
+	q.count.Store(0)
+	return asks
+}
+
+// queueAsk queues the keys of a Lookup that did without the lock, when
+// they are all of one length (key_len set, as vLLM's are; otherwise the
+// host's next call asks them anyway), and wakes the loop to register them.
+func (t *Tier) queueAsk(reqID string, keys [][]byte) {
+	if len(keys) == 0 {
+		return
+	}
+	keyLen := len(keys[0])
+	buf := make([]byte, 0, keyLen*len(keys))
+	for _, k := range keys {
+		if len(k) != keyLen {
+			return
+		}
+		buf = append(buf, k...)
+	}
+	t.gate.asks.pushOwned(reqID, buf, keyLen, false)
+	t.book.wakeRegister()
+}
+
+// registerQueued registers the keys host calls queued while they did
+// without the lock, in the order they were asked; t.mu held. A LookupMany's
+// keys are registered as a large first ask's are (asked.go): the host was
+// told RETRY, so every other answer is queued as a change. A Lookup's are
+// registered as the call would have, its answers dropped: the host asks
+// again.
+func (b *pullBook) registerQueued(asks []queuedAsk) {
+	for _, a := range asks {
+		r := b.requests[a.reqID]
+		if r == nil || r.pull == nil || r.pull.failed || r.pull.told.ended {
+			continue // its answers are MISS, told as the pull's failure where the host caches them
+		}
+		p := r.pull
+		if !a.cached || !p.told.cached || !p.probe {
+			for off := 0; off+a.keyLen <= len(a.keys); off += a.keyLen {
+				b.lookupKey(r, a.keys[off:off+a.keyLen:off+a.keyLen])
+			}
+			continue
+		}
+		if len(p.asked) > 0 && p.askedKeyLen != a.keyLen {
+			b.registerAsked(p) // keys of another length first: registered in the order asked
+		}
+		if len(p.asked) == 0 {
+			b.toRegister = append(b.toRegister, p)
+		}
+		p.asked, p.askedKeyLen = append(p.asked, a.keys...), a.keyLen
+	}
+}

@@ -1,0 +1,116 @@
+package tier_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/peerkv/peerkv/core/tier"
+)
+
+// The calls vLLM's scheduler thread makes every step return at once while
+// a goroutine holds the tier's lock (as one preempted while holding it
+// would), and nothing they could not collect is lost: once the lock is let
+// go, the news count moves again and the next call collects it, once.
+func TestStepCallsDoNotWaitForALockAGoroutineHolds(t *testing.T) {
+	c := newCluster(t)
+	p := c.peer(1)
+	p.GateWaits()
+	const req = "req-1"
+	_, err := p.StartRequest(req, nil)
+	require.NoError(t, err)
+	require.NoError(t, p.SubmitStore(req, 7, keys(0), []int64{0})) // nothing to serve: reported at once
+	before := p.News(tier.NewsResults)
+
+	release := p.HoldLock()
+	const bound = 100 * time.Millisecond // the wait is 1 ms; generous for a loaded machine
+	took := map[string]time.Duration{}
+	timed := func(name string, call func()) {
+		start := time.Now()
+		call()
+		took[name] = time.Since(start)
+	}
+	calls := make(chan struct{})
+	go func() {
+		defer close(calls)
+		timed("GetFinished", func() { assert.Empty(t, p.GetFinished(64)) })
+		timed("TakeAnswers", func() { assert.Empty(t, p.TakeAnswers(func(tier.AnswerChange) bool { return true })) })
+		timed("NextInbound", func() {
+			_, ok, _ := p.NextInbound(nil)
+			assert.False(t, ok)
+		})
+		timed("Lookup", func() {
+			assert.Equal(t, []tier.LookupResult{tier.Retry, tier.Retry}, p.lookup(req, keys(1, 2)))
+		})
+		timed("OnScheduleEnd", func() { assert.NoError(t, p.OnScheduleEnd()) })
+		timed("HasPendingWork", func() { assert.True(t, p.HasPendingWork()) })
+	}()
+	select {
+	case <-calls:
+	case <-time.After(2 * time.Second):
+		release()
+		<-calls
+		t.Fatalf("host calls waited for the lock a goroutine held (%v)", took)
+	}
+	for name, d := range took {
+		assert.Less(t, d, bound, "%s waited for the lock", name)
+	}
+	assert.EqualValues(t, 6, p.HostCallsDeferred())
+	time.Sleep(50 * time.Millisecond) // ticks come and go: the loop waits for the lock too
+	release()
+
+	require.Eventually(t, func() bool { return p.News(tier.NewsResults) != before }, 5*time.Second, time.Millisecond,
+		"the results a call could not collect were not told again")
+	got := p.GetFinished(64)
+	require.Len(t, got, 1)
+	assert.EqualValues(t, 7, got[0].JobID)
+	assert.True(t, got[0].Success)
+	assert.Empty(t, p.GetFinished(64), "reported once")
+	assert.Equal(t, []tier.LookupResult{tier.Miss}, p.lookup(req, keys(1)), "a request that does not pull answers MISS again")
+}
+
+// A caching host's LookupMany made while a goroutine holds the lock is
+// answered RETRY at once; once the lock is let go, its keys are registered
+// and asked as the call would have, and their answers reach the host as
+// changes, at the positions it asked them in (after the keys it asked
+// before).
+func TestLookupsAskedWhileTheLockIsHeldArriveAsChanges(t *testing.T) {
+	r := newMultiRig(t, 1)
+	r.cons.GateWaits()
+	r.srcs[0].hold(0, 1, 2)
+	h := newCachingHost(t, r.cons)
+	_, err := r.cons.StartRequest("a", kvParams("kv-a", r.srcs[0]))
+	require.NoError(t, err)
+	require.Equal(t, tier.LookupsAsk, r.cons.LookupMode("a"))
+	h.step("a", keys(0)) // asked with the lock free
+
+	deferred := r.cons.HostCallsDeferred()
+	release := r.cons.HoldLock()
+	stepped := make(chan time.Duration)
+	go func() {
+		start := time.Now()
+		h.step("a", keys(0, 1, 2, 3))
+		stepped <- time.Since(start)
+	}()
+	select {
+	case took := <-stepped:
+		release()
+		assert.Less(t, took, 100*time.Millisecond, "LookupMany waited for the lock")
+	case <-time.After(2 * time.Second):
+		release()
+		<-stepped
+		t.Fatal("LookupMany waited for the lock a goroutine held")
+	}
+	assert.Equal(t, []tier.LookupResult{tier.Retry, tier.Retry, tier.Retry}, h.asked, "keys 1-3, answered at once")
+	assert.Greater(t, r.cons.HostCallsDeferred(), deferred, "the step's LookupMany did without the lock")
+
+	want := []tier.LookupResult{tier.Hit, tier.Hit, tier.Hit, tier.Miss}
+	require.Eventually(t, func() bool {
+		r.serveAll()
+		h.collect()
+		return assert.ObjectsAreEqual(want, h.step("a", keys(0, 1, 2, 3)))
+	}, 5*time.Second, 2*time.Millisecond, "answers told: %v", h.answers["a"])
+	r.finish("a")
+}
