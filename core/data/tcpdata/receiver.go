@@ -214,7 +214,9 @@ func (t *Transport) helloAsReceiver(h helloConn, in *inboundConn) (string, error
 	if t.opts.AuthSecret != "" || t.opts.RequireGrant {
 		server[5] = 1
 	}
-	server[6] = featureSegments
+	if !t.opts.withoutSegments {
+		server[6] = featureSegments
+	}
 	nonce := server[8 : 8+nonceLen]
 	if _, err := rand.Read(nonce); err != nil {
 		return "", fmt.Errorf("nonce: %w", err)
