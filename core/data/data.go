@@ -114,8 +114,9 @@ type Fencer interface {
 
 // Canceler is implemented by paths that can stop a transfer they queued.
 // Cancel drops the parts of transfer id to peerID not yet sent; a part
-// under way finishes (paths keep parts short for this: tcpdata sizes them
-// to about 50 ms of its link). The transfer then completes once, failed
+// under way stops where the receiver can confirm it (tcpdata: at the end
+// of a segment of about 5 ms of its link) or finishes. The transfer then
+// completes once, failed
 // with ErrCanceled, when nothing more of it will be written (or as it
 // would have, had it already finished). Unknown ids are ignored. Cancel
 // never blocks on the network.

@@ -2,6 +2,7 @@ package tcpdata
 
 import (
 	"bytes"
+	"crypto/rand"
 	"errors"
 	"io"
 	"net"
@@ -64,6 +65,7 @@ func newSlowLink(t *testing.T, target string, bytesPerSec float64) *slowLink {
 				_ = in.Close()
 				continue
 			}
+			_ = out.(*net.TCPConn).SetWriteBuffer(linkQueueBytes) // the queue is small on both sides
 			mu.Lock()
 			conns = append(conns, in, out)
 			mu.Unlock()
@@ -167,4 +169,130 @@ func TestCanceledTransfersLeaveTheLinkAtOnce(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 	require.False(t, errors.Is(got.Err, data.ErrCanceled))
+}
+
+// A part on the wire when its transfer is canceled stops within a segment,
+// not at its end: with 8 MiB rows a part is at least one row, 0.67 s of a
+// 100 Mbit/s link, yet the link goes quiet within about 100 ms of the
+// cancel, the transfer is reported canceled, and the connections stay in
+// step for the next transfer.
+func TestCanceledPartStopsWithinASegment(t *testing.T) {
+	const (
+		bigRow  = 8 << 20
+		rows    = 4 // 32 MiB a transfer
+		rate    = 12.5e6
+		target  = 100 * time.Millisecond
+		allowed = 4 * target // a loaded test machine
+	)
+	src := data.Region{Mem: make([]byte, 2*rows*bigRow), RowLen: bigRow}
+	_, err := rand.Read(src.Mem)
+	require.NoError(t, err)
+	dst := data.Region{Mem: make([]byte, 2*rows*bigRow), RowLen: bigRow}
+	a := newTransport(t, "a", src, nil)
+	b := newTransport(t, "b", dst, nil)
+	link := newSlowLink(t, b.DataAddr(), rate)
+	require.NoError(t, a.AddPeer("b", data.PeerInfo{NumRows: dst.NumRows(), RowLen: bigRow, DataAddr: link.addr}))
+
+	id, err := a.Write("b", seq(0, rows), seq(0, rows))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return link.sent.Load() > 2<<20 }, waitLimit, time.Millisecond,
+		"the transfer never got on the link")
+	canceledAt, sentBefore := time.Now(), link.sent.Load()
+	a.Cancel("b", id)
+	got := nextCompletion(t, a, waitLimit)
+	reportedIn := time.Since(canceledAt)
+	require.Equal(t, id, got.ID)
+	require.ErrorIs(t, got.Err, data.ErrCanceled)
+	time.Sleep(allowed) // anything still queued would be on the link by now
+	quietAfter := time.Duration(link.lastSent.Load() - canceledAt.UnixNano())
+	after := link.sent.Load() - sentBefore
+	t.Logf("after the cancel: reported in %v; %d KiB more on the link, the last %v after it (parts of 8 MiB rows on a 100 Mbit/s link)",
+		reportedIn.Round(time.Millisecond), after>>10, quietAfter.Round(time.Millisecond))
+	assert.Less(t, quietAfter, allowed, "the link was busy this long after the cancel (target %v)", target)
+	assert.Less(t, after, int64(rate*allowed.Seconds()), "bytes put on the link after the cancel")
+	assert.Less(t, reportedIn, allowed+time.Second, "reported long after the cancel")
+
+	// The connections are in step: the next transfer lands whole.
+	next, err := a.Write("b", seq(rows, 1), seq(rows, 1))
+	require.NoError(t, err)
+	got = nextCompletion(t, a, waitLimit)
+	require.Equal(t, next, got.ID)
+	require.NoError(t, got.Err)
+	require.True(t, bytes.Equal(src.Row(rows), dst.Row(rows)), "the next transfer's row differs")
+}
+
+// slowReader is a receiver's guard that copies rows slowly once slowed (a
+// consumer whose reads fell behind), and counts the rows it copied after
+// the test marked their transfer reported.
+type slowReader struct {
+	slow, reported atomic.Bool
+	copied, late   atomic.Int64
+}
+
+func (g *slowReader) MayWrite(string, uint64) bool { return true }
+
+// WriteRow lets every row in: after an abort's ack the same rows may be a
+// new load's from the same peer, so only the data path can keep a stale
+// byte out.
+func (g *slowReader) WriteRow(_ string, _ uint64, dst, src []byte) bool {
+	if g.slow.Load() {
+		time.Sleep(4 * time.Millisecond) // 16 MB/s of 64 KiB rows
+	}
+	if g.reported.Load() {
+		g.late.Add(1)
+	}
+	copy(dst, src)
+	g.copied.Add(1)
+	return true
+}
+
+// No byte of a part cut by a cancel lands after its transfer is reported
+// canceled (the report lets the abort be acked, and the consumer hand the
+// rows to a new load from the same peer, which the guard lets write them):
+// the receiver acks the cut part only after it read every byte sent before
+// the cancel marker. A reset of the connection instead, reported at once,
+// leaves rows in the socket buffers that a slow reader copies in after the
+// report.
+func TestNothingOfACanceledPartLandsAfterTheReport(t *testing.T) {
+	const rows = 256 // 16 MiB a transfer
+	src, dst := randomRegion(t, 2*rows), sentinelRegion(2*rows)
+	guard := &slowReader{}
+	a := newTransport(t, "a", src, nil)
+	b := newTransport(t, "b", dst, func(o *Options) { o.Guard = guard })
+	addPeer(t, a, "b", b)
+
+	warm, err := a.Write("b", seq(0, rows), seq(0, rows))
+	require.NoError(t, err)
+	got := nextCompletion(t, a, waitLimit)
+	require.Equal(t, warm, got.ID)
+	require.NoError(t, got.Err)
+
+	guard.slow.Store(true) // the consumer falls behind: the socket buffers fill
+	copiedBefore := guard.copied.Load()
+	id, err := a.Write("b", seq(rows, rows), seq(rows, rows))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return guard.copied.Load() > copiedBefore+8 }, waitLimit, time.Millisecond,
+		"the transfer never landed a row")
+
+	canceledAt := time.Now()
+	a.Cancel("b", id)
+	got = nextCompletion(t, a, waitLimit)
+	guard.reported.Store(true)
+	reportedIn := time.Since(canceledAt)
+	require.Equal(t, id, got.ID)
+	require.ErrorIs(t, got.Err, data.ErrCanceled)
+	time.Sleep(time.Second) // rows still in the socket buffers would land by now
+	t.Logf("after the cancel: reported in %v, %d rows copied in before, %d after the report",
+		reportedIn.Round(time.Millisecond), guard.copied.Load()-copiedBefore-guard.late.Load(), guard.late.Load())
+	assert.Zero(t, guard.late.Load(), "rows of the canceled transfer landed after it was reported")
+
+	// The connections are in step: the next transfer lands whole.
+	guard.slow.Store(false)
+	guard.reported.Store(false)
+	next, err := a.Write("b", seq(rows, rows), seq(rows, rows))
+	require.NoError(t, err)
+	got = nextCompletion(t, a, waitLimit)
+	require.Equal(t, next, got.ID)
+	require.NoError(t, got.Err)
+	require.True(t, bytes.Equal(src.Mem[rows*rowLen:], dst.Mem[rows*rowLen:]), "the next transfer's rows differ")
 }

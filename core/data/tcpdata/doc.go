@@ -21,17 +21,23 @@
 //
 // Write returns at once; each transfer's outcome arrives exactly once on
 // Completions, which is closed when Close returns. Cancel drops a
-// transfer's rows not yet handed to a connection and resets each
-// connection sending a part of it (SO_LINGER 0: the kernel's unsent bytes
-// are discarded; the stream cannot stay in step, so its sender dials again
-// for its next part), so a canceled transfer leaves the link at once, and
-// is then reported failed with data.ErrCanceled.
+// transfer's rows not yet handed to a connection; a part of it on the wire
+// ends at the end of the segment being written (about 5 ms of the
+// connection's rate, 64 KiB to 4 MiB) with a cancel marker, and the
+// transfer is reported failed with data.ErrCanceled once the receiver has
+// acked that part. The receiver acks only after it read every byte before
+// the marker, so nothing of a canceled transfer can land after its report,
+// and the connection stays in step. (A reset would stop the bytes sooner,
+// but what the receiver's socket already held could still be read after
+// the report: the consumer, told the load ended, may have given those rows
+// to a new load from the same peer, whose guard lets them in.) A receiver
+// that offers no segments gets plain parts, which run to their end.
 //
 // # Wire format (little-endian, version 1: plaintext)
 //
 // Connection setup, receiver first:
 //
-//	server hello   magic "PKVD" u32 | version u8 | auth_required u8 | pad u16 | nonce [32]
+//	server hello   magic "PKVD" u32 | version u8 | auth_required u8 | features u8 | pad u8 | nonce [32]
 //	client hello   magic "PKVD" u32 | version u8 | pad u8 | id_len u16 | row_len u64 | mac [32] | id [id_len]
 //	hello status   status u8 | pad u8 | msg_len u16 | msg [msg_len]
 //
@@ -44,7 +50,10 @@
 // current grant is refused; without a key mac is ignored (the producer
 // sends zeros). Revoking a grant cuts the connections it opened.
 // row_len must equal the receiver's row length. A non-zero status comes
-// with a reason and the receiver closes the connection.
+// with a reason and the receiver closes the connection. features bit 0
+// (featureSegments) says the receiver reads segmented parts; receivers
+// before it sent 0 there (padding), and producers before it ignore it, so
+// either side may be older: the producer then sends plain parts.
 //
 // Per part, producer to receiver, then the receiver's ack:
 //
@@ -52,6 +61,19 @@
 //	row indices    dst_row u64 × total_rows: the whole transfer's destinations
 //	row bytes      row_len bytes × part_rows, for dst_row[first : first+part_rows]
 //	ack            transfer_id u64 | status u8 | pad [7] | row u64
+//
+// A segmented part (to a receiver offering featureSegments) has magic
+// "PKVS" and the same header and row indices; its row bytes come as
+// segments:
+//
+//	segment        len u32 | len bytes of the part's row bytes, in order
+//	cancel marker  len u32 = 0: nothing more of the part follows
+//
+// Segments may split a row; their lengths add up to the part's row bytes,
+// unless a cancel marker ends the part early. A segment longer than what
+// is left of the part is a protocol error. At a cancel marker the receiver
+// drops a row it has not read whole (a guarded row is copied in only
+// whole) and acks status 9 (canceled) with the row it was reading.
 //
 // Every part names all of its transfer's destination rows, and the receiver
 // checks each (row < NumRows, Guard(id, row)) before it writes anything, so
@@ -153,7 +175,8 @@
 //
 // Status codes: 0 ok, 1 rejected by the guard, 2 row out of range,
 // 3 bad request, 4 authentication failed, 5 row length mismatch,
-// 6 unsupported version, 7 more rows than the writer is owed, 8 busy.
+// 6 unsupported version, 7 more rows than the writer is owed, 8 busy,
+// 9 canceled (the part ended at a cancel marker).
 //
 // # Deadlines
 //

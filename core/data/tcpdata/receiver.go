@@ -114,6 +114,8 @@ type receiver struct {
 	chunk   [indexChunkRows * rowIndexLen]byte
 	refused bool // the guard refused the last row received
 	ackBuf  [ackLen]byte
+	rowsIn  io.Reader     // the current part's row bytes: conn, or segments
+	segs    segmentReader // rowsIn of a segmented part
 
 	// owedNothingSince is when a part was first refused with no row owed
 	// to the writer, since the last part it was owed (zero: none since).
@@ -211,6 +213,9 @@ func (t *Transport) helloAsReceiver(h helloConn, in *inboundConn) (string, error
 	server[4] = h.version()
 	if t.opts.AuthSecret != "" || t.opts.RequireGrant {
 		server[5] = 1
+	}
+	if !t.opts.withoutSegments {
+		server[6] = featureSegments
 	}
 	nonce := server[8 : 8+nonceLen]
 	if _, err := rand.Read(nonce); err != nil {
@@ -352,6 +357,11 @@ func (r *receiver) receivePart() error {
 		_ = r.writeAck(ack{transferID: h.transferID, status: statusBadRequest})
 		return fmt.Errorf("%w: transfer %d header %+v", ErrProtocol, h.transferID, h)
 	}
+	r.rowsIn = c
+	if h.segmented {
+		r.segs = segmentReader{conn: c, partLeft: uint64(h.partRows) * h.rowLen}
+		r.rowsIn = &r.segs
+	}
 	if owed, ok := t.rowsOwed(r.peerID); ok && uint64(h.totalRows) > owed {
 		t.stats.partsNotOwed.Add(1)
 		t.logs.logf("transfer not owed", "transfer %d from %s names %d rows, its loads from us expect %d",
@@ -383,7 +393,7 @@ func (r *receiver) receivePart() error {
 	if verdict.status != statusOK {
 		t.stats.partsRefused.Add(1)
 		t.logs.logf("transfer refused", "transfer %d from %s: %v (row %d)", h.transferID, r.peerID, verdict.status, verdict.row)
-		if err := r.skip(uint64(h.partRows) * h.rowLen); err != nil {
+		if err := r.skipRows(uint64(h.partRows) * h.rowLen); err != nil {
 			return fmt.Errorf("transfer %d discarding refused rows: %w", h.transferID, err)
 		}
 		return r.writeAck(verdict)
@@ -394,14 +404,18 @@ func (r *receiver) receivePart() error {
 		defer t.stagePool.Put(stage)
 	}
 	for i, row := range rows {
-		if err := r.receiveRow(row, stage); err != nil {
+		if err := r.receiveRow(row, stage); errors.Is(err, errPartCanceled) {
+			// Every byte the writer sent before its marker is read: once
+			// it reads this ack, nothing more of the part can land.
+			return r.writeAck(ack{transferID: h.transferID, status: statusCanceled, row: row})
+		} else if err != nil {
 			return fmt.Errorf("transfer %d row %d: %w", h.transferID, row, err)
 		}
 		if r.refused {
 			// The load ended while its rows streamed in: drop the rest.
 			r.refused = false
 			verdict.status, verdict.row = statusRejected, row
-			if err := r.skip(uint64(len(rows)-i-1) * h.rowLen); err != nil {
+			if err := r.skipRows(uint64(len(rows)-i-1) * h.rowLen); err != nil {
 				return fmt.Errorf("transfer %d discarding refused rows: %w", h.transferID, err)
 			}
 			t.logs.logf("row after its load ended", "transfer %d from %s: row %d arrived after its load ended; dropped it and the rest",
@@ -476,7 +490,10 @@ func (r *receiver) readDestinations(h partHeader) ([]uint64, ack, error) {
 // discardPart reads and drops a refused part (destination rows and row
 // bytes), then acks it with a.
 func (r *receiver) discardPart(h partHeader, a ack) error {
-	if err := r.skip(uint64(h.totalRows)*rowIndexLen + uint64(h.partRows)*h.rowLen); err != nil {
+	if err := r.skip(r.conn, uint64(h.totalRows)*rowIndexLen); err != nil {
+		return fmt.Errorf("transfer %d discarding refused part: %w", h.transferID, err)
+	}
+	if err := r.skipRows(uint64(h.partRows) * h.rowLen); err != nil {
 		return fmt.Errorf("transfer %d discarding refused part: %w", h.transferID, err)
 	}
 	return r.writeAck(a)
@@ -489,10 +506,10 @@ func (r *receiver) discardPart(h partHeader, a ack) error {
 func (r *receiver) receiveRow(row uint64, stage *[]byte) error {
 	dst := r.t.region.Row(row)
 	if stage == nil {
-		return r.readFull(dst)
+		return r.readRow(dst)
 	}
-	if err := r.readFull(*stage); err != nil {
-		return err
+	if err := r.readRow(*stage); err != nil {
+		return err // a row cut by a cancel marker is not copied in
 	}
 	r.refused = !r.t.opts.Guard.WriteRow(r.peerID, row, dst, *stage)
 	return nil
@@ -505,13 +522,30 @@ func (r *receiver) readFull(b []byte) error {
 	return err
 }
 
-// skip reads and drops n bytes so the stream stays in step, through
-// io.Discard's small shared buffers; the deadline is renewed per chunk.
-func (r *receiver) skip(n uint64) error {
+// readRow fills b with the part's row bytes, under readFull's deadline.
+func (r *receiver) readRow(b []byte) error {
+	_ = r.conn.SetReadDeadline(time.Now().Add(r.t.opts.IOTimeout))
+	_, err := io.ReadFull(r.rowsIn, b)
+	return err
+}
+
+// skipRows drops n of the part's row bytes; a cancel marker ends them
+// early, and the stream is then in step as well.
+func (r *receiver) skipRows(n uint64) error {
+	if err := r.skip(r.rowsIn, n); !errors.Is(err, errPartCanceled) {
+		return err
+	}
+	return nil
+}
+
+// skip reads and drops n bytes of from so the stream stays in step,
+// through io.Discard's small shared buffers; the deadline is renewed per
+// chunk.
+func (r *receiver) skip(from io.Reader, n uint64) error {
 	for n > 0 {
 		chunk := min(n, discardChunk)
 		_ = r.conn.SetReadDeadline(time.Now().Add(r.t.opts.IOTimeout))
-		if _, err := io.CopyN(io.Discard, r.conn, int64(chunk)); err != nil {
+		if _, err := io.CopyN(io.Discard, from, int64(chunk)); err != nil {
 			return err
 		}
 		n -= chunk

@@ -170,6 +170,10 @@ type sender struct {
 	iov    [][]byte // writev vector, reused
 	ackBuf [ackLen]byte
 	speed  linkSpeed // of conn, sizes its parts
+
+	segmented bool        // the receiver reads segmented parts (featureSegments)
+	segRate   segmentRate // of conn, sizes its segments
+	prefix    [segHeaderLen]byte
 }
 
 // runStream is one sender goroutine: it sends queued parts on its
@@ -222,10 +226,12 @@ func (s *sender) process(p *part) {
 		}
 	}
 	// A part of a transfer canceled while it waited for this connection is
-	// not sent. One already on the wire runs to its end (about
-	// partDuration): the transfer is reported, and its abort acknowledged,
-	// only once the receiver acked every row of it, so no byte of it can
-	// land after the consumer handed its rows back.
+	// not sent. One already on the wire stops at the end of its segment
+	// with a cancel marker (an older receiver: runs to its end, about
+	// partDuration); either way the transfer is reported, and its abort
+	// acknowledged, only once the receiver acked the part, having read
+	// every byte of it sent, so no byte of it can land after the consumer
+	// handed its rows back.
 	var keepConn bool
 	var err error
 	if t.canceled(p.tr) {
@@ -245,7 +251,7 @@ func (s *sender) dropConn() {
 	if s.raw != nil {
 		s.link.untrack(s.raw)
 		s.conn, s.raw = nil, nil
-		s.speed = linkSpeed{} // a new connection is measured anew
+		s.speed, s.segRate = linkSpeed{}, segmentRate{} // a new connection is measured anew
 	}
 }
 
@@ -286,26 +292,27 @@ func (s *sender) connectOnce(deadline time.Time) error {
 	}
 	l.t.tuneConn(c)
 	limitUnsent(c)
-	conn, err := s.hello(c, deadline)
+	conn, features, err := s.hello(c, deadline)
 	if err != nil {
 		l.untrack(c)
 		return err
 	}
 	s.conn, s.raw = conn, c
+	s.segmented = features&featureSegments != 0
 	return nil
 }
 
 // hello runs the hello (TLS first in encrypted mode) under deadline and
-// returns the connection parts flow on.
-func (s *sender) hello(c net.Conn, deadline time.Time) (net.Conn, error) {
+// returns the connection parts flow on and the receiver's features byte.
+func (s *sender) hello(c net.Conn, deadline time.Time) (net.Conn, byte, error) {
 	l, opts := s.link, &s.link.t.opts
 	_ = c.SetDeadline(deadline)
 	var server [serverHelloLen]byte
 	if _, err := io.ReadFull(c, server[:]); err != nil {
-		return nil, fmt.Errorf("tcpdata: hello from %s at %s: %w", l.peerID, l.addr, err)
+		return nil, 0, fmt.Errorf("tcpdata: hello from %s at %s: %w", l.peerID, l.addr, err)
 	}
 	if magic := binary.LittleEndian.Uint32(server[0:]); magic != helloMagic {
-		return nil, fmt.Errorf("%w: %s at %s is not a peerkv data port (magic %#x)", ErrProtocol, l.peerID, l.addr, magic)
+		return nil, 0, fmt.Errorf("%w: %s at %s is not a peerkv data port (magic %#x)", ErrProtocol, l.peerID, l.addr, magic)
 	}
 	h := helloConn{Conn: c}
 	ours := uint8(protocolVersion)
@@ -314,19 +321,19 @@ func (s *sender) hello(c net.Conn, deadline time.Time) (net.Conn, error) {
 	}
 	if v := server[4]; v != ours {
 		sendVersionNotice(c, ours)
-		return nil, versionError(l.peerID, v, ours)
+		return nil, 0, versionError(l.peerID, v, ours)
 	}
 	if l.t.tls != nil {
 		// The clear hello only announced TLS; the real one runs inside.
 		var err error
 		if h, err = l.t.startClientTLS(c); err != nil {
-			return nil, fmt.Errorf("tcpdata: %s at %s: %w", l.peerID, l.addr, err)
+			return nil, 0, fmt.Errorf("tcpdata: %s at %s: %w", l.peerID, l.addr, err)
 		}
 		if _, err := io.ReadFull(h, server[:]); err != nil {
-			return nil, fmt.Errorf("tcpdata: hello from %s at %s: %w", l.peerID, l.addr, err)
+			return nil, 0, fmt.Errorf("tcpdata: hello from %s at %s: %w", l.peerID, l.addr, err)
 		}
 		if magic, v := binary.LittleEndian.Uint32(server[0:]), server[4]; magic != helloMagic || v != encryptedVersion {
-			return nil, fmt.Errorf("%w: %s sent hello magic %#x version %d inside TLS", ErrProtocol, l.peerID, magic, v)
+			return nil, 0, fmt.Errorf("%w: %s sent hello magic %#x version %d inside TLS", ErrProtocol, l.peerID, magic, v)
 		}
 	}
 	nonce := server[8 : 8+nonceLen]
@@ -344,7 +351,7 @@ func (s *sender) hello(c net.Conn, deadline time.Time) (net.Conn, error) {
 	case h.encrypted():
 		clientNonce = msg[clientHelloLen:fixed]
 		if _, err := rand.Read(clientNonce); err != nil {
-			return nil, fmt.Errorf("tcpdata: nonce: %w", err)
+			return nil, 0, fmt.Errorf("tcpdata: nonce: %w", err)
 		}
 		copy(msg[16:], clientMAC(key, nonce, clientNonce, rowLen, h.exporter, id))
 	case key != "":
@@ -352,21 +359,21 @@ func (s *sender) hello(c net.Conn, deadline time.Time) (net.Conn, error) {
 	}
 	copy(msg[fixed:], id)
 	if _, err := h.Write(msg); err != nil {
-		return nil, fmt.Errorf("tcpdata: hello to %s at %s: %w", l.peerID, l.addr, err)
+		return nil, 0, fmt.Errorf("tcpdata: hello to %s at %s: %w", l.peerID, l.addr, err)
 	}
 	st, proof, reason, err := h.readStatus()
 	if err != nil {
-		return nil, fmt.Errorf("tcpdata: hello answer from %s at %s: %w", l.peerID, l.addr, err)
+		return nil, 0, fmt.Errorf("tcpdata: hello answer from %s at %s: %w", l.peerID, l.addr, err)
 	}
 	if st != statusOK {
-		return nil, helloError(l.peerID, st, reason)
+		return nil, 0, helloError(l.peerID, st, reason)
 	}
 	// No row goes to a receiver that has not proven the secret too.
 	if h.encrypted() && !hmac.Equal(proof, serverMAC(key, clientNonce, nonce, h.exporter, id)) {
-		return nil, fmt.Errorf("%w: receiver %s at %s did not prove the shared secret", ErrAuthFailed, l.peerID, l.addr)
+		return nil, 0, fmt.Errorf("%w: receiver %s at %s did not prove the shared secret", ErrAuthFailed, l.peerID, l.addr)
 	}
 	_ = c.SetDeadline(time.Time{})
-	return h.Conn, nil
+	return h.Conn, server[6], nil
 }
 
 // send writes one part and waits for its ack. keepConn is false when the
@@ -380,7 +387,7 @@ func (s *sender) send(p *part) (keepConn bool, err error) {
 	}
 	hdr := s.header[:need]
 	partHeader{
-		partRows: uint32(p.end - p.first), transferID: p.tr.id, rowLen: rowLen,
+		segmented: s.segmented, partRows: uint32(p.end - p.first), transferID: p.tr.id, rowLen: rowLen,
 		totalRows: uint32(len(p.dst)), first: uint32(p.first),
 	}.put(hdr)
 	for i, row := range p.dst {
@@ -390,21 +397,19 @@ func (s *sender) send(p *part) (keepConn bool, err error) {
 	// Header and rows go out as writev batches straight from the region.
 	raceSync()
 	start := time.Now()
-	s.iov = append(s.iov[:0], hdr)
-	batchBytes, batchFirst, limit := uint64(len(hdr)), p.first, uint64(writeBatchBytes)
+	limit := writeBatchBytes
 	if p.tr.sums != nil {
 		limit = summedBatchBytes
 	}
-	for i := p.first; i < p.end; i++ {
-		s.iov = append(s.iov, t.region.Row(p.src[i]))
-		batchBytes += rowLen
-		if batchBytes >= limit || i == p.end-1 {
-			if err := s.writeBatch(c); err != nil {
-				return false, fmt.Errorf("tcpdata: send transfer %d to %s: %w", p.tr.id, s.link.peerID, err)
-			}
-			s.sumSent(p.tr, batchFirst, i+1)
-			s.iov, batchBytes, batchFirst = s.iov[:0], 0, i+1
-		}
+	var sent uint64
+	var cut bool
+	if s.segmented {
+		sent, cut, err = s.writeSegments(p, hdr, limit)
+	} else {
+		sent, err = s.writeRows(p, hdr, limit)
+	}
+	if err != nil {
+		return false, fmt.Errorf("tcpdata: send transfer %d to %s: %w", p.tr.id, s.link.peerID, err)
 	}
 	written := time.Now()
 
@@ -413,13 +418,82 @@ func (s *sender) send(p *part) (keepConn bool, err error) {
 		return false, fmt.Errorf("tcpdata: ack of transfer %d from %s: %w", p.tr.id, s.link.peerID, err)
 	}
 	raceSync()
-	s.speed.observe(uint64(p.rows())*rowLen, start, written, time.Now())
+	s.speed.observe(max(sent, 1), start, written, time.Now())
 	a := parseAck(s.ackBuf[:])
 	if a.transferID != p.tr.id {
 		return false, fmt.Errorf("%w: %s acked transfer %d while %d was pending", ErrProtocol, s.link.peerID, a.transferID, p.tr.id)
 	}
+	if cut && a.status == statusOK {
+		return false, fmt.Errorf("%w: %s acked transfer %d whole after its cancel marker", ErrProtocol, s.link.peerID, p.tr.id)
+	}
 	// A bad-request answer means the receiver is dropping the connection.
 	return a.status != statusBadRequest, partError(s.link.peerID, a.status, a.row)
+}
+
+// writeRows writes the part (hdr, then its rows) in writev batches of
+// about limit bytes; it returns the row bytes written.
+func (s *sender) writeRows(p *part, hdr []byte, limit int) (uint64, error) {
+	t := s.link.t
+	rowLen := t.region.RowLen
+	s.iov = append(s.iov[:0], hdr)
+	batchBytes, batchFirst := uint64(len(hdr)), p.first
+	for i := p.first; i < p.end; i++ {
+		s.iov = append(s.iov, t.region.Row(p.src[i]))
+		batchBytes += rowLen
+		if batchBytes >= uint64(limit) || i == p.end-1 {
+			if err := s.writeBatch(s.conn); err != nil {
+				return uint64(i-p.first) * rowLen, err
+			}
+			s.sumSent(p.tr, batchFirst, i+1)
+			s.iov, batchBytes, batchFirst = s.iov[:0], 0, i+1
+		}
+	}
+	return uint64(p.rows()) * rowLen, nil
+}
+
+// writeSegments writes a segmented part: hdr, then its rows as segments of
+// about segmentDuration at the connection's rate (at most limit bytes), one
+// writev each (hdr rides with the first). Before each segment it checks
+// the transfer: once canceled (or failed), it writes the cancel marker
+// instead, so what the part adds to the link after a cancel is at most one
+// segment and the kernel's unsent bytes. It returns the row bytes written
+// and whether the part was cut.
+func (s *sender) writeSegments(p *part, hdr []byte, limit int) (uint64, bool, error) {
+	t := s.link.t
+	rowLen := int(t.region.RowLen)
+	row, off, summed, sent := p.first, 0, p.first, uint64(0)
+	s.iov = append(s.iov[:0], hdr)
+	for row < p.end {
+		if t.canceled(p.tr) {
+			clear(s.prefix[:])
+			s.iov = append(s.iov, s.prefix[:])
+			err := s.writeBatch(s.conn)
+			s.iov = s.iov[:0]
+			return sent, true, err
+		}
+		size := s.segRate.size(limit)
+		s.iov = append(s.iov, s.prefix[:])
+		n := 0
+		for n < size && row < p.end {
+			b := t.region.Row(p.src[row])[off:]
+			take := min(len(b), size-n)
+			s.iov = append(s.iov, b[:take])
+			n += take
+			if off += take; off == rowLen {
+				row, off = row+1, 0
+			}
+		}
+		binary.LittleEndian.PutUint32(s.prefix[:], uint32(n))
+		began := time.Now()
+		if err := s.writeBatch(s.conn); err != nil {
+			return sent, false, err
+		}
+		s.segRate.observe(n, time.Since(began))
+		sent += uint64(n)
+		s.sumSent(p.tr, summed, row) // the rows whose last byte went
+		summed, s.iov = row, s.iov[:0]
+	}
+	return sent, false, nil
 }
 
 // sumSent sums the source rows tr.src[from:to], which writev has just read

@@ -4,7 +4,8 @@ import "time"
 
 // linkSpeed is what one connection has shown of its speed, to size its next
 // part: long enough that the ack's round trip costs little, short enough
-// that a canceled transfer's part on the wire ends soon (partDuration).
+// that a canceled transfer's part on the wire ends soon where it cannot
+// be cut (partDuration; segment.go cuts it otherwise).
 type linkSpeed struct {
 	bytesPerSec float64       // the last part's bytes over its time from first write to ack
 	ackWait     time.Duration // least time seen from a part's last write to its ack: a round trip, at least

@@ -47,7 +47,8 @@ const (
 	// partDuration is how long a sender sizes a part to last at its
 	// connection's measured speed: long enough that the ack's round trip
 	// costs little, short enough that a canceled transfer's part on the
-	// wire, which runs to its end (Cancel), puts little more on the link.
+	// wire puts little more on the link where it must run to its end (a
+	// receiver that reads no segments; others stop it within a segment).
 	partDuration = 50 * time.Millisecond
 	// maxUnsentBytes bounds what a producer connection leaves queued in
 	// the kernel (limitUnsent), about 20 ms of a 100 Mbit/s link.
@@ -115,6 +116,10 @@ type Options struct {
 	// SocketBufferBytes sets SO_SNDBUF/SO_RCVBUF on data connections
 	// (0 = leave the kernel's autotuning on, usually the fastest).
 	SocketBufferBytes int
+
+	// withoutSegments (tests) makes the hello offer no segmented parts, as
+	// a receiver before them did.
+	withoutSegments bool
 	// Logf receives diagnostics (nil = silent).
 	Logf func(format string, args ...any)
 }
@@ -426,11 +431,13 @@ func (t *Transport) write(peerID string, src, dst []uint64, summed bool) (uint64
 
 // Cancel implements data.Canceler: the transfer's rows not yet handed to a
 // sender are dropped, a part waiting for a connection is not sent, a part
-// on the wire runs to its end (sized to last about partDuration), and the
-// transfer is then reported failed with data.ErrCanceled. Not cutting that
-// part is what keeps the abort's promise: acknowledged only once no byte
-// of it can still land (a reset connection's bytes may still be read after
-// the consumer handed its rows back).
+// on the wire stops at the end of its segment with a cancel marker (to a
+// receiver without segments it runs to its end, sized to last about
+// partDuration), and the transfer is then reported failed with
+// data.ErrCanceled once the receiver acked each such part, having read
+// every byte sent of it: so no byte of it can land after the report (a
+// reset connection's bytes could still be read after the consumer handed
+// its rows back, which is why parts are never cut by a reset).
 func (t *Transport) Cancel(peerID string, id uint64) {
 	t.mu.Lock()
 	tr := t.pending[id]

@@ -15,6 +15,7 @@ import (
 const (
 	helloMagic      = 0x44564b50 // "PKVD" little-endian
 	partMagic       = 0x50564b50 // "PKVP" little-endian
+	segPartMagic    = 0x53564b50 // "PKVS": a part whose row bytes come in segments
 	protocolVersion = 1
 
 	nonceLen        = 32
@@ -30,6 +31,15 @@ const (
 	macContext      = "peerkv/tcpdata/v1"
 	rowIndexLen     = 8
 	discardChunk    = 1 << 20 // bytes skipped per read deadline
+
+	// featureSegments, in the server hello's features byte, says the
+	// receiver reads segmented parts (segPartMagic): a producer may then
+	// end a part early with a cancel marker. An older receiver sends 0
+	// there (padding) and gets plain parts.
+	featureSegments = 1 << 0
+	// segHeaderLen is a segment's length prefix; a length of 0 is the
+	// cancel marker: the writer sends nothing more of the part.
+	segHeaderLen = 4
 )
 
 // status is a receiver's answer to a hello or a part.
@@ -43,8 +53,9 @@ const (
 	statusAuthFailed
 	statusRowLenMismatch
 	statusBadVersion
-	statusNotOwed // the transfer names more rows than the writer's loads expect; row: how many they do
-	statusBusy    // no room now: too many connections, or bytes held for parts
+	statusNotOwed  // the transfer names more rows than the writer's loads expect; row: how many they do
+	statusBusy     // no room now: too many connections, or bytes held for parts
+	statusCanceled // the writer ended the part early with a cancel marker; every byte before it was read
 )
 
 func (s status) String() string {
@@ -67,6 +78,8 @@ func (s status) String() string {
 		return "more rows than the writer's loads expect"
 	case statusBusy:
 		return "receiver busy"
+	case statusCanceled:
+		return "part canceled by its writer"
 	}
 	return fmt.Sprintf("status %d", uint8(s))
 }
@@ -107,6 +120,8 @@ func partError(peerID string, st status, row uint64) error {
 		return fmt.Errorf("%w: %s expects only %d rows from us in all", data.ErrRejected, peerID, row)
 	case statusBusy:
 		return fmt.Errorf("%w: %s had no room for the transfer", ErrBusy, peerID)
+	case statusCanceled:
+		return fmt.Errorf("%w: %s read the part up to its cancel marker", data.ErrCanceled, peerID)
 	}
 	return fmt.Errorf("%w: %s answered %v", ErrProtocol, peerID, st)
 }
@@ -137,8 +152,10 @@ func helloMAC(secret string, nonce []byte, rowLen uint64, peerID string) []byte 
 // partHeader is the fixed part of a part frame. A part carries the
 // destination rows of the whole transfer, so the receiver can refuse the
 // transfer before any part writes, and the bytes of rows
-// [first, first+partRows) of that list.
+// [first, first+partRows) of that list; segmented, those bytes come as
+// length-prefixed segments that a cancel marker may end early.
 type partHeader struct {
+	segmented  bool
 	partRows   uint32
 	transferID uint64
 	rowLen     uint64
@@ -147,7 +164,11 @@ type partHeader struct {
 }
 
 func (h partHeader) put(b []byte) {
-	binary.LittleEndian.PutUint32(b[0:], partMagic)
+	magic := uint32(partMagic)
+	if h.segmented {
+		magic = segPartMagic
+	}
+	binary.LittleEndian.PutUint32(b[0:], magic)
 	binary.LittleEndian.PutUint32(b[4:], h.partRows)
 	binary.LittleEndian.PutUint64(b[8:], h.transferID)
 	binary.LittleEndian.PutUint64(b[16:], h.rowLen)
@@ -156,10 +177,12 @@ func (h partHeader) put(b []byte) {
 }
 
 func parsePartHeader(b []byte) (partHeader, error) {
-	if magic := binary.LittleEndian.Uint32(b[0:]); magic != partMagic {
+	magic := binary.LittleEndian.Uint32(b[0:])
+	if magic != partMagic && magic != segPartMagic {
 		return partHeader{}, fmt.Errorf("%w: part magic %#x", ErrProtocol, magic)
 	}
 	return partHeader{
+		segmented:  magic == segPartMagic,
 		partRows:   binary.LittleEndian.Uint32(b[4:]),
 		transferID: binary.LittleEndian.Uint64(b[8:]),
 		rowLen:     binary.LittleEndian.Uint64(b[16:]),
