@@ -104,14 +104,17 @@ func (t *Tier) LookupMany(batch []RequestKeys, keyLen int, out []LookupResult) e
 		return fmt.Errorf("%w: %d results for %d keys", ErrInvalidArgument, len(out), n)
 	}
 	if !t.lockForHost() {
-		for i := range out {
-			out[i] = Retry
+		if t.gate.asks.room(n * keyLen) {
+			for i := range out {
+				out[i] = Retry
+			}
+			for _, rk := range batch {
+				t.gate.asks.push(rk.ReqID, rk.Keys, keyLen, true)
+			}
+			t.book.wakeRegister() // the loop registers them and flushes
+			return nil
 		}
-		for _, rk := range batch {
-			t.gate.asks.push(rk.ReqID, rk.Keys, keyLen, true)
-		}
-		t.book.wakeRegister() // the loop registers them and flushes
-		return nil
+		t.lockHost() // the queue is full: wait rather than hold more
 	}
 	defer t.mu.Unlock()
 	deferred := t.book.lookupMany(batch, keyLen, n, out)

@@ -121,7 +121,17 @@ type askQueue struct {
 	mu    sync.Mutex
 	asks  []queuedAsk
 	count atomic.Int32 // len(asks), read without mu
+	bytes atomic.Int64 // the keys' bytes queued, bounded by maxQueuedAskBytes
 }
+
+// maxQueuedAskBytes bounds the keys queued by calls that did without the
+// lock; past it they wait for the lock instead (LookupMany) or leave the
+// keys to the host's next call (Lookup). A step asks at most thousands of
+// keys; the loop registers them as soon as the lock is free.
+const maxQueuedAskBytes = 16 << 20
+
+// room says whether n more bytes of keys may be queued.
+func (q *askQueue) room(n int) bool { return q.bytes.Load()+int64(n) <= maxQueuedAskBytes }
 
 // queuedAsk is one request's keys of one host call; cached: the call was a
 // LookupMany, whose answers the host caches (a RETRY it was given must be
@@ -146,6 +156,7 @@ func (q *askQueue) pushOwned(reqID string, keys []byte, keyLen int, cached bool)
 	q.mu.Lock()
 	q.asks = append(q.asks, queuedAsk{reqID: reqID, keys: keys, keyLen: keyLen, cached: cached})
 	q.count.Store(int32(len(q.asks)))
+	q.bytes.Add(int64(len(keys)))
 	q.mu.Unlock()
 }
 
@@ -160,6 +171,7 @@ func (q *askQueue) take() []queuedAsk {
 	asks := q.asks
 	q.asks = nil
 	q.count.Store(0)
+	q.bytes.Store(0)
 	return asks
 }
 
@@ -171,6 +183,9 @@ func (t *Tier) queueAsk(reqID string, keys [][]byte) {
 		return
 	}
 	keyLen := len(keys[0])
+	if !t.gate.asks.room(keyLen * len(keys)) {
+		return // the host asks them again next step
+	}
 	buf := make([]byte, 0, keyLen*len(keys))
 	for _, k := range keys {
 		if len(k) != keyLen {
