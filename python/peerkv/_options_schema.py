@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "d29341a0f69dbec61352af1d075ed5db8b907dd3659f7696b3907b7bd6fb5f5a"
+DIGEST = "67f284e07183b9d1abeeabb887bf6af0e443cfab77258e234f235d0218f866a0"
 
 SCHEMA = json.loads(
     r"""
@@ -410,6 +410,11 @@ SCHEMA = json.loads(
   "none"
  ],
  "stats_keys": {
+  "histogram": [
+   "le",
+   "counts",
+   "sums"
+  ],
   "link": [
    "rtt_p50_s",
    "rtt_p99_s",
