@@ -35,8 +35,8 @@ func newCluster(t testing.TB) *cluster {
 	return &cluster{t: t, ctl: memctl.NewHub(), data: memdata.NewHub()}
 }
 
-// peer is one tier plus the host-side bookkeeping a test needs.
-type peer struct {
+// node is one tier plus the host-side bookkeeping a test needs.
+type node struct {
 	*tier.Tier
 	t      testing.TB
 	id     string
@@ -55,7 +55,7 @@ func fastConfig(id int) config.Config {
 	}.WithDefaults()
 }
 
-func (c *cluster) peer(n int, mutate ...func(*config.Config)) *peer {
+func (c *cluster) node(n int, mutate ...func(*config.Config)) *node {
 	cfg := fastConfig(n)
 	for _, m := range mutate {
 		m(&cfg)
@@ -69,7 +69,7 @@ func (c *cluster) peer(n int, mutate ...func(*config.Config)) *peer {
 		},
 	})
 	require.NoError(c.t, err)
-	p := &peer{Tier: tr, t: c.t, id: id, region: region, seen: map[int64]tier.JobResult{}}
+	p := &node{Tier: tr, t: c.t, id: id, region: region, seen: map[int64]tier.JobResult{}}
 	c.t.Cleanup(func() { _ = tr.Shutdown() })
 	return p
 }
@@ -94,19 +94,19 @@ func keys(idx ...int) [][]byte {
 }
 
 // fill writes a pattern derived from the key into a row.
-func (p *peer) fill(row int, k []byte) {
+func (p *node) fill(row int, k []byte) {
 	dst := p.region.Row(uint64(row))
 	for off := 0; off < len(dst); off += 8 {
 		binary.LittleEndian.PutUint64(dst[off:], uint64(off)^binary.LittleEndian.Uint64(k))
 	}
 }
 
-func (p *peer) rowEquals(row int, other *peer, otherRow int) bool {
+func (p *node) rowEquals(row int, other *node, otherRow int) bool {
 	return bytes.Equal(p.region.Row(uint64(row)), other.region.Row(uint64(otherRow)))
 }
 
 // collect gathers finished jobs, failing on any job reported twice.
-func (p *peer) collect() {
+func (p *node) collect() {
 	for _, r := range p.GetFinished(1024) {
 		_, dup := p.seen[r.JobID]
 		require.False(p.t, dup, "job %d reported twice", r.JobID)
@@ -115,7 +115,7 @@ func (p *peer) collect() {
 }
 
 // waitJob waits (bounded) for a job's single report.
-func (p *peer) waitJob(id int64, within time.Duration) tier.JobResult {
+func (p *node) waitJob(id int64, within time.Duration) tier.JobResult {
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
 		p.collect()
@@ -124,13 +124,13 @@ func (p *peer) waitJob(id int64, within time.Duration) tier.JobResult {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	require.FailNow(p.t, "job not reported", "peer %s job %d not reported within %v", p.id, id, within)
+	require.FailNow(p.t, "job not reported", "node %s job %d not reported within %v", p.id, id, within)
 	return tier.JobResult{}
 }
 
 // serve plays the host's serve_external_requests: rows holds what the host
 // has in its CPU tier (key index -> row).
-func (p *peer) serve(held map[string]int, nextJob *int64) {
+func (p *node) serve(held map[string]int, nextJob *int64) {
 	for {
 		in, ok, taken := p.NextInbound(nil)
 		if !ok {
@@ -160,18 +160,18 @@ func (p *peer) serve(held map[string]int, nextJob *int64) {
 	}
 }
 
-func (p *peer) lookup(req string, ks [][]byte) []tier.LookupResult {
+func (p *node) lookup(req string, ks [][]byte) []tier.LookupResult {
 	out := make([]tier.LookupResult, len(ks))
 	require.NoError(p.t, p.Lookup(req, ks, out))
 	return out
 }
 
-func pdParams(kv string, prod *peer) []byte {
+func pdParams(kv string, prod *node) []byte {
 	return []byte(fmt.Sprintf(`{"remote_prefiller":{"kv_request_id":%q,"remote_host":"127.0.0.1","remote_port":%s}}`,
 		kv, prod.id[len("127.0.0.1:"):]))
 }
 
-func p2pParams(kv string, prod *peer) []byte { return p2pParamsTo(kv, prod.id) }
+func p2pParams(kv string, prod *node) []byte { return p2pParamsTo(kv, prod.id) }
 
 // p2pParamsTo names a source by its id ("127.0.0.1:port").
 func p2pParamsTo(kv, source string) []byte {
@@ -179,20 +179,20 @@ func p2pParamsTo(kv, source string) []byte {
 		kv, source[len("127.0.0.1:"):]))
 }
 
-func assertQuiet(t *testing.T, peers ...*peer) {
+func assertQuiet(t *testing.T, nodes ...*node) {
 	t.Helper()
-	for _, p := range peers {
+	for _, p := range nodes {
 		p.collect()
 		require.Eventually(t, func() bool {
 			s := p.Stats()
 			return s.JobsInFlight == 0 && s.ExpectedRows == 0 && s.InboundActive == 0
-		}, 3*time.Second, 5*time.Millisecond, "peer %s still holds work: %+v", p.id, p.Stats())
+		}, 3*time.Second, 5*time.Millisecond, "node %s still holds work: %+v", p.id, p.Stats())
 	}
 }
 
 func TestPDPrefillerFirst(t *testing.T) {
 	c := newCluster(t)
-	prod, dec := c.peer(1), c.peer(2)
+	prod, dec := c.node(1), c.node(2)
 	ks := keys(0, 1, 2, 3)
 
 	pol, err := prod.StartRequest("p-req", []byte(`{"remote_decoder":{"kv_request_id":"kv1"}}`))
@@ -225,7 +225,7 @@ func TestPDPrefillerFirst(t *testing.T) {
 
 func TestPDDecoderFirst(t *testing.T) {
 	c := newCluster(t)
-	prod, dec := c.peer(1), c.peer(2)
+	prod, dec := c.node(1), c.node(2)
 	ks := keys(5, 6, 7)
 	_, err := dec.StartRequest("d", pdParams("kv2", prod))
 	require.NoError(t, err)
@@ -253,7 +253,7 @@ func TestPDDecoderFirst(t *testing.T) {
 func TestPDProducerCannotSupplyFailsFast(t *testing.T) {
 	c := newCluster(t)
 	slow := func(cfg *config.Config) { cfg.LoadTimeout = 20 * time.Second }
-	prod, dec := c.peer(1, slow), c.peer(2, slow)
+	prod, dec := c.node(1, slow), c.node(2, slow)
 	ks := keys(1, 2, 3)
 	_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv3"}}`))
 	require.NoError(t, err)
@@ -275,7 +275,7 @@ func TestPDProducerCannotSupplyFailsFast(t *testing.T) {
 
 func TestP2PPartialHits(t *testing.T) {
 	c := newCluster(t)
-	prod, cons := c.peer(1), c.peer(2)
+	prod, cons := c.node(1), c.node(2)
 	ks := keys(0, 1, 2, 3)
 	// Key 3 is held too, but after key 2, which nobody has: vLLM loads a
 	// contiguous prefix, so key 3 is not pulled.
@@ -312,7 +312,7 @@ func TestP2PPartialHits(t *testing.T) {
 
 func TestP2PAllMissSendsTerminalFetchAndReleasesNothing(t *testing.T) {
 	c := newCluster(t)
-	prod, cons := c.peer(1), c.peer(2)
+	prod, cons := c.node(1), c.node(2)
 	ks := keys(8, 9)
 	var pinJobs int64
 	_, err := cons.StartRequest("c", p2pParams("kv5", prod))
@@ -329,7 +329,7 @@ func TestP2PAllMissSendsTerminalFetchAndReleasesNothing(t *testing.T) {
 
 func TestRemoteDecoderPlusKVSource(t *testing.T) {
 	c := newCluster(t)
-	source, prefiller, decoder := c.peer(1), c.peer(2), c.peer(3)
+	source, prefiller, decoder := c.node(1), c.node(2), c.node(3)
 	ks := keys(0, 1, 2)
 	source.fill(0, ks[0])
 	var pinJobs int64 = 500
@@ -367,7 +367,7 @@ func TestRemoteDecoderPlusKVSource(t *testing.T) {
 
 func TestForbiddenCombinationsRejected(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	src := `{"kv_request_id":"x","remote_host":"127.0.0.1","remote_port":7000}`
 	for name, params := range map[string]string{
 		"prefiller+decoder":  `{"remote_prefiller":` + src + `,"remote_decoder":{"kv_request_id":"y"}}`,
@@ -386,7 +386,7 @@ func TestForbiddenCombinationsRejected(t *testing.T) {
 
 func TestProducerVanishesMidLoad(t *testing.T) {
 	c := newCluster(t)
-	prod, dec := c.peer(1), c.peer(2)
+	prod, dec := c.node(1), c.node(2)
 	ks := keys(1, 2)
 	_, err := dec.StartRequest("d", pdParams("kv6", prod))
 	require.NoError(t, err)
@@ -410,7 +410,7 @@ func TestHandshakeRejections(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := newCluster(t)
-			prod, cons := c.peer(1, mutate), c.peer(2)
+			prod, cons := c.node(1, mutate), c.node(2)
 			_, err := cons.StartRequest("c", p2pParams("kv7", prod))
 			require.NoError(t, err)
 			require.Eventually(t, func() bool {
@@ -427,7 +427,7 @@ func TestHandshakeRejections(t *testing.T) {
 func TestAuthenticatedPeers(t *testing.T) {
 	c := newCluster(t)
 	secret := func(cfg *config.Config) { cfg.AuthSecret = "s3cret" }
-	prod, dec := c.peer(1, secret), c.peer(2, secret)
+	prod, dec := c.node(1, secret), c.node(2, secret)
 	ks := keys(4)
 	prod.fill(0, ks[0])
 	_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv8"}}`))
@@ -442,7 +442,7 @@ func TestAuthenticatedPeers(t *testing.T) {
 
 func TestBadInputChangesNothing(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	_, err := p.StartRequest("r", []byte(`{"remote_decoder":{"kv_request_id":"kv9"}}`))
 	require.NoError(t, err)
 	require.ErrorIs(t, p.SubmitStore("r", 1, keys(1), []int64{numRows}), tier.ErrInvalidArgument)
@@ -457,7 +457,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 
 func TestUnfetchedStoresExpire(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1, func(cfg *config.Config) { cfg.UnboundStoreTimeout = 100 * time.Millisecond })
+	p := c.node(1, func(cfg *config.Config) { cfg.UnboundStoreTimeout = 100 * time.Millisecond })
 	_, err := p.StartRequest("r", []byte(`{"remote_decoder":{"kv_request_id":"kv10"}}`))
 	require.NoError(t, err)
 	require.NoError(t, p.SubmitStore("r", 1, keys(1), []int64{0}))
@@ -468,7 +468,7 @@ func TestUnfetchedStoresExpire(t *testing.T) {
 
 func TestShutdownReportsEveryJob(t *testing.T) {
 	c := newCluster(t)
-	prod, dec := c.peer(1), c.peer(2)
+	prod, dec := c.node(1), c.node(2)
 	_, err := dec.StartRequest("d", pdParams("kv11", prod))
 	require.NoError(t, err)
 	require.NoError(t, dec.SubmitLoad("d", 1, keys(1), []int64{0}))
@@ -488,7 +488,7 @@ func TestStalledTransferTimesOutAndLateWritesAreRefused(t *testing.T) {
 		cfg.LoadTimeout = 200 * time.Millisecond
 		cfg.AbortAckTimeout = 200 * time.Millisecond
 	}
-	prod, dec := c.peer(1, short), c.peer(2, short)
+	prod, dec := c.node(1, short), c.node(2, short)
 	ks := keys(1, 2)
 	prod.fill(0, ks[0])
 	prod.fill(1, ks[1])
@@ -521,8 +521,8 @@ func TestUnansweredLookupsBecomeMisses(t *testing.T) {
 	c := newCluster(t)
 	// The producer never serves its inbound lookups, and would answer them
 	// itself only after 60 s: only the consumer's own deadline can fire.
-	prod := c.peer(1, func(cfg *config.Config) { cfg.InboundLookupTimeout = time.Minute })
-	cons := c.peer(2, func(cfg *config.Config) { cfg.LookupTimeout = 200 * time.Millisecond })
+	prod := c.node(1, func(cfg *config.Config) { cfg.InboundLookupTimeout = time.Minute })
+	cons := c.node(2, func(cfg *config.Config) { cfg.LookupTimeout = 200 * time.Millisecond })
 	_, err := cons.StartRequest("c", p2pParams("kv13", prod))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
@@ -553,7 +553,7 @@ func TestAQuietSessionKeepsItsDeadlinesForTheNextRequest(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t)
-			prod, cons := c.peer(1, tc.prod), c.peer(2, tc.cons)
+			prod, cons := c.node(1, tc.prod), c.node(2, tc.cons)
 			for i, kv := range []string{"kv-before", "kv-after"} {
 				req := fmt.Sprintf("c%d", i)
 				_, err := cons.StartRequest(req, p2pParams(kv, prod))

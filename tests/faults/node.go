@@ -13,14 +13,14 @@ import (
 	"github.com/peerkv/peerkv/core/tier"
 )
 
-// Layout every peer of the suite shares.
+// Layout every node of the suite shares.
 const (
 	RowLen      = 4096
 	HashSeed    = "42"
 	Fingerprint = "0123456789abcdef"
 )
 
-// Config is a peer's configuration with the suite's short deadlines.
+// Config is a node's configuration with the suite's short deadlines.
 func Config(port int) config.Config {
 	return config.Config{
 		Host: "127.0.0.1", Port: port, HashSeed: HashSeed, ConfigFingerprint: Fingerprint, KeyLen: KeyLen,
@@ -44,8 +44,9 @@ func NewCluster() *Cluster {
 	return &Cluster{Ctl: memctl.NewHub(), Data: memdata.NewHub(), Ledger: NewLedger()}
 }
 
-// Peer is one tier behind a fault Wire, with what its host holds.
-type Peer struct {
+// Node is one tier behind a fault Wire, with what its host holds: the
+// local side of a test ("peer" is always the remote one).
+type Node struct {
 	*tier.Tier
 	ID     string
 	Region data.Region
@@ -57,9 +58,14 @@ type Peer struct {
 	pins []int64          // pin jobs its serve passes submitted, oldest first
 }
 
-// Open starts a peer at 127.0.0.1:port with rows rows; seed drives its
+// Peer is the former name of Node.
+//
+// Deprecated: use Node.
+type Peer = Node
+
+// Open starts a node at 127.0.0.1:port with rows rows; seed drives its
 // Wire's random rules.
-func (c *Cluster) Open(port, rows int, seed uint64, mutate ...func(*config.Config)) (*Peer, error) {
+func (c *Cluster) Open(port, rows int, seed uint64, mutate ...func(*config.Config)) (*Node, error) {
 	cfg := Config(port)
 	for _, m := range mutate {
 		m(&cfg)
@@ -77,20 +83,20 @@ func (c *Cluster) Open(port, rows int, seed uint64, mutate ...func(*config.Confi
 		_ = w.Close()
 		return nil, err
 	}
-	return &Peer{Tier: tr, ID: id, Region: region, Wire: w, ledger: c.Ledger, held: map[string]int64{}}, nil
+	return &Node{Tier: tr, ID: id, Region: region, Wire: w, ledger: c.Ledger, held: map[string]int64{}}, nil
 }
 
 // Adopt wraps a tier opened elsewhere (a real node, as in tests/netns),
 // recording its jobs in ledger; it has no Wire.
-func Adopt(tr *tier.Tier, region data.Region, ledger *Ledger) *Peer {
-	return &Peer{Tier: tr, ID: tr.LocalID(), Region: region, ledger: ledger, held: map[string]int64{}}
+func Adopt(tr *tier.Tier, region data.Region, ledger *Ledger) *Node {
+	return &Node{Tier: tr, ID: tr.LocalID(), Region: region, ledger: ledger, held: map[string]int64{}}
 }
 
-// Row returns row i of the peer's region.
-func (p *Peer) Row(i int64) []byte { return p.Region.Row(uint64(i)) }
+// Row returns row i of the node's region.
+func (p *Node) Row(i int64) []byte { return p.Region.Row(uint64(i)) }
 
 // Hold puts key in the host's CPU tier at row, filled with its pattern.
-func (p *Peer) Hold(key []byte, row int64) {
+func (p *Node) Hold(key []byte, row int64) {
 	Fill(p.Row(row), key)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -98,35 +104,35 @@ func (p *Peer) Hold(key []byte, row int64) {
 }
 
 // Evict drops key from the host's CPU tier; its row may be reused.
-func (p *Peer) Evict(key []byte) {
+func (p *Node) Evict(key []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.held, string(key))
 }
 
 // Holds reports whether the host holds key.
-func (p *Peer) Holds(key []byte) bool {
+func (p *Node) Holds(key []byte) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	_, ok := p.held[string(key)]
 	return ok
 }
 
-// Pins returns the pin jobs the peer's serve passes submitted.
-func (p *Peer) Pins() []int64 {
+// Pins returns the pin jobs the node's serve passes submitted.
+func (p *Node) Pins() []int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]int64(nil), p.pins...)
 }
 
-// Collect moves the peer's finished jobs into the ledger.
-func (p *Peer) Collect() { p.ledger.Collect(p.ID, p.Tier) }
+// Collect moves the node's finished jobs into the ledger.
+func (p *Node) Collect() { p.ledger.Collect(p.ID, p.Tier) }
 
 // Submit records a job in the ledger; see Ledger.Submit.
-func (p *Peer) Submit(id int64, what string) { p.ledger.Submit(p.ID, id, what) }
+func (p *Node) Submit(id int64, what string) { p.ledger.Submit(p.ID, id, what) }
 
 // SubmitLoadJob submits a load job, recorded in the ledger.
-func (p *Peer) SubmitLoadJob(req string, job int64, keys [][]byte, slots []int64) error {
+func (p *Node) SubmitLoadJob(req string, job int64, keys [][]byte, slots []int64) error {
 	p.Submit(job, "load "+req)
 	if err := p.SubmitLoad(req, job, keys, slots); err != nil {
 		p.ledger.Withdraw(job)
@@ -136,7 +142,7 @@ func (p *Peer) SubmitLoadJob(req string, job int64, keys [][]byte, slots []int64
 }
 
 // SubmitStoreJob submits a store job, recorded in the ledger.
-func (p *Peer) SubmitStoreJob(req string, job int64, keys [][]byte, slots []int64) error {
+func (p *Node) SubmitStoreJob(req string, job int64, keys [][]byte, slots []int64) error {
 	p.Submit(job, "store "+req)
 	if err := p.SubmitStore(req, job, keys, slots); err != nil {
 		p.ledger.Withdraw(job)
@@ -147,7 +153,7 @@ func (p *Peer) SubmitStoreJob(req string, job int64, keys [][]byte, slots []int6
 
 // Serve is one serve pass of the host: every inbound lookup answered from
 // the keys it holds, hits pinned as one job per answer.
-func (p *Peer) Serve() error {
+func (p *Node) Serve() error {
 	for {
 		in, ok, taken := p.NextInbound(nil)
 		if !ok {
@@ -188,9 +194,9 @@ func (p *Peer) Serve() error {
 	}
 }
 
-// Quiet says what the peer still holds ("" when it holds nothing a quiet
-// peer may not).
-func (p *Peer) Quiet() string {
+// Quiet says what the node still holds ("" when it holds nothing a quiet
+// node may not).
+func (p *Node) Quiet() string {
 	s := p.Stats()
 	if s.JobsInFlight == 0 && s.ExpectedRows == 0 && s.ParkedStores == 0 && s.InboundActive == 0 {
 		return ""
