@@ -17,6 +17,7 @@ import (
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/data/memdata"
 	"github.com/peerkv/peerkv/core/tier"
+	"github.com/peerkv/peerkv/tests/hostsim"
 )
 
 const (
@@ -128,36 +129,11 @@ func (p *node) waitJob(id int64, within time.Duration) tier.JobResult {
 	return tier.JobResult{}
 }
 
-// serve plays the host's serve_external_requests: rows holds what the host
-// has in its CPU tier (key index -> row).
+// serve plays the host's serve_external_requests: held is what the host
+// has in its CPU tier (key -> row).
 func (p *node) serve(held map[string]int, nextJob *int64) {
-	for {
-		in, ok, taken := p.NextInbound(nil)
-		if !ok {
-			return
-		}
-		require.True(p.t, taken)
-		if in.Kind != tier.InboundEvaluate {
-			continue
-		}
-		results := make([]tier.LookupResult, len(in.Keys))
-		var pins []int64
-		for i, k := range in.Keys {
-			if row, ok := held[string(k)]; ok {
-				results[i] = tier.Hit
-				pins = append(pins, int64(row))
-			} else {
-				results[i] = tier.Miss
-			}
-		}
-		job := int64(-1)
-		if len(pins) > 0 {
-			*nextJob++
-			job = *nextJob
-		}
-		_, err := p.AnswerInbound(in.LookupID, results, job, pins)
-		require.NoError(p.t, err)
-	}
+	_, err := hostsim.Serve(p.Tier, hostsim.Rows(held), hostsim.Count(nextJob))
+	require.NoError(p.t, err)
 }
 
 func (p *node) lookup(req string, ks [][]byte) []tier.LookupResult {

@@ -11,6 +11,7 @@ import (
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/data/memdata"
 	"github.com/peerkv/peerkv/core/tier"
+	"github.com/peerkv/peerkv/tests/hostsim"
 )
 
 // Layout every node of the suite shares.
@@ -154,45 +155,34 @@ func (p *Node) SubmitStoreJob(req string, job int64, keys [][]byte, slots []int6
 // Serve is one serve pass of the host: every inbound lookup answered from
 // the keys it holds, hits pinned as one job per answer.
 func (p *Node) Serve() error {
-	for {
-		in, ok, taken := p.NextInbound(nil)
-		if !ok {
-			return nil
-		}
-		if !taken || in.Kind != tier.InboundEvaluate {
-			continue
-		}
-		results := make([]tier.LookupResult, len(in.Keys))
-		var pins []int64
-		p.mu.Lock()
-		for i, k := range in.Keys {
-			if row, ok := p.held[string(k)]; ok {
-				results[i] = tier.Hit
-				pins = append(pins, row)
-			} else {
-				results[i] = tier.Miss
-			}
-		}
-		p.mu.Unlock()
-		job := int64(-1)
-		if len(pins) > 0 {
-			job = NextJob()
-			p.Submit(job, "pin "+in.ReqID)
-			p.mu.Lock()
-			p.pins = append(p.pins, job)
-			p.mu.Unlock()
-		}
-		if _, err := p.AnswerInbound(in.LookupID, results, job, pins); err != nil {
-			if len(pins) > 0 {
-				p.ledger.Withdraw(job)
-			}
-			if errors.Is(err, tier.ErrClosed) {
-				return nil
-			}
-			return fmt.Errorf("%s: answer lookup %d: %w", p.ID, in.LookupID, err)
-		}
+	_, err := hostsim.Serve(p.Tier, p.heldRow, nodePins{p})
+	if err == nil || errors.Is(err, tier.ErrClosed) {
+		return nil
 	}
+	return fmt.Errorf("%s: %w", p.ID, err)
 }
+
+func (p *Node) heldRow(key []byte, _ int) (int64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	row, ok := p.held[string(key)]
+	return row, ok
+}
+
+// nodePins numbers a node's pin jobs from the suite's job ids, each
+// recorded in the ledger (and withdrawn if the answer was refused).
+type nodePins struct{ p *Node }
+
+func (n nodePins) Next(req string) int64 {
+	job := NextJob()
+	n.p.Submit(job, "pin "+req)
+	n.p.mu.Lock()
+	n.p.pins = append(n.p.pins, job)
+	n.p.mu.Unlock()
+	return job
+}
+
+func (n nodePins) Refused(job int64) { n.p.ledger.Withdraw(job) }
 
 // Quiet says what the node still holds ("" when it holds nothing a quiet
 // node may not).

@@ -66,6 +66,7 @@ import (
 
 	"github.com/peerkv/peerkv/core/tier"
 	"github.com/peerkv/peerkv/tests/bench/internal/benchproc"
+	"github.com/peerkv/peerkv/tests/hostsim"
 )
 
 const (
@@ -872,11 +873,7 @@ func (pr *node) collect() {
 
 // serve answers every inbound lookup: HIT (pinned) for the keys held.
 func (pr *node) serve() {
-	held := func(k []byte, _ int) (int64, bool) {
-		row, ok := pr.held[string(k)]
-		return row, ok
-	}
-	if err := benchproc.ServeInbound(pr.t, held, &pr.jobs); err != nil {
+	if _, err := hostsim.Serve(pr.t, hostsim.Rows(pr.held), hostsim.Count(&pr.jobs)); err != nil {
 		pr.note("AnswerInbound: " + err.Error())
 	}
 }
