@@ -98,14 +98,11 @@ func TestTwoSourcesOverIPv6ByURL(t *testing.T) {
 		require.Equal(t, tier.Hit, r, "key %d", i)
 	}
 	require.NoError(t, cons.SubmitLoad("r", 1, keys, slots))
-	var done []tier.JobResult
-	require.Eventually(t, func() bool {
-		serve()
-		done = append(done, cons.GetFinished(8)...)
-		return len(done) > 0
-	}, 10*time.Second, 2*time.Millisecond)
-	require.Len(t, done, 1)
-	require.True(t, done[0].Success)
+	jobs := hostsim.Jobs{}
+	done, err := jobs.Wait(cons, 1, 10*time.Second, serve)
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	require.True(t, done.Success)
 	from := [2]int{}
 	for i := range n {
 		got := consRegion.Row(uint64(i))

@@ -12,6 +12,7 @@ import (
 
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/tier"
+	"github.com/peerkv/peerkv/tests/hostsim"
 )
 
 // Pulls from several sources (remote_kv_source as a list). Each source
@@ -79,19 +80,9 @@ func (r *multiRig) serveAll() {
 
 // lookupSettled looks ks up once per step until no answer is RETRY.
 func (r *multiRig) lookupSettled(req string, ks [][]byte, within time.Duration) []tier.LookupResult {
-	var got []tier.LookupResult
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		got = r.cons.lookup(req, ks)
-		require.NoError(r.t, r.cons.OnScheduleEnd())
-		r.serveAll()
-		if !containsRetry(got) {
-			return got
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	require.FailNow(r.t, "lookups did not settle", "%v", got)
-	return nil
+	got, err := hostsim.Settle(r.cons.Tier, req, ks, within, r.serveAll)
+	require.NoError(r.t, err)
+	return got
 }
 
 // lookupAll is lookupSettled once every serving source answered the
@@ -143,15 +134,6 @@ func (r *multiRig) stepUntilLookedUp(req string, ks [][]byte) {
 		}
 		return true
 	}, 3*time.Second, 2*time.Millisecond)
-}
-
-func containsRetry(rs []tier.LookupResult) bool {
-	for _, x := range rs {
-		if x == tier.Retry {
-			return true
-		}
-	}
-	return false
 }
 
 // waitLoad waits (bounded) for a load's single report, serving the sources

@@ -42,7 +42,7 @@ type node struct {
 	t      testing.TB
 	id     string
 	region data.Region
-	seen   map[int64]tier.JobResult // every job reported, to prove exactly-once
+	seen   hostsim.Jobs // every job reported, to prove exactly-once
 }
 
 func fastConfig(id int) config.Config {
@@ -107,26 +107,13 @@ func (p *node) rowEquals(row int, other *node, otherRow int) bool {
 }
 
 // collect gathers finished jobs, failing on any job reported twice.
-func (p *node) collect() {
-	for _, r := range p.GetFinished(1024) {
-		_, dup := p.seen[r.JobID]
-		require.False(p.t, dup, "job %d reported twice", r.JobID)
-		p.seen[r.JobID] = r
-	}
-}
+func (p *node) collect() { require.NoError(p.t, p.seen.Collect(p.Tier)) }
 
 // waitJob waits (bounded) for a job's single report.
 func (p *node) waitJob(id int64, within time.Duration) tier.JobResult {
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		p.collect()
-		if r, ok := p.seen[id]; ok {
-			return r
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	require.FailNow(p.t, "job not reported", "node %s job %d not reported within %v", p.id, id, within)
-	return tier.JobResult{}
+	r, err := p.seen.Wait(p.Tier, id, within, nil)
+	require.NoError(p.t, err)
+	return r
 }
 
 // serve plays the host's serve_external_requests: held is what the host

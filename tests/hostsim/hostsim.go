@@ -1,12 +1,15 @@
 // Package hostsim plays the part of a tier's host (vLLM's scheduler) in Go
 // tests and benches: the serve pass that answers peers' inbound lookups
-// from the rows the host holds and pins the hits. Every Go host simulation
-// (core/tier and core/node tests, tests/faults, the benches) serves
-// through it, so the host's side of the contract is written once.
+// from the rows the host holds and pins the hits, the steps that look keys
+// up until no answer is RETRY, and the record of finished jobs, each
+// reported once. The Go host simulations (core/tier and core/node tests,
+// tests/faults, the benches) use it, so the host's side is written once.
 package hostsim
 
 import (
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/peerkv/peerkv/core/tier"
 )
@@ -89,5 +92,69 @@ func Serve(t *tier.Tier, held Held, pins Pins) (int, error) {
 				first = fmt.Errorf("answer lookup %d: %w", in.LookupID, err)
 			}
 		}
+	}
+}
+
+// Jobs is a host's record of its finished jobs, by job id: the library
+// reports each job exactly once.
+type Jobs map[int64]tier.JobResult
+
+// Collect takes the tier's finished jobs; a job reported twice is an
+// error (the library broke its promise).
+func (j Jobs) Collect(t *tier.Tier) error {
+	for _, r := range t.GetFinished(1024) {
+		if _, dup := j[r.JobID]; dup {
+			return fmt.Errorf("job %d reported twice", r.JobID)
+		}
+		j[r.JobID] = r
+	}
+	return nil
+}
+
+// Wait collects until job id is reported, running between (the host's
+// other work, such as a serve pass; may be nil) before each poll, and
+// fails once within has passed.
+func (j Jobs) Wait(t *tier.Tier, id int64, within time.Duration, between func()) (tier.JobResult, error) {
+	deadline := time.Now().Add(within)
+	for {
+		if between != nil {
+			between()
+		}
+		if err := j.Collect(t); err != nil {
+			return tier.JobResult{}, err
+		}
+		if r, ok := j[id]; ok {
+			return r, nil
+		}
+		if time.Now().After(deadline) {
+			return tier.JobResult{}, fmt.Errorf("%s: job %d not reported within %v", t.LocalID(), id, within)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// Settle runs host steps (a lookup of keys for req, then the step's end,
+// then between, which may be nil) until no answer is RETRY, and returns
+// the answers; it fails once within has passed, with the last answers.
+func Settle(t *tier.Tier, req string, keys [][]byte, within time.Duration, between func()) ([]tier.LookupResult, error) {
+	got := make([]tier.LookupResult, len(keys))
+	deadline := time.Now().Add(within)
+	for {
+		if err := t.Lookup(req, keys, got); err != nil {
+			return nil, err
+		}
+		if err := t.OnScheduleEnd(); err != nil {
+			return nil, err
+		}
+		if between != nil {
+			between()
+		}
+		if !slices.Contains(got, tier.Retry) {
+			return got, nil
+		}
+		if time.Now().After(deadline) {
+			return got, fmt.Errorf("%s: lookups of %s still RETRY after %v: %v", t.LocalID(), req, within, got)
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }
