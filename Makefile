@@ -95,7 +95,7 @@ $(HARNESS_ASAN): tests/harness/*.c tests/harness/*.h $(LIB) $(HEADER)
 	$(CC) $(HARNESS_CFLAGS) -fsanitize=address -fno-omit-frame-pointer -o $@ tests/harness/*.c $(HARNESS_LDFLAGS)
 
 # The demo reuses the harness's process and peer helpers.
-DEMO_SOURCES := tests/demo/*.c tests/harness/util.c tests/harness/peer.c
+DEMO_SOURCES := tests/demo/*.c tests/harness/util.c tests/harness/node.c
 $(DEMO): $(DEMO_SOURCES) tests/harness/harness.h $(LIB) $(HEADER)
 	$(CC) $(HARNESS_CFLAGS) -O2 -o $@ $(DEMO_SOURCES) $(HARNESS_LDFLAGS)
 

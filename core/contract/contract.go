@@ -32,8 +32,8 @@ type Document struct {
 	DataPaths            []string `json:"data_paths"`
 	// StatsKeys are the JSON keys of peerkv_stats: "stats" the top level,
 	// "paths" each data path's entry, "peers" each peer's entry, "link"
-	// the link object in a peer's entry. The
-	// Python metric tables are checked against them both ways.
+	// the link object in a peer's entry, "histogram" each histogram's
+	// snapshot. The Python metric tables are checked against them both ways.
 	StatsKeys map[string][]string `json:"stats_keys"`
 }
 
@@ -70,6 +70,9 @@ func Build() Document {
 			"paths": jsonKeys(tier.PathStats{}),
 			"peers": jsonKeys(tier.PeerStats{}),
 			"link":  jsonKeys(tier.LinkStats{}),
+			// Every histogram (lookup_rtt_s, load_s, a peer's lookup_rtt_s)
+			// is replayed from these keys: a rename would drop them all.
+			"histogram": jsonKeys(tier.Histogram{}),
 		},
 	}
 }

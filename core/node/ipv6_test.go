@@ -17,6 +17,7 @@ import (
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/tier"
+	"github.com/peerkv/peerkv/tests/hostsim"
 )
 
 // IPv6 end to end: real ZMQ control and TCP data over ::1, sources named by
@@ -72,34 +73,15 @@ func TestTwoSourcesOverIPv6ByURL(t *testing.T) {
 	for i := range n {
 		keys[i], slots[i] = key(i), int64(i)
 	}
-	pins := int64(0)
+	held := map[string]int64{} // each source holds every key, in its row
+	for i, k := range keys {
+		held[string(k)] = slots[i]
+	}
+	pins := hostsim.Count(new(int64))
 	serve := func() {
 		for _, src := range srcs {
-			for {
-				in, ok, taken := src.NextInbound(nil)
-				if !ok || !taken {
-					break
-				}
-				if in.Kind != tier.InboundEvaluate {
-					continue
-				}
-				results, rows := make([]tier.LookupResult, len(in.Keys)), []int64{}
-				for i, k := range in.Keys {
-					results[i] = tier.Miss
-					for j := range n {
-						if bytes.Equal(k, key(j)) {
-							results[i], rows = tier.Hit, append(rows, int64(j))
-						}
-					}
-				}
-				job := int64(-1)
-				if len(rows) > 0 {
-					pins++
-					job = pins
-				}
-				_, err := src.AnswerInbound(in.LookupID, results, job, rows)
-				require.NoError(t, err)
-			}
+			_, err := hostsim.Serve(src, hostsim.Rows(held), pins)
+			require.NoError(t, err)
 			src.GetFinished(64)
 		}
 	}
@@ -116,14 +98,11 @@ func TestTwoSourcesOverIPv6ByURL(t *testing.T) {
 		require.Equal(t, tier.Hit, r, "key %d", i)
 	}
 	require.NoError(t, cons.SubmitLoad("r", 1, keys, slots))
-	var done []tier.JobResult
-	require.Eventually(t, func() bool {
-		serve()
-		done = append(done, cons.GetFinished(8)...)
-		return len(done) > 0
-	}, 10*time.Second, 2*time.Millisecond)
-	require.Len(t, done, 1)
-	require.True(t, done[0].Success)
+	jobs := hostsim.Jobs{}
+	done, err := jobs.Wait(cons, 1, 10*time.Second, serve)
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	require.True(t, done.Success)
 	from := [2]int{}
 	for i := range n {
 		got := consRegion.Row(uint64(i))

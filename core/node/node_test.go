@@ -16,6 +16,7 @@ import (
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/tier"
+	"github.com/peerkv/peerkv/tests/hostsim"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -233,12 +234,9 @@ func pullOnce(t *testing.T, prod, dec *tier.Tier, prodRegion, decRegion data.Reg
 		kv, strings.TrimPrefix(prod.LocalID(), "127.0.0.1:"))))
 	require.NoError(t, err)
 	require.NoError(t, dec.SubmitLoad("d", 2, [][]byte{key}, []int64{1}))
-	var res []tier.JobResult
-	require.Eventually(t, func() bool {
-		res = append(res, dec.GetFinished(8)...)
-		return len(res) > 0
-	}, 15*time.Second, 5*time.Millisecond, "the load is reported")
-	require.True(t, res[0].Success, "logs: %s", dec.TakeLogs(1<<16))
+	res, err := hostsim.Jobs{}.Wait(dec, 2, 15*time.Second, nil)
+	require.NoError(t, err)
+	require.True(t, res.Success, "logs: %s", dec.TakeLogs(1<<16))
 	assert.Equal(t, row, decRegion.Row(1))
 }
 
@@ -274,12 +272,9 @@ func TestEncryptedAndPlainNodesDoNotTalk(t *testing.T) {
 		`{"remote_prefiller":{"kv_request_id":"kv-x","remote_host":"127.0.0.1","remote_port":%d}}`, prodCfg.Port)))
 	require.NoError(t, err)
 	require.NoError(t, dec.SubmitLoad("d", 1, [][]byte{make([]byte, 36)}, []int64{0}))
-	var res []tier.JobResult
-	require.Eventually(t, func() bool {
-		res = append(res, dec.GetFinished(8)...)
-		return len(res) > 0
-	}, 10*time.Second, 5*time.Millisecond)
-	assert.False(t, res[0].Success)
+	res, err := hostsim.Jobs{}.Wait(dec, 1, 10*time.Second, nil)
+	require.NoError(t, err)
+	assert.False(t, res.Success)
 	assert.Zero(t, prod.Stats().DataPeers, "the plaintext peer never got past CURVE")
 }
 

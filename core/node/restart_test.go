@@ -18,6 +18,7 @@ import (
 	"github.com/peerkv/peerkv/core/control/zmqctl"
 	"github.com/peerkv/peerkv/core/protocol"
 	"github.com/peerkv/peerkv/core/tier"
+	"github.com/peerkv/peerkv/tests/hostsim"
 )
 
 // deadConsumer stands in for a consumer process at id that connected to
@@ -105,13 +106,10 @@ func pullUntilServed(t *testing.T, prod, dec *tier.Tier, prodPort int, started t
 			`{"remote_prefiller":{"kv_request_id":%q,"remote_host":"127.0.0.1","remote_port":%d}}`, kv, prodPort)))
 		require.NoError(t, err)
 		require.NoError(t, dec.SubmitLoad("d"+kv, int64(tries+1), [][]byte{key}, []int64{1}))
-		var res []tier.JobResult
-		require.Eventually(t, func() bool {
-			res = append(res, dec.GetFinished(8)...)
-			return len(res) > 0
-		}, 10*time.Second, 5*time.Millisecond, "the load is reported")
+		res, err := hostsim.Jobs{}.Wait(dec, int64(tries+1), 10*time.Second, nil)
+		require.NoError(t, err, "the load is reported")
 		require.NoError(t, dec.FinishRequest("d"+kv))
-		if res[0].Success {
+		if res.Success {
 			break
 		}
 		time.Sleep(time.Until(started.Add(time.Duration(tries+1) * time.Second)))

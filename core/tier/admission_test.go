@@ -14,15 +14,15 @@ import (
 	"github.com/peerkv/peerkv/core/tier"
 )
 
-// hostPeer is a peer whose id (and so, over memctl, its source address) is
+// hostNode is a node whose id (and so, over memctl, its source address) is
 // host:6000+n.
-func (c *cluster) hostPeer(n int, host string, mutate ...func(*config.Config)) *peer {
-	return c.peer(n, append([]func(*config.Config){func(cfg *config.Config) { cfg.Host = host }}, mutate...)...)
+func (c *cluster) hostNode(n int, host string, mutate ...func(*config.Config)) *node {
+	return c.node(n, append([]func(*config.Config){func(cfg *config.Config) { cfg.Host = host }}, mutate...)...)
 }
 
 // sourceParams names prod as a request's source: kind is "remote_kv_source"
 // (P2P) or "remote_prefiller" (PD).
-func sourceParams(kind, kv string, prod *peer) []byte {
+func sourceParams(kind, kv string, prod *node) []byte {
 	host, port, _ := net.SplitHostPort(prod.id)
 	return []byte(fmt.Sprintf(`{%q:{"kv_request_id":%q,"remote_host":%q,"remote_port":%s}}`, kind, kv, host, port))
 }
@@ -36,9 +36,9 @@ func allow(entries ...string) func(*config.Config) {
 // (MISS, the load failed), counted and logged once per interval.
 func TestASourceOutsideAllowedPeersIsNeverDialed(t *testing.T) {
 	c := newCluster(t)
-	dec := c.peer(1, allow("127.0.0.0/24", "fd00::/8", "prefill-0.svc"))
-	outside := c.hostPeer(2, "127.0.2.1")
-	inside := c.peer(3)
+	dec := c.node(1, allow("127.0.0.0/24", "fd00::/8", "prefill-0.svc"))
+	outside := c.hostNode(2, "127.0.2.1")
+	inside := c.node(3)
 
 	start := time.Now()
 	for i := range 5 {
@@ -84,9 +84,9 @@ func TestASourceOutsideAllowedPeersIsNeverDialed(t *testing.T) {
 // and in connects.
 func TestAllowedPeersOverIPv6(t *testing.T) {
 	c := newCluster(t)
-	dec := c.hostPeer(1, "fd00::1", allow("fd00::/8"))
-	outside := c.hostPeer(2, "2001:db8::7")
-	inside := c.hostPeer(3, "fd00::2", allow("fd00::/8"))
+	dec := c.hostNode(1, "fd00::1", allow("fd00::/8"))
+	outside := c.hostNode(2, "2001:db8::7")
+	inside := c.hostNode(3, "fd00::2", allow("fd00::/8"))
 	_, err := dec.StartRequest("out", sourceParams("remote_kv_source", "kv-out", outside))
 	require.NoError(t, err)
 	assert.Equal(t, []tier.LookupResult{tier.Miss}, dec.lookup("out", keys(1)))
@@ -111,7 +111,7 @@ func TestAllowedPeersOverIPv6(t *testing.T) {
 	assert.False(t, outside.waitJob(3, 3*time.Second).Success)
 	assert.Equal(t, int64(1), inside.Stats().HandshakeRejections[tier.CauseNotAllowed])
 	assert.Equal(t, int64(1), dec.Stats().HandshakeRejections[tier.CauseNotAllowed])
-	for _, p := range []*peer{dec, inside, outside} {
+	for _, p := range []*node{dec, inside, outside} {
 		for _, r := range []string{"d", "p", "x"} {
 			require.NoError(t, p.FinishRequest(r))
 		}
@@ -122,8 +122,8 @@ func TestAllowedPeersOverIPv6(t *testing.T) {
 // outside the list is refused before any session opens, and fails fast.
 func TestAConnectFromOutsideAllowedPeersIsRefused(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1, allow("127.0.0.1"))
-	stranger := c.hostPeer(2, "127.0.3.1")
+	prod := c.node(1, allow("127.0.0.1"))
+	stranger := c.hostNode(2, "127.0.3.1")
 	ks := keys(3)
 	prod.fill(0, ks[0])
 	_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-x"}}`))
@@ -167,11 +167,11 @@ func TestABadAllowedPeersListIsRefusedAtCreate(t *testing.T) {
 func TestACrowdedNetworkCannotKeepEverySlot(t *testing.T) {
 	c := newCluster(t)
 	limits := func(cfg *config.Config) { cfg.MaxPeers = 8; cfg.MaxPeersPerHost = 2 }
-	prod := c.peer(1, limits)
-	var crowd []*peer
+	prod := c.node(1, limits)
+	var crowd []*node
 	for a := range 4 {
 		for n := range 2 {
-			crowd = append(crowd, c.hostPeer(10+2*a+n, fmt.Sprintf("127.0.1.%d", 2+a)))
+			crowd = append(crowd, c.hostNode(10+2*a+n, fmt.Sprintf("127.0.1.%d", 2+a)))
 		}
 	}
 	for i, p := range crowd {
@@ -193,7 +193,7 @@ func TestACrowdedNetworkCannotKeepEverySlot(t *testing.T) {
 
 	// Another host of the same network is refused: it would only trade a
 	// slot with its neighbours.
-	same := c.hostPeer(30, "127.0.1.9")
+	same := c.hostNode(30, "127.0.1.9")
 	_, err := same.StartRequest("s", sourceParams("remote_prefiller", "kv-same", prod))
 	require.NoError(t, err)
 	require.NoError(t, same.SubmitLoad("s", 1, keys(3), []int64{0}))
@@ -201,7 +201,7 @@ func TestACrowdedNetworkCannotKeepEverySlot(t *testing.T) {
 	assert.Zero(t, prod.Stats().SessionsEvicted)
 
 	// A peer from another network is admitted and pulls.
-	legit := c.hostPeer(31, "127.0.2.1")
+	legit := c.hostNode(31, "127.0.2.1")
 	ks := keys(4)
 	prod.fill(3, ks[0])
 	_, err = prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-legit"}}`))
@@ -226,7 +226,7 @@ func TestACrowdedNetworkCannotKeepEverySlot(t *testing.T) {
 	// rather than the request computing locally, once the crowd has been
 	// quiet for evictableQuiet.
 	time.Sleep(300 * time.Millisecond)
-	src := c.hostPeer(32, "127.0.5.1")
+	src := c.hostNode(32, "127.0.5.1")
 	_, err = prod.StartRequest("own", sourceParams("remote_kv_source", "kv-own", src))
 	require.NoError(t, err)
 	assert.Equal(t, []tier.LookupResult{tier.Retry}, prod.lookup("own", keys(5)), "asked of the source, not MISS")
@@ -240,10 +240,10 @@ func TestACrowdedNetworkCannotKeepEverySlot(t *testing.T) {
 	// Networks each within one address's quota never yield a slot: a
 	// stranger's connects cannot churn a cluster's sessions.
 	small := func(cfg *config.Config) { cfg.MaxPeers = 4; cfg.MaxPeersPerHost = 2 }
-	prod2 := c.peer(2, small)
-	var members []*peer
+	prod2 := c.node(2, small)
+	var members []*node
 	for i, host := range []string{"127.0.1.2", "127.0.1.3", "127.0.6.2", "127.0.6.3"} {
-		p := c.hostPeer(40+i, host)
+		p := c.hostNode(40+i, host)
 		_, err := p.StartRequest("m", sourceParams("remote_kv_source", "kv-m", prod2))
 		require.NoError(t, err)
 		p.lookup("m", keys(1))
@@ -251,7 +251,7 @@ func TestACrowdedNetworkCannotKeepEverySlot(t *testing.T) {
 		members = append(members, p)
 	}
 	require.Eventually(t, func() bool { return prod2.Stats().Sessions == 4 }, 3*time.Second, 5*time.Millisecond)
-	stranger2 := c.hostPeer(50, "127.0.2.1")
+	stranger2 := c.hostNode(50, "127.0.2.1")
 	_, err = stranger2.StartRequest("s", sourceParams("remote_prefiller", "kv-s", prod2))
 	require.NoError(t, err)
 	require.NoError(t, stranger2.SubmitLoad("s", 1, keys(2), []int64{0}))

@@ -17,7 +17,7 @@ import (
 // news count moved.
 type cachingHost struct {
 	t       *testing.T
-	p       *peer
+	p       *node
 	seen    uint64
 	answers map[string]map[string]tier.LookupResult // req -> key -> told
 	order   map[string][][]byte                     // req -> keys in first-asked order
@@ -26,7 +26,7 @@ type cachingHost struct {
 	asked   []tier.LookupResult // what LookupMany answered in the last step that called it
 }
 
-func newCachingHost(t *testing.T, p *peer) *cachingHost {
+func newCachingHost(t *testing.T, p *node) *cachingHost {
 	return &cachingHost{t: t, p: p, answers: map[string]map[string]tier.LookupResult{},
 		order: map[string][][]byte{}, failed: map[string]bool{}}
 }
@@ -154,8 +154,8 @@ func TestCachedLookupsUnansweredBecomeMisses(t *testing.T) {
 
 func TestCachedPDFailureTellsEveryKeyMiss(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1, func(cfg *config.Config) { cfg.UnboundStoreTimeout = 100 * time.Millisecond })
-	dec := c.peer(2, func(cfg *config.Config) { cfg.LoadTimeout = 300 * time.Millisecond })
+	prod := c.node(1, func(cfg *config.Config) { cfg.UnboundStoreTimeout = 100 * time.Millisecond })
+	dec := c.node(2, func(cfg *config.Config) { cfg.LoadTimeout = 300 * time.Millisecond })
 	h := newCachingHost(t, dec)
 	_, err := dec.StartRequest("d", pdParams("kv-pd-fail", prod))
 	require.NoError(t, err)
@@ -170,7 +170,7 @@ func TestCachedPDFailureTellsEveryKeyMiss(t *testing.T) {
 
 func TestLookupModes(t *testing.T) {
 	c := newCluster(t)
-	prod, cons := c.peer(1), c.peer(2)
+	prod, cons := c.node(1), c.node(2)
 	_, err := cons.StartRequest("local", nil)
 	require.NoError(t, err)
 	_, err = cons.StartRequest("pd", pdParams("kv-m1", prod))

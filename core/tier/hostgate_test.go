@@ -16,7 +16,7 @@ import (
 // go, the news count moves again and the next call collects it, once.
 func TestStepCallsDoNotWaitForALockAGoroutineHolds(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	p.GateWaits()
 	const req = "req-1"
 	_, err := p.StartRequest(req, nil)

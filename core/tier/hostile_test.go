@@ -51,7 +51,7 @@ func (d *countingData) Close() error {
 	return err
 }
 
-func (c *cluster) wrappedPeer(n int, wrap *countingData, mutate ...func(*config.Config)) *peer {
+func (c *cluster) wrappedNode(n int, wrap *countingData, mutate ...func(*config.Config)) *node {
 	cfg := fastConfig(n)
 	for _, m := range mutate {
 		m(&cfg)
@@ -68,7 +68,7 @@ func (c *cluster) wrappedPeer(n int, wrap *countingData, mutate ...func(*config.
 	require.NoError(c.t, err)
 	tr.WaitForTheLock() // single calls' answers are asserted (hostgate.go)
 	c.t.Cleanup(func() { _ = tr.Shutdown() })
-	return &peer{Tier: tr, t: c.t, id: id, region: region, seen: map[int64]tier.JobResult{}}
+	return &node{Tier: tr, t: c.t, id: id, region: region, seen: map[int64]tier.JobResult{}}
 }
 
 // rawPeer speaks the wire by hand through the in-memory control hub.
@@ -120,7 +120,7 @@ func (r *rawPeer) connectWithSeed(to, hashSeed string) {
 func TestConcurrentShutdownReturnsOnlyAfterTeardown(t *testing.T) {
 	c := newCluster(t)
 	d := &countingData{}
-	p := c.wrappedPeer(1, d)
+	p := c.wrappedNode(1, d)
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Add(1)
@@ -139,7 +139,7 @@ func TestPanicInAGoroutinePoisonsThePeerAndFailsItsJobs(t *testing.T) {
 	for _, where := range []string{"loop", "registration"} {
 		t.Run(where, func(t *testing.T) {
 			c := newCluster(t)
-			prod, dec := c.peer(1), c.peer(2)
+			prod, dec := c.node(1), c.node(2)
 			// Outstanding work on both sides that nothing completes: a store
 			// no decoder asks for, a load of a kv id nobody stores.
 			_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-panic-stored"}}`))
@@ -162,9 +162,9 @@ func TestPanicInAGoroutinePoisonsThePeerAndFailsItsJobs(t *testing.T) {
 			if where == "loop" {
 				tier.PanicNext(where)
 			}
-			var victim *peer
+			var victim *node
 			require.Eventually(t, func() bool {
-				for _, p := range []*peer{prod, dec} {
+				for _, p := range []*node{prod, dec} {
 					if p.Stats().Poisoned != "" {
 						victim = p
 						return true
@@ -190,7 +190,7 @@ func TestPanicInAGoroutinePoisonsThePeerAndFailsItsJobs(t *testing.T) {
 
 func TestPDKVIDBindsToTheFirstFetcher(t *testing.T) {
 	c := newCluster(t)
-	prod, first, second := c.peer(1), c.peer(2), c.peer(3)
+	prod, first, second := c.node(1), c.node(2), c.node(3)
 	ks := keys(1, 2)
 	prod.fill(0, ks[0])
 	prod.fill(1, ks[1])
@@ -221,7 +221,7 @@ func TestPDKVIDBindsToTheFirstFetcher(t *testing.T) {
 // request that reuses its kv id.
 func TestReusedKVIDStartsClean(t *testing.T) {
 	c := newCluster(t)
-	prod, dec := c.peer(1), c.peer(2)
+	prod, dec := c.node(1), c.node(2)
 	_, err := dec.StartRequest("r1", pdParams("kv-reuse", prod))
 	require.NoError(t, err)
 	require.NoError(t, dec.SubmitLoad("r1", 1, keys(1), []int64{0}))
@@ -236,7 +236,7 @@ func TestReusedKVIDStartsClean(t *testing.T) {
 func TestPeersThatLeaveAtOnceLeaveNoRegistrationBehind(t *testing.T) {
 	c := newCluster(t)
 	d := &countingData{addDelay: 5 * time.Millisecond}
-	p := c.wrappedPeer(1, d)
+	p := c.wrappedNode(1, d)
 	for i := range 50 {
 		a := c.raw(fmt.Sprintf("127.0.0.1:%d", 7000+i))
 		a.connect(p.id)
@@ -251,7 +251,7 @@ func TestPeersThatLeaveAtOnceLeaveNoRegistrationBehind(t *testing.T) {
 func TestOneSourceCannotTakeEverySessionSlot(t *testing.T) {
 	c := newCluster(t)
 	limits := func(cfg *config.Config) { cfg.MaxPeers = 8; cfg.MaxPeersPerHost = 4 }
-	prod, dec := c.peer(1, limits), c.peer(2, limits)
+	prod, dec := c.node(1, limits), c.node(2, limits)
 	for i := range 20 {
 		c.raw(fmt.Sprintf("127.0.0.2:%d", 7000+i)).connect(prod.id)
 	}
@@ -272,7 +272,7 @@ func TestOneSourceCannotTakeEverySessionSlot(t *testing.T) {
 
 func TestAConnectClaimingOurOwnIDIsRefused(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	// Deliver a frame whose claimed sender is p itself.
 	c.raw("127.0.0.1:7999") // unrelated, keeps the hub busy
 	self := c.ctl.Transport(p.id + "x")
@@ -292,7 +292,7 @@ func TestAConnectClaimingOurOwnIDIsRefused(t *testing.T) {
 func TestIdleSessionsAreEvictedNearTheSessionLimit(t *testing.T) {
 	c := newCluster(t)
 	idle := func(cfg *config.Config) { cfg.MaxPeers = 2; cfg.IdleTimeout = 300 * time.Millisecond }
-	prod, dec := c.peer(1, idle), c.peer(2, idle)
+	prod, dec := c.node(1, idle), c.node(2, idle)
 	pull := func(kv string, job int64) {
 		ks := keys(int(job))
 		prod.fill(0, ks[0])
@@ -316,7 +316,7 @@ func TestIdleSessionsAreEvictedNearTheSessionLimit(t *testing.T) {
 
 func TestAControlPathThatDiesPoisonsThePeer(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	_, err := p.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-deaf"}}`))
 	require.NoError(t, err)
 	require.NoError(t, p.SubmitStore("p", 1, keys(1), []int64{0}))
@@ -333,7 +333,7 @@ func TestAControlPathThatDiesPoisonsThePeer(t *testing.T) {
 func TestStalledHandshakesGiveTheirSlotsToNewcomers(t *testing.T) {
 	c := newCluster(t)
 	limits := func(cfg *config.Config) { cfg.MaxPeers = 4; cfg.HandshakeTimeout = 30 * time.Second }
-	prod, dec := c.peer(1, limits), c.peer(2, limits)
+	prod, dec := c.node(1, limits), c.node(2, limits)
 	for i := range 4 {
 		c.raw(fmt.Sprintf("127.0.%d.9:7000", 10+i)).connect(prod.id) // four sources, never acking
 	}
@@ -365,8 +365,8 @@ func (f *failingCtl) Send(peerID string, frame []byte) error {
 	return f.Transport.Send(peerID, frame)
 }
 
-// peerWithFailingSends is peer n whose control sends fail while ctl.fail is set.
-func (c *cluster) peerWithFailingSends(n int) (*peer, *failingCtl) {
+// nodeWithFailingSends is node n whose control sends fail while ctl.fail is set.
+func (c *cluster) nodeWithFailingSends(n int) (*node, *failingCtl) {
 	t := c.t
 	cfg := fastConfig(n)
 	region := data.Region{Mem: make([]byte, numRows*rowLen), RowLen: rowLen}
@@ -380,15 +380,15 @@ func (c *cluster) peerWithFailingSends(n int) (*peer, *failingCtl) {
 	require.NoError(t, err)
 	tr.WaitForTheLock() // single calls' answers are asserted (hostgate.go)
 	t.Cleanup(func() { _ = tr.Shutdown() })
-	return &peer{Tier: tr, t: t, id: cfg.LocalID(), region: region, seen: map[int64]tier.JobResult{}}, ctl
+	return &node{Tier: tr, t: t, id: cfg.LocalID(), region: region, seen: map[int64]tier.JobResult{}}, ctl
 }
 
 // A session that died (its sends failed) and is replaced by the host's next
 // request still reports its jobs.
 func TestADeadSessionReplacedByANewRequestReportsItsJobs(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1)
-	dec, ctl := c.peerWithFailingSends(2)
+	prod := c.node(1)
+	dec, ctl := c.nodeWithFailingSends(2)
 
 	_, err := dec.StartRequest("r1", pdParams("kv-dead-1", prod))
 	require.NoError(t, err)
@@ -408,7 +408,7 @@ func TestADeadSessionReplacedByANewRequestReportsItsJobs(t *testing.T) {
 // peer id from another address are dropped, not applied to the session.
 func TestFramesFromAnotherAddressUnderAPeersIDAreDropped(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1)
+	prod := c.node(1)
 	real := c.raw("127.0.0.1:7100")
 	real.connect(prod.id)
 	require.Eventually(t, func() bool { return prod.Stats().DataPeers == 1 }, 3*time.Second, time.Millisecond)
@@ -430,7 +430,7 @@ func mustEncode(t *testing.T, m protocol.Message) []byte {
 // session slots at once, however many sources they come from.
 func TestHandshakingSessionsAreCapped(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1, func(cfg *config.Config) { cfg.MaxPeers = 64 })
+	p := c.node(1, func(cfg *config.Config) { cfg.MaxPeers = 64 })
 	for i := range 20 {
 		c.raw(fmt.Sprintf("127.0.%d.9:7000", 10+i)).connect(p.id)
 	}
@@ -444,8 +444,8 @@ func TestHandshakingSessionsAreCapped(t *testing.T) {
 // it is still forgotten, and a later request opens a fresh one.
 func TestASessionThatDiesWhileOpeningIsForgotten(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1)
-	cons, ctl := c.peerWithFailingSends(2)
+	prod := c.node(1)
+	cons, ctl := c.nodeWithFailingSends(2)
 
 	ctl.fail.Store(true)
 	_, err := cons.StartRequest("r1", p2pParams("kv-open-1", prod))
@@ -470,7 +470,7 @@ func TestASessionThatDiesWhileOpeningIsForgotten(t *testing.T) {
 // off the lock, still names every key.
 func TestALargeInboundLookupIsEvaluatedInBoundedParts(t *testing.T) {
 	c := newCluster(t)
-	prod, cons := c.peer(1), c.peer(2)
+	prod, cons := c.node(1), c.node(2)
 	const n = 2*session.MaxEvaluateKeys + 100
 	idx := make([]int, n)
 	for i := range idx {

@@ -26,7 +26,7 @@ import (
 func TestFramesTheSenderMayNotSendAreNotDecoded(t *testing.T) {
 	c := newCluster(t)
 	slow := &countingData{addDelay: time.Second} // keeps the handshake registering
-	p := c.wrappedPeer(1, slow)
+	p := c.wrappedNode(1, slow)
 	stranger := c.raw("127.0.0.1:7301")
 	stranger.send(p.id, &protocol.Lookup{KVRequestID: "x", Keys: keys(1, 2, 3)})
 	require.Eventually(t, func() bool { return p.Stats().DroppedFrames == 1 }, 3*time.Second, time.Millisecond)

@@ -16,7 +16,7 @@ import (
 
 // seenAtHost serves p's inbound lookups as a host that never answers would
 // see them, returning the kv ids (from each ReqID) it was offered.
-func seenAtHost(p *peer) map[string]bool {
+func seenAtHost(p *node) map[string]bool {
 	seen := map[string]bool{}
 	for {
 		in, ok, _ := p.NextInbound(nil)
@@ -34,7 +34,7 @@ func seenAtHost(p *peer) map[string]bool {
 
 // handshake completes a stock peer's handshake with p: its connect, then
 // the ack of p's (until then p holds what it would send the peer).
-func (r *rawPeer) handshake(p *peer) {
+func (r *rawPeer) handshake(p *node) {
 	r.connect(p.id)
 	deadline := time.After(3 * time.Second)
 	for {
@@ -63,7 +63,7 @@ func manyKeys(from, n int) [][]byte {
 // that takes frames, so the small lookup waited for all the large ones.
 func TestOneSessionsLargeLookupsDoNotHoldUpAnothersLookup(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1, func(cfg *config.Config) { cfg.MaxKeysPerPeer = 1 << 22 })
+	prod := c.node(1, func(cfg *config.Config) { cfg.MaxKeysPerPeer = 1 << 22 })
 	flood, other := c.raw("127.0.0.1:7401"), c.raw("127.0.0.1:7402")
 	flood.handshake(prod)
 	other.handshake(prod)
@@ -97,7 +97,7 @@ func TestOneSessionsLargeLookupsDoNotHoldUpAnothersLookup(t *testing.T) {
 // peer was bounded alone, so every session added max_keys_per_peer.
 func TestKeysAllPeersHoldAreBoundedInTotal(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1, func(cfg *config.Config) { cfg.MaxKeysPerPeer = 1000 })
+	prod := c.node(1, func(cfg *config.Config) { cfg.MaxKeysPerPeer = 1000 })
 	a, b, small := c.raw("127.0.0.1:7411"), c.raw("127.0.0.1:7412"), c.raw("127.0.0.1:7413")
 	for _, r := range []*rawPeer{a, b, small} {
 		r.handshake(prod)

@@ -17,7 +17,7 @@ import (
 // source: round trips, setup, a pull model from the fetches, no failures.
 func TestRealPullsFillThePeersLink(t *testing.T) {
 	c := newCluster(t)
-	prod, cons := c.peer(1), c.peer(2)
+	prod, cons := c.node(1), c.node(2)
 
 	// P2P pulls of 1, 2 and 4 rows: lookups (timed), then a fetch each.
 	var pins int64 = 1000
@@ -90,8 +90,8 @@ func TestRealPullsFillThePeersLink(t *testing.T) {
 // A failed fetch is counted against its peer by cause.
 func TestAFailedFetchIsCountedByCause(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1, func(cfg *config.Config) { cfg.UnboundStoreTimeout = 100 * time.Millisecond })
-	dec := c.peer(2, func(cfg *config.Config) { cfg.LoadTimeout = 300 * time.Millisecond })
+	prod := c.node(1, func(cfg *config.Config) { cfg.UnboundStoreTimeout = 100 * time.Millisecond })
+	dec := c.node(2, func(cfg *config.Config) { cfg.LoadTimeout = 300 * time.Millisecond })
 	_, err := dec.StartRequest("d", pdParams("kv-link-fail", prod))
 	require.NoError(t, err)
 	require.NoError(t, dec.SubmitLoad("d", 7, keys(1), []int64{1}))

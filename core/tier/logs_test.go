@@ -94,7 +94,7 @@ func TestAFloodOfOneCauseIsRateLimitedAndOthersStillLog(t *testing.T) {
 // counting the rest). Before, INFO lines were never limited.
 func TestInfoLinesStrangersCauseAreRateLimited(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1, func(cfg *config.Config) { cfg.MaxPeers = 256 }) // 64 handshakes at once
+	p := c.node(1, func(cfg *config.Config) { cfg.MaxPeers = 256 }) // 64 handshakes at once
 	const strangers, rounds = 50, 100                               // 5 000 sessions
 	var rs []*rawPeer
 	for i := range strangers {

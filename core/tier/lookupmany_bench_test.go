@@ -19,7 +19,7 @@ const benchReqs, benchKeysPerReq = 256, 64
 // first ask" of tests/bench/scheduler_calls.py, library side).
 func BenchmarkLookupManyFirstAsk(b *testing.B) {
 	c := newCluster(b)
-	prod, cons := c.peer(1), c.peer(2)
+	prod, cons := c.node(1), c.node(2)
 	ks := make([][]byte, benchKeysPerReq)
 	for i := range ks {
 		ks[i] = key(i)
@@ -58,7 +58,7 @@ func BenchmarkLookupManyFirstAsk(b *testing.B) {
 // waitAnswered serves prod's inbound lookups as its host would (it holds
 // none of the keys) and takes cons's answer changes until n keys have one:
 // every key ends MISS.
-func waitAnswered(b *testing.B, prod, p *peer, n int) {
+func waitAnswered(b *testing.B, prod, p *node, n int) {
 	deadline := time.Now().Add(30 * time.Second)
 	var nextJob int64
 	for got := 0; got < n; {

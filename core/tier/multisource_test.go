@@ -12,6 +12,7 @@ import (
 
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/tier"
+	"github.com/peerkv/peerkv/tests/hostsim"
 )
 
 // Pulls from several sources (remote_kv_source as a list). Each source
@@ -20,7 +21,7 @@ import (
 
 // source is a producer and what its host holds (key -> row).
 type source struct {
-	*peer
+	*node
 	tag    int
 	held   map[string]int
 	paused bool // its host does not serve inbound lookups (a busy engine)
@@ -29,16 +30,16 @@ type source struct {
 type multiRig struct {
 	t    *testing.T
 	c    *cluster
-	cons *peer
+	cons *node
 	srcs []*source
 	pins int64
 }
 
 func newMultiRig(t *testing.T, n int, mutate ...func(*config.Config)) *multiRig {
 	c := newCluster(t)
-	r := &multiRig{t: t, c: c, cons: c.peer(0, mutate...), pins: 1000}
+	r := &multiRig{t: t, c: c, cons: c.node(0, mutate...), pins: 1000}
 	for i := 1; i <= n; i++ {
-		r.srcs = append(r.srcs, &source{peer: c.peer(i, mutate...), tag: i, held: map[string]int{}})
+		r.srcs = append(r.srcs, &source{node: c.node(i, mutate...), tag: i, held: map[string]int{}})
 	}
 	return r
 }
@@ -79,19 +80,9 @@ func (r *multiRig) serveAll() {
 
 // lookupSettled looks ks up once per step until no answer is RETRY.
 func (r *multiRig) lookupSettled(req string, ks [][]byte, within time.Duration) []tier.LookupResult {
-	var got []tier.LookupResult
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		got = r.cons.lookup(req, ks)
-		require.NoError(r.t, r.cons.OnScheduleEnd())
-		r.serveAll()
-		if !containsRetry(got) {
-			return got
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	require.FailNow(r.t, "lookups did not settle", "%v", got)
-	return nil
+	got, err := hostsim.Settle(r.cons.Tier, req, ks, within, r.serveAll)
+	require.NoError(r.t, err)
+	return got
 }
 
 // lookupAll is lookupSettled once every serving source answered the
@@ -145,15 +136,6 @@ func (r *multiRig) stepUntilLookedUp(req string, ks [][]byte) {
 	}, 3*time.Second, 2*time.Millisecond)
 }
 
-func containsRetry(rs []tier.LookupResult) bool {
-	for _, x := range rs {
-		if x == tier.Retry {
-			return true
-		}
-	}
-	return false
-}
-
 // waitLoad waits (bounded) for a load's single report, serving the sources
 // meanwhile (a failover looks keys up again).
 func (r *multiRig) waitLoad(id int64, within time.Duration) tier.JobResult {
@@ -183,7 +165,7 @@ func (r *multiRig) load(req string, job int64, idx []int) tier.JobResult {
 // servedBy says which source's bytes consumer row k holds (nil: none).
 func (r *multiRig) servedBy(k int) *source {
 	for _, s := range r.srcs {
-		if _, held := s.held[string(key(k))]; held && r.cons.rowEquals(k, s.peer, k) {
+		if _, held := s.held[string(key(k))]; held && r.cons.rowEquals(k, s.node, k) {
 			return s
 		}
 	}
@@ -199,9 +181,9 @@ func (r *multiRig) finish(req string) {
 		r.serveAll()
 		time.Sleep(2 * time.Millisecond)
 	}
-	peers := []*peer{r.cons}
+	peers := []*node{r.cons}
 	for _, s := range r.srcs {
-		peers = append(peers, s.peer)
+		peers = append(peers, s.node)
 	}
 	assertQuiet(r.t, peers...)
 }
@@ -465,7 +447,7 @@ func TestOneSourceDownTheOthersServe(t *testing.T) {
 	require.True(t, r.load("c", 1, all).Success)
 	assert.Equal(t, []int{0, 20}, r.rowsBy(all))
 	require.NoError(t, r.cons.FinishRequest("c"))
-	assertQuiet(t, r.cons, r.srcs[1].peer)
+	assertQuiet(t, r.cons, r.srcs[1].node)
 }
 
 func TestASlowSourceDoesNotHoldThePullBack(t *testing.T) {
@@ -541,7 +523,7 @@ func TestASourceFailingMidLoadFailsOver(t *testing.T) {
 	time.Sleep(stall) // the first source's stalled writes arrive now
 	assert.Equal(t, []int{0, 48}, r.rowsBy(all), "a failed source's late writes are refused")
 	require.NoError(t, r.cons.FinishRequest("c"))
-	assertQuiet(t, r.cons, r.srcs[1].peer)
+	assertQuiet(t, r.cons, r.srcs[1].node)
 	assert.Len(t, r.cons.seen, 1, "one job, reported once")
 }
 
@@ -645,7 +627,7 @@ func TestGivenKVRequestIDsAreKept(t *testing.T) {
 
 func TestTooManySourcesAreRefused(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(0)
+	p := c.node(0)
 	five := `{"remote_kv_source": ["tcp://127.0.0.1:7001", "tcp://127.0.0.1:7002", "tcp://127.0.0.1:7003", "tcp://127.0.0.1:7004", "tcp://127.0.0.1:7005"]}`
 	_, err := p.StartRequest("r", []byte(five))
 	require.ErrorIs(t, err, tier.ErrBadParams)
@@ -653,7 +635,7 @@ func TestTooManySourcesAreRefused(t *testing.T) {
 	assert.EqualValues(t, 1, p.Stats().BadParams)
 	assert.Equal(t, []tier.LookupResult{tier.Miss}, p.lookup("r", keys(1)))
 
-	wide := c.peer(9, func(cfg *config.Config) { cfg.MaxSourcesPerRequest = 5 })
+	wide := c.node(9, func(cfg *config.Config) { cfg.MaxSourcesPerRequest = 5 })
 	_, err = wide.StartRequest("r", []byte(five))
 	require.NoError(t, err)
 	require.NoError(t, wide.FinishRequest("r"))

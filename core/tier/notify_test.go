@@ -15,7 +15,7 @@ import (
 
 // notifyFD opens p's notification fd and closes it with the test (after the
 // cluster's Shutdown cleanup, which runs first: cleanups are LIFO).
-func (p *peer) notifyFD() int {
+func (p *node) notifyFD() int {
 	fd, err := p.NotifyFD()
 	require.NoError(p.t, err)
 	require.GreaterOrEqual(p.t, fd, 0)
@@ -55,7 +55,7 @@ func consume(t *testing.T, fd int) uint64 {
 
 func TestNotifyFDIsQuietOnAFreshTierAndStable(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	fd := p.notifyFD()
 	again, err := p.NotifyFD()
 	require.NoError(t, err)
@@ -76,7 +76,7 @@ func TestNotifyFDIsQuietOnAFreshTierAndStable(t *testing.T) {
 
 func TestNotifyFDSignalsInboundLookupsReofferedKeysAndFinishedJobs(t *testing.T) {
 	c := newCluster(t)
-	prod, cons := c.peer(1), c.peer(2)
+	prod, cons := c.node(1), c.node(2)
 	prodFD, consFD := prod.notifyFD(), cons.notifyFD()
 	ks := keys(0, 1)
 	prod.fill(30, ks[0])
@@ -150,7 +150,7 @@ func TestNotifyFDSignalsInboundLookupsReofferedKeysAndFinishedJobs(t *testing.T)
 
 func TestNotifyFDSignalsWhatWasQueuedBeforeItWasOpened(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	_, err := p.StartRequest("plain", nil)
 	require.NoError(t, err)
 	require.NoError(t, p.SubmitStore("plain", 7, keys(1), []int64{0})) // reported at once
@@ -160,7 +160,7 @@ func TestNotifyFDSignalsWhatWasQueuedBeforeItWasOpened(t *testing.T) {
 
 func TestNotifyFDSignalsShutdownAndOutlivesIt(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	fd := p.notifyFD()
 	require.False(t, readable(t, fd, 20*time.Millisecond))
 	require.NoError(t, p.Shutdown())
@@ -186,14 +186,14 @@ func TestNotifyFDSignalsShutdownAndOutlivesIt(t *testing.T) {
 
 func TestNotifyFDSignalsShutdownOfAPeerOpenedAfterIt(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	require.NoError(t, p.Shutdown())
 	assert.True(t, readable(t, p.notifyFD(), 0), "a stopped peer's fd is readable from the start")
 }
 
 func TestNotifyFDSignalsPoison(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	fd := p.notifyFD()
 	require.False(t, readable(t, fd, 20*time.Millisecond))
 	tier.PanicNext("loop") // its next tick panics

@@ -15,7 +15,7 @@ import (
 
 // logLines returns the peer's pending log lines at INFO or above that
 // mention who.
-func logLines(p *peer, who string) []string {
+func logLines(p *node, who string) []string {
 	var out []string
 	for _, l := range strings.Split(string(p.TakeLogs(1<<20)), "\n") {
 		if l == "" || strings.HasPrefix(l, "DEBUG ") || !strings.Contains(l, who) {
@@ -51,7 +51,7 @@ func TestARejectedHandshakeIsOneLinePerSideAndCountedByCause(t *testing.T) {
 	} {
 		t.Run(cause, func(t *testing.T) {
 			c := newCluster(t)
-			prod, cons := c.peer(1, mutate), c.peer(2)
+			prod, cons := c.node(1, mutate), c.node(2)
 			_, err := cons.StartRequest("c", p2pParams("kv-rej", prod))
 			require.NoError(t, err)
 			require.Eventually(t, func() bool {
@@ -85,7 +85,7 @@ func TestARejectedHandshakeIsOneLinePerSideAndCountedByCause(t *testing.T) {
 // and the shutting-down side logs one INFO line.
 func TestAnOrderlyShutdownIsNormalLifecycle(t *testing.T) {
 	c := newCluster(t)
-	prod, dec := c.peer(1), c.peer(2)
+	prod, dec := c.node(1), c.node(2)
 	_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-bye"}}`))
 	require.NoError(t, err)
 	prod.fill(3, key(3))
@@ -113,7 +113,7 @@ func TestAnOrderlyShutdownIsNormalLifecycle(t *testing.T) {
 // and the load and lookup histograms see every load and lookup.
 func TestWorkIsCountedByDataPathAndTimed(t *testing.T) {
 	c := newCluster(t)
-	prod, dec := c.peer(1), c.peer(2)
+	prod, dec := c.node(1), c.node(2)
 	ks := keys(10, 11, 12, 13)
 	_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-path"}}`))
 	require.NoError(t, err)
@@ -189,7 +189,7 @@ func (fallbackData) Refused(string) string { return "shm: no such local socket" 
 
 func TestFallbacksToASlowerPathAreCounted(t *testing.T) {
 	c := newCluster(t)
-	mk := func(n int) *peer {
+	mk := func(n int) *node {
 		cfg := fastConfig(n)
 		region := data.Region{Mem: make([]byte, numRows*rowLen), RowLen: rowLen}
 		id := cfg.LocalID()
@@ -202,7 +202,7 @@ func TestFallbacksToASlowerPathAreCounted(t *testing.T) {
 		require.NoError(t, err)
 		tr.WaitForTheLock() // single calls' answers are asserted (hostgate.go)
 		t.Cleanup(func() { _ = tr.Shutdown() })
-		return &peer{Tier: tr, t: t, id: id, region: region, seen: map[int64]tier.JobResult{}}
+		return &node{Tier: tr, t: t, id: id, region: region, seen: map[int64]tier.JobResult{}}
 	}
 	prod, dec := mk(1), mk(2)
 	_, err := dec.StartRequest("d", pdParams("kv-fb", prod))
@@ -217,9 +217,9 @@ func TestFallbacksToASlowerPathAreCounted(t *testing.T) {
 // Every label value is from a fixed set: nothing per request or per peer.
 func TestMetricLabelsAreBounded(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1, func(cfg *config.Config) { cfg.HashSeed = "other" })
+	prod := c.node(1, func(cfg *config.Config) { cfg.HashSeed = "other" })
 	for i := range 5 {
-		cons := c.peer(10 + i)
+		cons := c.node(10 + i)
 		_, err := cons.StartRequest("c", p2pParams("kv-many", prod))
 		require.NoError(t, err)
 		require.Eventually(t, func() bool {

@@ -27,7 +27,7 @@ func peerView(s tier.Stats, id string) *tier.PeerStats {
 // when the session does.
 func TestEachLivePeerHasItsOwnView(t *testing.T) {
 	c := newCluster(t)
-	prod, cons := c.peer(1), c.peer(2)
+	prod, cons := c.node(1), c.node(2)
 	ks := keys(40, 41, 42)
 	_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv-peer"}}`))
 	require.NoError(t, err)
@@ -104,8 +104,8 @@ func TestEachLivePeerHasItsOwnView(t *testing.T) {
 // went wrong.
 func TestAFailedLoadIsChargedToItsPeer(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1, func(cfg *config.Config) { cfg.UnboundStoreTimeout = 100 * time.Millisecond })
-	dec := c.peer(2, func(cfg *config.Config) { cfg.LoadTimeout = 300 * time.Millisecond })
+	prod := c.node(1, func(cfg *config.Config) { cfg.UnboundStoreTimeout = 100 * time.Millisecond })
+	dec := c.node(2, func(cfg *config.Config) { cfg.LoadTimeout = 300 * time.Millisecond })
 	_, err := dec.StartRequest("d", pdParams("kv-peer-fail", prod))
 	require.NoError(t, err)
 	// Nothing was ever stored for the kv id: the load fails.
@@ -125,10 +125,10 @@ func TestAFailedLoadIsChargedToItsPeer(t *testing.T) {
 // The view never holds more entries than there are sessions.
 func TestThePeerViewIsBoundedBySessions(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1, func(cfg *config.Config) { cfg.MaxPeers = 2 })
-	var cons []*peer
+	prod := c.node(1, func(cfg *config.Config) { cfg.MaxPeers = 2 })
+	var cons []*node
 	for i := 2; i <= 5; i++ {
-		p := c.peer(i)
+		p := c.node(i)
 		_, err := p.StartRequest("s", p2pParams("kv-bound", prod))
 		require.NoError(t, err)
 		_ = p.lookup("s", keys(1))
@@ -153,7 +153,7 @@ func TestThePeerViewIsBoundedBySessions(t *testing.T) {
 // second: a host reads its stats every engine step.
 func TestTheHostGetsThePeerListAtMostOnceASecond(t *testing.T) {
 	c := newCluster(t)
-	prod, cons := c.peer(1), c.peer(2)
+	prod, cons := c.node(1), c.node(2)
 	_, err := cons.StartRequest("s", p2pParams("kv-host-stats", prod))
 	require.NoError(t, err)
 	_ = cons.lookup("s", keys(1))

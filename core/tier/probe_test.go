@@ -16,7 +16,7 @@ import (
 func TestProbeOfAMatchingPeerHandshakesAndLeavesItServing(t *testing.T) {
 	r := newMultiRig(t, 1)
 	r.srcs[0].hold(0, 1)
-	doctor := r.c.peer(9)
+	doctor := r.c.node(9)
 	res, err := doctor.Probe(r.srcs[0].id, 3*time.Second)
 	require.NoError(t, err)
 	assert.True(t, res.Handshake, "%+v", res)
@@ -37,8 +37,8 @@ func TestProbeOfAMatchingPeerHandshakesAndLeavesItServing(t *testing.T) {
 
 func TestProbeNamesTheFieldsAPeerKVPeerRefused(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1)
-	doctor := c.peer(2, func(cfg *config.Config) { cfg.HashSeed = "not the cluster's" })
+	prod := c.node(1)
+	doctor := c.node(2, func(cfg *config.Config) { cfg.HashSeed = "not the cluster's" })
 	res, err := doctor.Probe(prod.id, 3*time.Second)
 	require.NoError(t, err)
 	assert.False(t, res.Handshake)
@@ -55,8 +55,8 @@ func TestProbeNamesTheFieldsAPeerKVPeerRefused(t *testing.T) {
 // logs it at INFO and counts no rejection.
 func TestProbeLearnsThePeersBlockLen(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1)
-	doctor := c.peerWithRowLen(2, 2*rowLen)
+	prod := c.node(1)
+	doctor := c.nodeWithRowLen(2, 2*rowLen)
 	res, err := doctor.Probe(prod.id, 3*time.Second)
 	require.NoError(t, err)
 	assert.False(t, res.Handshake)
@@ -68,7 +68,7 @@ func TestProbeLearnsThePeersBlockLen(t *testing.T) {
 	}
 
 	// With it, the second probe completes.
-	again, err := c.peerWithRowLen(3, rowLen).Probe(prod.id, 3*time.Second)
+	again, err := c.nodeWithRowLen(3, rowLen).Probe(prod.id, 3*time.Second)
 	require.NoError(t, err)
 	assert.True(t, again.Handshake, "%+v", again)
 }
@@ -77,8 +77,8 @@ func TestProbeLearnsThePeersBlockLen(t *testing.T) {
 // learns anything, at ERROR, and counted.
 func TestANonProbePeerLearnsNoBlockLen(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1)
-	cons := c.peerWithRowLen(2, 2*rowLen)
+	prod := c.node(1)
+	cons := c.nodeWithRowLen(2, 2*rowLen)
 	_, err := cons.StartRequest("r", sourceParams("remote_kv_source", "kv-r", prod))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return prod.Stats().HandshakeRejections["block_len"] == 1 },
@@ -88,7 +88,7 @@ func TestANonProbePeerLearnsNoBlockLen(t *testing.T) {
 
 // assertProbeLoggedAtInfo: the probed peer's lines about the probe are
 // INFO, one of them names why, and none is an ERROR.
-func assertProbeLoggedAtInfo(t *testing.T, probed *peer, prober, why string) {
+func assertProbeLoggedAtInfo(t *testing.T, probed *node, prober, why string) {
 	t.Helper()
 	var logs string
 	require.Eventually(t, func() bool {
@@ -99,8 +99,8 @@ func assertProbeLoggedAtInfo(t *testing.T, probed *peer, prober, why string) {
 	assert.NotContains(t, logs, "ERROR", "a probe is no engine's problem")
 }
 
-// peerWithRowLen is cluster.peer with rows of another length.
-func (c *cluster) peerWithRowLen(n int, rl uint64) *peer {
+// nodeWithRowLen is cluster.node with rows of another length.
+func (c *cluster) nodeWithRowLen(n int, rl uint64) *node {
 	cfg := fastConfig(n)
 	region := data.Region{Mem: make([]byte, numRows*rl), RowLen: rl}
 	id := cfg.LocalID()
@@ -113,5 +113,5 @@ func (c *cluster) peerWithRowLen(n int, rl uint64) *peer {
 	require.NoError(c.t, err)
 	tr.WaitForTheLock() // single calls' answers are asserted (hostgate.go)
 	c.t.Cleanup(func() { _ = tr.Shutdown() })
-	return &peer{Tier: tr, t: c.t, id: id, region: region, seen: map[int64]tier.JobResult{}}
+	return &node{Tier: tr, t: c.t, id: id, region: region, seen: map[int64]tier.JobResult{}}
 }

@@ -41,7 +41,7 @@ func stockPeer(t *testing.T, r *rawPeer, us string, d time.Duration, redraws boo
 
 func TestAStockProducerWeRefuseIsRefusedWithOneGoodbyeNotAStorm(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	y := c.raw("127.0.0.1:7996")
 	_, err := p.StartRequest("c", p2pParamsTo("kv-storm", y.id))
 	require.NoError(t, err)
@@ -57,7 +57,7 @@ func TestAStockProducerWeRefuseIsRefusedWithOneGoodbyeNotAStorm(t *testing.T) {
 
 func TestAStockConsumerWeRefuseGetsAGoodbyeEveryTime(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	v := c.raw("127.0.0.1:7995")
 	for range 3 { // three requests, well inside quietRefusalWindow
 		v.connectWithSeed(p.id, "not ours")
@@ -67,10 +67,10 @@ func TestAStockConsumerWeRefuseGetsAGoodbyeEveryTime(t *testing.T) {
 
 // full makes p turn away any further connect from 127.0.0.3: one stranger
 // from there holds the one slot that host has, its handshake unfinished.
-func full(c *cluster) *peer { return fullFrom(c, "127.0.0.3") }
+func full(c *cluster) *node { return fullFrom(c, "127.0.0.3") }
 
-func fullFrom(c *cluster, host string) *peer {
-	p := c.peer(1, func(cfg *config.Config) { cfg.MaxPeersPerHost = 1; cfg.HandshakeTimeout = 30 * time.Second })
+func fullFrom(c *cluster, host string) *node {
+	p := c.node(1, func(cfg *config.Config) { cfg.MaxPeersPerHost = 1; cfg.HandshakeTimeout = 30 * time.Second })
 	c.raw(host + ":7001").connect(p.id)
 	require.Eventually(c.t, func() bool { return p.Stats().Sessions == 1 }, 3*time.Second, time.Millisecond)
 	return p
@@ -81,16 +81,16 @@ func fullFrom(c *cluster, host string) *peer {
 // refused too.
 func TestAStockPeerThatDialsUsAndIsRefusedGetsPacedGoodbyesNotAStorm(t *testing.T) {
 	for name, tc := range map[string]struct {
-		peer func(*cluster) *peer
+		node func(*cluster) *node
 		seed string
 	}{
 		"while we are full": {full, "42"},
-		"hash seed":         {func(c *cluster) *peer { return c.peer(1) }, "not ours"},
-		"auth secret":       {func(c *cluster) *peer { return c.peer(1, func(cfg *config.Config) { cfg.AuthSecret = "s" }) }, "42"},
+		"hash seed":         {func(c *cluster) *node { return c.node(1) }, "not ours"},
+		"auth secret":       {func(c *cluster) *node { return c.node(1, func(cfg *config.Config) { cfg.AuthSecret = "s" }) }, "42"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := newCluster(t)
-			p := tc.peer(c)
+			p := tc.node(c)
 			sessions := p.Stats().Sessions
 			y := c.raw("127.0.0.3:7994")
 			y.connectWithSeed(p.id, tc.seed)

@@ -17,7 +17,7 @@ import (
 
 // restartSilently replaces old with a new start of the same peer after a
 // crash nobody saw (no goodbye, no connection loss reported to its peers).
-func (c *cluster) restartSilently(old *peer, cfg config.Config) *peer {
+func (c *cluster) restartSilently(old *node, cfg config.Config) *node {
 	region := data.Region{Mem: make([]byte, numRows*rowLen), RowLen: rowLen}
 	tr, err := tier.New(cfg, region, tier.Deps{
 		Control: c.ctl.RestartSilently(old.id),
@@ -28,14 +28,14 @@ func (c *cluster) restartSilently(old *peer, cfg config.Config) *peer {
 	require.NoError(c.t, err)
 	tr.WaitForTheLock() // single calls' answers are asserted (hostgate.go)
 	_ = old.Shutdown()  // its transport is gone: nothing it says reaches anyone
-	p := &peer{Tier: tr, t: c.t, id: old.id, region: region, seen: map[int64]tier.JobResult{}}
+	p := &node{Tier: tr, t: c.t, id: old.id, region: region, seen: map[int64]tier.JobResult{}}
 	c.t.Cleanup(func() { _ = tr.Shutdown() })
 	return p
 }
 
 // pullPDOnce has dec pull four rows of a fresh kv id from prod and returns the
 // load's report.
-func pullPDOnce(t *testing.T, prod, dec *peer, kv string, job int64, within time.Duration) tier.JobResult {
+func pullPDOnce(t *testing.T, prod, dec *node, kv string, job int64, within time.Duration) tier.JobResult {
 	t.Helper()
 	ks := keys(int(job)*4, int(job)*4+1, int(job)*4+2, int(job)*4+3)
 	_, err := prod.StartRequest("p-"+kv, []byte(fmt.Sprintf(`{"remote_decoder":{"kv_request_id":%q}}`, kv)))
@@ -68,10 +68,10 @@ func TestRestartedConsumerIsServedAtOnce(t *testing.T) {
 				cfg.HandshakeTimeout = 8 * time.Second
 				cfg.AuthSecret = secret
 			}
-			prod := c.peer(1, withTimeouts)
+			prod := c.node(1, withTimeouts)
 			decCfg := fastConfig(2)
 			withTimeouts(&decCfg)
-			dec := c.peer(2, withTimeouts)
+			dec := c.node(2, withTimeouts)
 			bound := decCfg.HandshakeTimeout / 4
 			require.True(t, pullPDOnce(t, prod, dec, "kv-first", 1, bound).Success)
 			var logs strings.Builder
@@ -106,7 +106,7 @@ func (r *redialSpy) Redial(peerID string) { r.redials <- peerID }
 // request is served.
 func TestHandshakeTimeoutDialsAfresh(t *testing.T) {
 	c := newCluster(t)
-	prod := c.peer(1)
+	prod := c.node(1)
 	cfg := fastConfig(2)
 	cfg.HandshakeTimeout = 300 * time.Millisecond
 	region := data.Region{Mem: make([]byte, numRows*rowLen), RowLen: rowLen}
@@ -120,7 +120,7 @@ func TestHandshakeTimeoutDialsAfresh(t *testing.T) {
 	require.NoError(t, err)
 	tr.WaitForTheLock() // single calls' answers are asserted (hostgate.go)
 	t.Cleanup(func() { _ = tr.Shutdown() })
-	dec := &peer{Tier: tr, t: t, id: cfg.LocalID(), region: region, seen: map[int64]tier.JobResult{}}
+	dec := &node{Tier: tr, t: t, id: cfg.LocalID(), region: region, seen: map[int64]tier.JobResult{}}
 
 	c.ctl.SetDrop(prod.id, dec.id, true) // the producer's answers never arrive
 	res := pullPDOnce(t, prod, dec, "kv-lost", 1, 5*time.Second)

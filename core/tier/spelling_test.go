@@ -31,7 +31,7 @@ func TestAPeerAnsweringUnderAnotherSpellingOfItsIDIsNamed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t)
 			defer tier.StubResolver(map[string][]string{"prod-b": {"127.0.0.9"}})()
-			cons := c.peer(1)
+			cons := c.node(1)
 			dialed := tc.dialHost + ":6002"
 			c.silentPeer(dialed)
 			_, err := cons.StartRequest("r", []byte(fmt.Sprintf(
@@ -55,7 +55,7 @@ func TestAPeerAnsweringUnderAnotherSpellingOfItsIDIsNamed(t *testing.T) {
 // Another peer on the same port, from another address, is no spelling.
 func TestAnotherPeerOnTheSamePortIsNotTakenForAnotherSpelling(t *testing.T) {
 	c := newCluster(t)
-	cons := c.peer(1)
+	cons := c.node(1)
 	c.silentPeer("127.0.0.9:6002")
 	_, err := cons.StartRequest("r", p2pParamsTo("kv", "127.0.0.9:6002"))
 	require.NoError(t, err)

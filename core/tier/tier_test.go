@@ -17,6 +17,7 @@ import (
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/data/memdata"
 	"github.com/peerkv/peerkv/core/tier"
+	"github.com/peerkv/peerkv/tests/hostsim"
 )
 
 const (
@@ -35,13 +36,13 @@ func newCluster(t testing.TB) *cluster {
 	return &cluster{t: t, ctl: memctl.NewHub(), data: memdata.NewHub()}
 }
 
-// peer is one tier plus the host-side bookkeeping a test needs.
-type peer struct {
+// node is one tier plus the host-side bookkeeping a test needs.
+type node struct {
 	*tier.Tier
 	t      testing.TB
 	id     string
 	region data.Region
-	seen   map[int64]tier.JobResult // every job reported, to prove exactly-once
+	seen   hostsim.Jobs // every job reported, to prove exactly-once
 }
 
 func fastConfig(id int) config.Config {
@@ -55,7 +56,7 @@ func fastConfig(id int) config.Config {
 	}.WithDefaults()
 }
 
-func (c *cluster) peer(n int, mutate ...func(*config.Config)) *peer {
+func (c *cluster) node(n int, mutate ...func(*config.Config)) *node {
 	cfg := fastConfig(n)
 	for _, m := range mutate {
 		m(&cfg)
@@ -70,7 +71,7 @@ func (c *cluster) peer(n int, mutate ...func(*config.Config)) *peer {
 	})
 	require.NoError(c.t, err)
 	tr.WaitForTheLock() // these tests assert single calls' answers; the gate's own are in hostgate_test.go
-	p := &peer{Tier: tr, t: c.t, id: id, region: region, seen: map[int64]tier.JobResult{}}
+	p := &node{Tier: tr, t: c.t, id: id, region: region, seen: map[int64]tier.JobResult{}}
 	c.t.Cleanup(func() { _ = tr.Shutdown() })
 	return p
 }
@@ -95,84 +96,46 @@ func keys(idx ...int) [][]byte {
 }
 
 // fill writes a pattern derived from the key into a row.
-func (p *peer) fill(row int, k []byte) {
+func (p *node) fill(row int, k []byte) {
 	dst := p.region.Row(uint64(row))
 	for off := 0; off < len(dst); off += 8 {
 		binary.LittleEndian.PutUint64(dst[off:], uint64(off)^binary.LittleEndian.Uint64(k))
 	}
 }
 
-func (p *peer) rowEquals(row int, other *peer, otherRow int) bool {
+func (p *node) rowEquals(row int, other *node, otherRow int) bool {
 	return bytes.Equal(p.region.Row(uint64(row)), other.region.Row(uint64(otherRow)))
 }
 
 // collect gathers finished jobs, failing on any job reported twice.
-func (p *peer) collect() {
-	for _, r := range p.GetFinished(1024) {
-		_, dup := p.seen[r.JobID]
-		require.False(p.t, dup, "job %d reported twice", r.JobID)
-		p.seen[r.JobID] = r
-	}
-}
+func (p *node) collect() { require.NoError(p.t, p.seen.Collect(p.Tier)) }
 
 // waitJob waits (bounded) for a job's single report.
-func (p *peer) waitJob(id int64, within time.Duration) tier.JobResult {
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		p.collect()
-		if r, ok := p.seen[id]; ok {
-			return r
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	require.FailNow(p.t, "job not reported", "peer %s job %d not reported within %v", p.id, id, within)
-	return tier.JobResult{}
+func (p *node) waitJob(id int64, within time.Duration) tier.JobResult {
+	r, err := p.seen.Wait(p.Tier, id, within, nil)
+	require.NoError(p.t, err)
+	return r
 }
 
-// serve plays the host's serve_external_requests: rows holds what the host
-// has in its CPU tier (key index -> row).
-func (p *peer) serve(held map[string]int, nextJob *int64) {
-	for {
-		in, ok, taken := p.NextInbound(nil)
-		if !ok {
-			return
-		}
-		require.True(p.t, taken)
-		if in.Kind != tier.InboundEvaluate {
-			continue
-		}
-		results := make([]tier.LookupResult, len(in.Keys))
-		var pins []int64
-		for i, k := range in.Keys {
-			if row, ok := held[string(k)]; ok {
-				results[i] = tier.Hit
-				pins = append(pins, int64(row))
-			} else {
-				results[i] = tier.Miss
-			}
-		}
-		job := int64(-1)
-		if len(pins) > 0 {
-			*nextJob++
-			job = *nextJob
-		}
-		_, err := p.AnswerInbound(in.LookupID, results, job, pins)
-		require.NoError(p.t, err)
-	}
+// serve plays the host's serve_external_requests: held is what the host
+// has in its CPU tier (key -> row).
+func (p *node) serve(held map[string]int, nextJob *int64) {
+	_, err := hostsim.Serve(p.Tier, hostsim.Rows(held), hostsim.Count(nextJob))
+	require.NoError(p.t, err)
 }
 
-func (p *peer) lookup(req string, ks [][]byte) []tier.LookupResult {
+func (p *node) lookup(req string, ks [][]byte) []tier.LookupResult {
 	out := make([]tier.LookupResult, len(ks))
 	require.NoError(p.t, p.Lookup(req, ks, out))
 	return out
 }
 
-func pdParams(kv string, prod *peer) []byte {
+func pdParams(kv string, prod *node) []byte {
 	return []byte(fmt.Sprintf(`{"remote_prefiller":{"kv_request_id":%q,"remote_host":"127.0.0.1","remote_port":%s}}`,
 		kv, prod.id[len("127.0.0.1:"):]))
 }
 
-func p2pParams(kv string, prod *peer) []byte { return p2pParamsTo(kv, prod.id) }
+func p2pParams(kv string, prod *node) []byte { return p2pParamsTo(kv, prod.id) }
 
 // p2pParamsTo names a source by its id ("127.0.0.1:port").
 func p2pParamsTo(kv, source string) []byte {
@@ -180,20 +143,20 @@ func p2pParamsTo(kv, source string) []byte {
 		kv, source[len("127.0.0.1:"):]))
 }
 
-func assertQuiet(t *testing.T, peers ...*peer) {
+func assertQuiet(t *testing.T, nodes ...*node) {
 	t.Helper()
-	for _, p := range peers {
+	for _, p := range nodes {
 		p.collect()
 		require.Eventually(t, func() bool {
 			s := p.Stats()
 			return s.JobsInFlight == 0 && s.ExpectedRows == 0 && s.InboundActive == 0
-		}, 3*time.Second, 5*time.Millisecond, "peer %s still holds work: %+v", p.id, p.Stats())
+		}, 3*time.Second, 5*time.Millisecond, "node %s still holds work: %+v", p.id, p.Stats())
 	}
 }
 
 func TestPDPrefillerFirst(t *testing.T) {
 	c := newCluster(t)
-	prod, dec := c.peer(1), c.peer(2)
+	prod, dec := c.node(1), c.node(2)
 	ks := keys(0, 1, 2, 3)
 
 	pol, err := prod.StartRequest("p-req", []byte(`{"remote_decoder":{"kv_request_id":"kv1"}}`))
@@ -226,7 +189,7 @@ func TestPDPrefillerFirst(t *testing.T) {
 
 func TestPDDecoderFirst(t *testing.T) {
 	c := newCluster(t)
-	prod, dec := c.peer(1), c.peer(2)
+	prod, dec := c.node(1), c.node(2)
 	ks := keys(5, 6, 7)
 	_, err := dec.StartRequest("d", pdParams("kv2", prod))
 	require.NoError(t, err)
@@ -254,7 +217,7 @@ func TestPDDecoderFirst(t *testing.T) {
 func TestPDProducerCannotSupplyFailsFast(t *testing.T) {
 	c := newCluster(t)
 	slow := func(cfg *config.Config) { cfg.LoadTimeout = 20 * time.Second }
-	prod, dec := c.peer(1, slow), c.peer(2, slow)
+	prod, dec := c.node(1, slow), c.node(2, slow)
 	ks := keys(1, 2, 3)
 	_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv3"}}`))
 	require.NoError(t, err)
@@ -276,7 +239,7 @@ func TestPDProducerCannotSupplyFailsFast(t *testing.T) {
 
 func TestP2PPartialHits(t *testing.T) {
 	c := newCluster(t)
-	prod, cons := c.peer(1), c.peer(2)
+	prod, cons := c.node(1), c.node(2)
 	ks := keys(0, 1, 2, 3)
 	// Key 3 is held too, but after key 2, which nobody has: vLLM loads a
 	// contiguous prefix, so key 3 is not pulled.
@@ -313,7 +276,7 @@ func TestP2PPartialHits(t *testing.T) {
 
 func TestP2PAllMissSendsTerminalFetchAndReleasesNothing(t *testing.T) {
 	c := newCluster(t)
-	prod, cons := c.peer(1), c.peer(2)
+	prod, cons := c.node(1), c.node(2)
 	ks := keys(8, 9)
 	var pinJobs int64
 	_, err := cons.StartRequest("c", p2pParams("kv5", prod))
@@ -330,7 +293,7 @@ func TestP2PAllMissSendsTerminalFetchAndReleasesNothing(t *testing.T) {
 
 func TestRemoteDecoderPlusKVSource(t *testing.T) {
 	c := newCluster(t)
-	source, prefiller, decoder := c.peer(1), c.peer(2), c.peer(3)
+	source, prefiller, decoder := c.node(1), c.node(2), c.node(3)
 	ks := keys(0, 1, 2)
 	source.fill(0, ks[0])
 	var pinJobs int64 = 500
@@ -368,7 +331,7 @@ func TestRemoteDecoderPlusKVSource(t *testing.T) {
 
 func TestForbiddenCombinationsRejected(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	src := `{"kv_request_id":"x","remote_host":"127.0.0.1","remote_port":7000}`
 	for name, params := range map[string]string{
 		"prefiller+decoder":  `{"remote_prefiller":` + src + `,"remote_decoder":{"kv_request_id":"y"}}`,
@@ -387,7 +350,7 @@ func TestForbiddenCombinationsRejected(t *testing.T) {
 
 func TestProducerVanishesMidLoad(t *testing.T) {
 	c := newCluster(t)
-	prod, dec := c.peer(1), c.peer(2)
+	prod, dec := c.node(1), c.node(2)
 	ks := keys(1, 2)
 	_, err := dec.StartRequest("d", pdParams("kv6", prod))
 	require.NoError(t, err)
@@ -411,7 +374,7 @@ func TestHandshakeRejections(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := newCluster(t)
-			prod, cons := c.peer(1, mutate), c.peer(2)
+			prod, cons := c.node(1, mutate), c.node(2)
 			_, err := cons.StartRequest("c", p2pParams("kv7", prod))
 			require.NoError(t, err)
 			require.Eventually(t, func() bool {
@@ -428,7 +391,7 @@ func TestHandshakeRejections(t *testing.T) {
 func TestAuthenticatedPeers(t *testing.T) {
 	c := newCluster(t)
 	secret := func(cfg *config.Config) { cfg.AuthSecret = "s3cret" }
-	prod, dec := c.peer(1, secret), c.peer(2, secret)
+	prod, dec := c.node(1, secret), c.node(2, secret)
 	ks := keys(4)
 	prod.fill(0, ks[0])
 	_, err := prod.StartRequest("p", []byte(`{"remote_decoder":{"kv_request_id":"kv8"}}`))
@@ -443,7 +406,7 @@ func TestAuthenticatedPeers(t *testing.T) {
 
 func TestBadInputChangesNothing(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1)
+	p := c.node(1)
 	_, err := p.StartRequest("r", []byte(`{"remote_decoder":{"kv_request_id":"kv9"}}`))
 	require.NoError(t, err)
 	require.ErrorIs(t, p.SubmitStore("r", 1, keys(1), []int64{numRows}), tier.ErrInvalidArgument)
@@ -458,7 +421,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 
 func TestUnfetchedStoresExpire(t *testing.T) {
 	c := newCluster(t)
-	p := c.peer(1, func(cfg *config.Config) { cfg.UnboundStoreTimeout = 100 * time.Millisecond })
+	p := c.node(1, func(cfg *config.Config) { cfg.UnboundStoreTimeout = 100 * time.Millisecond })
 	_, err := p.StartRequest("r", []byte(`{"remote_decoder":{"kv_request_id":"kv10"}}`))
 	require.NoError(t, err)
 	require.NoError(t, p.SubmitStore("r", 1, keys(1), []int64{0}))
@@ -469,7 +432,7 @@ func TestUnfetchedStoresExpire(t *testing.T) {
 
 func TestShutdownReportsEveryJob(t *testing.T) {
 	c := newCluster(t)
-	prod, dec := c.peer(1), c.peer(2)
+	prod, dec := c.node(1), c.node(2)
 	_, err := dec.StartRequest("d", pdParams("kv11", prod))
 	require.NoError(t, err)
 	require.NoError(t, dec.SubmitLoad("d", 1, keys(1), []int64{0}))
@@ -489,7 +452,7 @@ func TestStalledTransferTimesOutAndLateWritesAreRefused(t *testing.T) {
 		cfg.LoadTimeout = 200 * time.Millisecond
 		cfg.AbortAckTimeout = 200 * time.Millisecond
 	}
-	prod, dec := c.peer(1, short), c.peer(2, short)
+	prod, dec := c.node(1, short), c.node(2, short)
 	ks := keys(1, 2)
 	prod.fill(0, ks[0])
 	prod.fill(1, ks[1])
@@ -522,8 +485,8 @@ func TestUnansweredLookupsBecomeMisses(t *testing.T) {
 	c := newCluster(t)
 	// The producer never serves its inbound lookups, and would answer them
 	// itself only after 60 s: only the consumer's own deadline can fire.
-	prod := c.peer(1, func(cfg *config.Config) { cfg.InboundLookupTimeout = time.Minute })
-	cons := c.peer(2, func(cfg *config.Config) { cfg.LookupTimeout = 200 * time.Millisecond })
+	prod := c.node(1, func(cfg *config.Config) { cfg.InboundLookupTimeout = time.Minute })
+	cons := c.node(2, func(cfg *config.Config) { cfg.LookupTimeout = 200 * time.Millisecond })
 	_, err := cons.StartRequest("c", p2pParams("kv13", prod))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
@@ -554,7 +517,7 @@ func TestAQuietSessionKeepsItsDeadlinesForTheNextRequest(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t)
-			prod, cons := c.peer(1, tc.prod), c.peer(2, tc.cons)
+			prod, cons := c.node(1, tc.prod), c.node(2, tc.cons)
 			for i, kv := range []string{"kv-before", "kv-after"} {
 				req := fmt.Sprintf("c%d", i)
 				_, err := cons.StartRequest(req, p2pParams(kv, prod))

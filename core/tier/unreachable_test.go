@@ -13,7 +13,7 @@ import (
 )
 
 // logs gathers every line p logged so far.
-func (p *peer) logsSoFar(all *strings.Builder) string {
+func (p *node) logsSoFar(all *strings.Builder) string {
 	all.Write(p.TakeLogs(1 << 20))
 	return all.String()
 }
@@ -23,7 +23,7 @@ func (p *peer) logsSoFar(all *strings.Builder) string {
 // words (not as a lost connection), and each failed connect is counted.
 func TestAnUnreachableSourceIsBackedOffAndNamedOnce(t *testing.T) {
 	c := newCluster(t)
-	cons := c.peer(1)
+	cons := c.node(1)
 	const nobody = "127.0.0.1:6999" // no peer of the hub
 	var logs strings.Builder
 
@@ -70,7 +70,7 @@ func TestABlackHoledSourceMissesAtTheLookupDeadlineThenIsBackedOff(t *testing.T)
 		cfg.HandshakeTimeout = 6 * time.Second
 		cfg.LookupTimeout = 500 * time.Millisecond
 	}
-	cons, prod := c.peer(1, slow), c.peer(2, slow)
+	cons, prod := c.node(1, slow), c.node(2, slow)
 	c.ctl.SetDrop(cons.id, prod.id, true)
 	var logs strings.Builder
 
@@ -104,7 +104,7 @@ func TestABlackHoledSourceMissesAtTheLookupDeadlineThenIsBackedOff(t *testing.T)
 // peerkv doctor's probe of a peer it cannot reach names the cause.
 func TestAProbeOfAnUnreachablePeerNamesTheCause(t *testing.T) {
 	c := newCluster(t)
-	doc := c.peer(1)
+	doc := c.node(1)
 	res, err := doc.Probe("127.0.0.1:6999", 5*time.Second)
 	require.NoError(t, err)
 	assert.False(t, res.Handshake)

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/peerkv/peerkv/core/config"
-	"github.com/peerkv/peerkv/core/node"
+	corenode "github.com/peerkv/peerkv/core/node"
 	"github.com/peerkv/peerkv/core/tier"
 )
 
@@ -58,8 +58,8 @@ func runShmProducer(corrupt bool) error {
 		return err
 	}
 	region := sharedRegion(&testing.T{})
-	prod := &peer{region: region}
-	t, err := node.Open(cfg, region)
+	prod := &node{region: region}
+	t, err := corenode.Open(cfg, region)
 	if err != nil {
 		return err
 	}
@@ -120,10 +120,10 @@ func TestVerifiedShmPull(t *testing.T) {
 			cfg, err := shmNodeConfig(myPort)
 			require.NoError(t, err)
 			region := sharedRegion(t)
-			tr, err := node.Open(cfg, region)
+			tr, err := corenode.Open(cfg, region)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tr.Shutdown() })
-			dec := &peer{Tier: tr, t: t, id: tr.LocalID(), region: region, seen: map[int64]tier.JobResult{}}
+			dec := &node{Tier: tr, t: t, id: tr.LocalID(), region: region, seen: map[int64]tier.JobResult{}}
 			if name == "changed after it landed" {
 				dec.BeforeCheck(func(rows []uint64) { region.Row(rows[1])[17] ^= 0x40 })
 			}
@@ -142,9 +142,9 @@ func TestVerifiedShmPull(t *testing.T) {
 				require.Equal(t, int64(3), dec.RowsReread(),
 					"a peer holding a same-host grant can write around the row guard: every row is read again")
 			case "changed after it landed":
-				assertCaught(t, dec, &peer{id: prodID}, res, "shm", "kv-shm", 41)
+				assertCaught(t, dec, &node{id: prodID}, res, "shm", "kv-shm", 41)
 			default:
-				assertCaught(t, dec, &peer{id: prodID}, res, "shm", "kv-shm", 42)
+				assertCaught(t, dec, &node{id: prodID}, res, "shm", "kv-shm", 42)
 			}
 		})
 	}

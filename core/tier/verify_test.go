@@ -43,18 +43,18 @@ func sharedRegion(t testing.TB) data.Region {
 	return data.Region{Mem: mem, RowLen: rowLen}
 }
 
-// pathPeer is a peer whose rows travel on the named path.
-func (c *cluster) pathPeer(path string, n int, mutate ...func(*config.Config)) *peer {
+// pathNode is a node whose rows travel on the named path.
+func (c *cluster) pathNode(path string, n int, mutate ...func(*config.Config)) *node {
 	build := dataPaths[path]
 	if build == nil {
-		return c.peer(n, mutate...)
+		return c.node(n, mutate...)
 	}
 	return c.builtPeer(build, n, mutate...)
 }
 
 // builtPeer is a peer whose data paths build makes.
 func (c *cluster) builtPeer(build func(testing.TB, config.Config, data.Region, data.WriteGuard) data.Transport,
-	n int, mutate ...func(*config.Config)) *peer {
+	n int, mutate ...func(*config.Config)) *node {
 	cfg := fastConfig(n)
 	for _, m := range mutate {
 		m(&cfg)
@@ -67,13 +67,14 @@ func (c *cluster) builtPeer(build func(testing.TB, config.Config, data.Region, d
 		},
 	})
 	require.NoError(c.t, err)
+	tr.WaitForTheLock() // single calls' answers are asserted (hostgate.go)
 	c.t.Cleanup(func() { _ = tr.Shutdown() })
-	return &peer{Tier: tr, t: c.t, id: cfg.LocalID(), region: region, seen: map[int64]tier.JobResult{}}
+	return &node{Tier: tr, t: c.t, id: cfg.LocalID(), region: region, seen: map[int64]tier.JobResult{}}
 }
 
 // pdPull stores ks on prod under kv and loads them into dec's rows 40...,
 // returning the load's report.
-func pdPull(t *testing.T, prod, dec *peer, kv string, ks [][]byte) tier.JobResult {
+func pdPull(t *testing.T, prod, dec *node, kv string, ks [][]byte) tier.JobResult {
 	t.Helper()
 	_, err := prod.StartRequest("p-"+kv, []byte(fmt.Sprintf(`{"remote_decoder":{"kv_request_id":%q}}`, kv)))
 	require.NoError(t, err)
@@ -103,7 +104,7 @@ func TestVerifiedPullsCatchCorruptionOnEveryPath(t *testing.T) {
 		t.Run(path, func(t *testing.T) {
 			t.Run("clean", func(t *testing.T) {
 				c := newCluster(t)
-				prod, dec := c.pathPeer(path, 1), c.pathPeer(path, 2)
+				prod, dec := c.pathNode(path, 1), c.pathNode(path, 2)
 				ks := keys(0, 1, 2)
 				res := pdPull(t, prod, dec, "kv-clean", ks)
 				require.True(t, res.Success, "logs: %s", dec.TakeLogs(1<<16))
@@ -121,7 +122,7 @@ func TestVerifiedPullsCatchCorruptionOnEveryPath(t *testing.T) {
 				// before the check): it goes through the row guard, as
 				// every write of these paths does, and is caught.
 				c := newCluster(t)
-				prod, dec := c.pathPeer(path, 1), c.pathPeer(path, 2)
+				prod, dec := c.pathNode(path, 1), c.pathNode(path, 2)
 				dec.BeforeCheck(func(rows []uint64) {
 					wrong := append([]byte(nil), dec.region.Row(rows[1])...)
 					wrong[17] ^= 0x40
@@ -132,7 +133,7 @@ func TestVerifiedPullsCatchCorruptionOnEveryPath(t *testing.T) {
 			})
 			t.Run("source changed mid-transfer", func(t *testing.T) {
 				c := newCluster(t)
-				prod, dec := c.pathPeer(path, 1), c.pathPeer(path, 2)
+				prod, dec := c.pathNode(path, 1), c.pathNode(path, 2)
 				prod.BeforeSend(flipRow(prod.region, 12)) // key 2's row
 				res := pdPull(t, prod, dec, "kv-source", keys(0, 1, 2))
 				assertCaught(t, dec, prod, res, path, "kv-source", 42)
@@ -165,7 +166,7 @@ func (aroundTheGuard) WritesUnguarded() bool { return true }
 // the check reads every row again there instead of trusting landed sums.
 func TestARowChangedAroundTheGuardIsCaughtWhereThatIsPossible(t *testing.T) {
 	c := newCluster(t)
-	prod := c.pathPeer("tcp", 1)
+	prod := c.pathNode("tcp", 1)
 	dec := c.builtPeer(func(t testing.TB, cfg config.Config, region data.Region, guard data.WriteGuard) data.Transport {
 		return aroundTheGuard{dataPaths["tcp"](t, cfg, region, guard).(*tcpdata.Transport)}
 	}, 2)
@@ -175,7 +176,7 @@ func TestARowChangedAroundTheGuardIsCaughtWhereThatIsPossible(t *testing.T) {
 	assert.Equal(t, int64(3), dec.RowsReread())
 }
 
-func assertCaught(t *testing.T, dec, prod *peer, res tier.JobResult, path, kv string, row int) {
+func assertCaught(t *testing.T, dec, prod *node, res tier.JobResult, path, kv string, row int) {
 	t.Helper()
 	assert.False(t, res.Success, "a load whose rows fail their check must fail")
 	st := dec.Stats()
@@ -197,7 +198,7 @@ func TestVerifyPullsOffOnEitherSideChecksNothing(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := newCluster(t)
-			prod, dec := c.peer(1, sides[0]...), c.peer(2, sides[1]...)
+			prod, dec := c.node(1, sides[0]...), c.node(2, sides[1]...)
 			checked := false
 			dec.BeforeCheck(func([]uint64) { checked = true })
 			res := pdPull(t, prod, dec, "kv-off", keys(3, 4))
@@ -213,7 +214,7 @@ func TestVerifyPullsOffOnEitherSideChecksNothing(t *testing.T) {
 // it then.
 func TestShutdownWaitsForTheChecksInFlight(t *testing.T) {
 	c := newCluster(t)
-	prod, dec := c.peer(1), c.peer(2)
+	prod, dec := c.node(1), c.node(2)
 	checking, release := make(chan struct{}), make(chan struct{})
 	dec.BeforeCheck(func([]uint64) { close(checking); <-release })
 	ks := keys(0, 1)

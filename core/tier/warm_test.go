@@ -17,8 +17,8 @@ import (
 func TestKeepWarmPeersAreDialedAtStartAndStayConnected(t *testing.T) {
 	const idle = 50 * time.Millisecond
 	c := newCluster(t)
-	b := c.peer(2)
-	a := c.peer(1, func(cfg *config.Config) {
+	b := c.node(2)
+	a := c.node(1, func(cfg *config.Config) {
 		cfg.KeepWarm = []string{b.id}
 		cfg.MaxPeers, cfg.IdleTimeout = 4, idle // idle sessions reaped from the first one on
 	})
@@ -26,7 +26,7 @@ func TestKeepWarmPeersAreDialedAtStartAndStayConnected(t *testing.T) {
 		5*time.Second, 5*time.Millisecond, "a dials its keep_warm peer at start")
 
 	// other keeps a session to a warm from its side; at a it is just idle.
-	c.peer(3, func(cfg *config.Config) { cfg.KeepWarm = []string{a.id} })
+	c.node(3, func(cfg *config.Config) { cfg.KeepWarm = []string{a.id} })
 	require.Eventually(t, func() bool { return a.Stats().SessionsClosed >= 1 }, 5*time.Second, 5*time.Millisecond,
 		"a evicts an idle session that is not one of its keep_warm peers")
 	time.Sleep(10 * idle)
@@ -36,15 +36,15 @@ func TestKeepWarmPeersAreDialedAtStartAndStayConnected(t *testing.T) {
 
 	// b goes away and comes back on its address: a dials it again.
 	require.NoError(t, b.Shutdown())
-	b2 := c.peer(2)
+	b2 := c.node(2)
 	require.Eventually(t, func() bool { return b2.Stats().Sessions == 1 }, 10*time.Second, 10*time.Millisecond,
 		"a dials its keep_warm peer again once it is back")
 }
 
 func TestAKeepWarmPeerThatRefusesUsIsDialedLessAndLessOften(t *testing.T) {
 	c := newCluster(t)
-	b := c.peer(2, func(cfg *config.Config) { cfg.HashSeed = "other" })
-	a := c.peer(1, func(cfg *config.Config) { cfg.KeepWarm = []string{b.id} })
+	b := c.node(2, func(cfg *config.Config) { cfg.HashSeed = "other" })
+	a := c.node(1, func(cfg *config.Config) { cfg.KeepWarm = []string{b.id} })
 	require.Eventually(t, func() bool { return b.Stats().HandshakeRejections["hash_seed"] >= 1 },
 		5*time.Second, 5*time.Millisecond, "a dials its keep_warm peer at start, and b refuses it")
 	// One dial a second would be 7 more in 7 s; the back-off (2 s, then

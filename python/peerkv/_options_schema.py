@@ -8,7 +8,7 @@ Do not edit: a Go test fails when this file and the Go tables differ.
 
 import json
 
-DIGEST = "f3cb86fc1c1cf1428c23e3b3fcbc524b323b7cb70bc58434ec4faf1049c8d387"
+DIGEST = "3ff1b97076a26736fad8646da3d6cc7d7bf0ece9efaf949135ba0aed375decdf"
 
 SCHEMA = json.loads(
     r"""
@@ -410,6 +410,11 @@ SCHEMA = json.loads(
   "none"
  ],
  "stats_keys": {
+  "histogram": [
+   "le",
+   "counts",
+   "sums"
+  ],
   "link": [
    "rtt_p50_s",
    "rtt_p99_s",

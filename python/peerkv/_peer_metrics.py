@@ -73,6 +73,12 @@ PEER_HISTOGRAM_KEY = "lookup_rtt_s"
 PEER_HISTOGRAM_DOC = "Round trip of this consumer's lookups to the peer: sent until its first answer, in seconds."
 PEER_HISTOGRAM_BUCKETS = tuple(_SCHEMA["histograms"]["lookup_rtt_s"])
 
+# Keys of every library histogram snapshot (core/tier Histogram): per
+# bucket, the observations and their sum. Its "le" (the bounds) is not
+# read: the buckets come from the contract.
+HISTOGRAM_COUNTS_KEY = "counts"
+HISTOGRAM_SUMS_KEY = "sums"
+
 
 def definitions() -> dict[str, tuple[str, tuple[str, ...], tuple[float, ...] | None, str]]:
     """name (without vLLM's prefix) -> (kind, label names, buckets, documentation)."""
@@ -180,7 +186,7 @@ class PeerSeries:
     def _replay_rtt(self, stats: Any, peer: str, label: str, snapshot: Any) -> None:
         if not isinstance(snapshot, dict):
             return
-        counts, sums = snapshot.get("counts") or [], snapshot.get("sums") or []
+        counts, sums = snapshot.get(HISTOGRAM_COUNTS_KEY) or [], snapshot.get(HISTOGRAM_SUMS_KEY) or []
         seen_counts, seen_sums = self._seen_rtt.get(peer, ([], []))
         if len(seen_counts) != len(counts) or any(c < s for c, s in zip(counts, seen_counts)):
             seen_counts, seen_sums = [0] * len(counts), [0.0] * len(counts)

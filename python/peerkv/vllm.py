@@ -1025,7 +1025,8 @@ class PeerKVTier(SecondaryTierManager):
         counts, count and sum are exact."""
         if not isinstance(snapshot, dict):
             return
-        counts, sums = snapshot.get("counts") or [], snapshot.get("sums") or []
+        counts = snapshot.get(_peer_metrics.HISTOGRAM_COUNTS_KEY) or []
+        sums = snapshot.get(_peer_metrics.HISTOGRAM_SUMS_KEY) or []
         seen_counts, seen_sums = self._histograms_seen.get((name, labels), ([], []))
         if len(seen_counts) != len(counts):
             seen_counts, seen_sums = [0] * len(counts), [0.0] * len(counts)

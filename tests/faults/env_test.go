@@ -45,22 +45,22 @@ func uniq(prefix string) string { return fmt.Sprintf("%s-%d", prefix, nameSeq.Ad
 type env struct {
 	t     *testing.T
 	c     *Cluster
-	peers []*Peer // live peers: served, collected and checked at the end
+	nodes []*Node // live nodes: served, collected and checked at the end
 
 	mu      sync.Mutex
 	stepErr error
-	next    map[*Peer]int64
+	next    map[*Node]int64
 }
 
 func newEnv(t *testing.T) *env {
-	return &env{t: t, c: NewCluster(), next: map[*Peer]int64{}}
+	return &env{t: t, c: NewCluster(), next: map[*Node]int64{}}
 }
 
-func (e *env) open(port int, mutate ...func(*config.Config)) *Peer {
+func (e *env) open(port int, mutate ...func(*config.Config)) *Node {
 	p, err := e.c.Open(port, numRows, uint64(port)+uint64(nameSeq.Add(1)), mutate...)
 	require.NoError(e.t, err)
 	e.mu.Lock()
-	e.peers = append(e.peers, p)
+	e.nodes = append(e.nodes, p)
 	e.mu.Unlock()
 	e.t.Cleanup(func() {
 		_ = p.Shutdown()
@@ -72,7 +72,7 @@ func (e *env) open(port int, mutate ...func(*config.Config)) *Peer {
 }
 
 // shutdown stops p (bounded) and stops serving it.
-func (e *env) shutdown(p *Peer) {
+func (e *env) shutdown(p *Node) {
 	done := make(chan error, 1)
 	go func() { done <- p.Shutdown() }()
 	select {
@@ -83,7 +83,7 @@ func (e *env) shutdown(p *Peer) {
 	}
 	p.Collect()
 	e.mu.Lock()
-	e.peers = slices.DeleteFunc(e.peers, func(q *Peer) bool { return q == p })
+	e.nodes = slices.DeleteFunc(e.nodes, func(q *Node) bool { return q == p })
 	e.mu.Unlock()
 }
 
@@ -91,9 +91,9 @@ func (e *env) shutdown(p *Peer) {
 // It may run on require.Eventually's goroutine, so it records errors.
 func (e *env) step() {
 	e.mu.Lock()
-	peers := slices.Clone(e.peers)
+	nodes := slices.Clone(e.nodes)
 	e.mu.Unlock()
-	for _, p := range peers {
+	for _, p := range nodes {
 		if err := p.Serve(); err != nil {
 			e.mu.Lock()
 			e.stepErr = errors.Join(e.stepErr, err)
@@ -146,7 +146,7 @@ func (e *env) wait(job int64, within time.Duration) tier.JobResult {
 }
 
 // rows hands out rows of p's region, round robin.
-func (e *env) rows(p *Peer, n int) []int64 {
+func (e *env) rows(p *Node, n int) []int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	out := make([]int64, n)
@@ -158,17 +158,17 @@ func (e *env) rows(p *Peer, n int) []int64 {
 }
 
 // finish asserts the suite's invariants: delayed frames drained, every
-// job reported exactly once, nothing reported unasked, every peer quiet.
+// job reported exactly once, nothing reported unasked, every node quiet.
 func (e *env) finish() {
 	e.t.Helper()
 	e.mu.Lock()
-	peers := slices.Clone(e.peers)
+	nodes := slices.Clone(e.nodes)
 	e.mu.Unlock()
-	for _, p := range peers {
+	for _, p := range nodes {
 		p.Wire.Release()
 	}
 	e.eventually(func() bool {
-		for _, p := range peers {
+		for _, p := range nodes {
 			if p.Wire.Pending() > 0 {
 				return false
 			}
@@ -178,23 +178,23 @@ func (e *env) finish() {
 	e.eventually(func() bool { return len(e.c.Ledger.Unreported()) == 0 }, jobsBound,
 		func() string { return fmt.Sprintf("jobs never reported: %v", e.c.Ledger.Unreported()) })
 	e.eventually(func() bool {
-		for _, p := range peers {
+		for _, p := range nodes {
 			if p.Quiet() != "" {
 				return false
 			}
 		}
 		return true
-	}, 3*time.Second, func() string { return fmt.Sprintf("peers not quiet: %v", quietReport(peers)) })
+	}, 3*time.Second, func() string { return fmt.Sprintf("nodes not quiet: %v", quietReport(nodes)) })
 	e.idle(20 * time.Millisecond) // a late second report would show now
 	require.Empty(e.t, e.c.Ledger.Problems(), "exactly-once")
-	for _, p := range peers {
+	for _, p := range nodes {
 		require.Empty(e.t, p.Stats().Poisoned, p.ID)
 	}
 }
 
-func quietReport(peers []*Peer) []string {
+func quietReport(nodes []*Node) []string {
 	var out []string
-	for _, p := range peers {
+	for _, p := range nodes {
 		if q := p.Quiet(); q != "" {
 			out = append(out, q)
 		}
@@ -210,7 +210,7 @@ func keysFor(kv string, n int) [][]byte {
 	return out
 }
 
-func portOf(p *Peer) string {
+func portOf(p *Node) string {
 	_, port, err := net.SplitHostPort(p.ID)
 	if err != nil {
 		panic(err)
@@ -222,12 +222,12 @@ func decoderParams(kv string) []byte {
 	return fmt.Appendf(nil, `{"remote_decoder":{"kv_request_id":%q}}`, kv)
 }
 
-func prefillerParams(kv string, prod *Peer) []byte {
+func prefillerParams(kv string, prod *Node) []byte {
 	return fmt.Appendf(nil, `{"remote_prefiller":{"kv_request_id":%q,"remote_host":"127.0.0.1","remote_port":%s}}`,
 		kv, portOf(prod))
 }
 
-func sourceParams(kv string, prod *Peer) []byte {
+func sourceParams(kv string, prod *Node) []byte {
 	return fmt.Appendf(nil, `{"remote_kv_source":{"kv_request_id":%q,"remote_host":"127.0.0.1","remote_port":%s}}`,
 		kv, portOf(prod))
 }

@@ -22,7 +22,7 @@ type pull struct {
 }
 
 // run is one clean-path request of mode ("pd" or "p2p").
-func (e *env) run(mode string, prod, cons *Peer) pull {
+func (e *env) run(mode string, prod, cons *Node) pull {
 	if mode == "pd" {
 		kv := uniq("pd")
 		keys := keysFor(kv, 4)
@@ -35,7 +35,7 @@ func (e *env) run(mode string, prod, cons *Peer) pull {
 // prefill plays the prefiller: rows filled with the keys' pattern, stored
 // under remote_decoder kv, request finished. It returns the store job and
 // its rows.
-func (e *env) prefill(prod *Peer, kv string, keys [][]byte) (int64, []int64) {
+func (e *env) prefill(prod *Node, kv string, keys [][]byte) (int64, []int64) {
 	req := "p-" + kv
 	_, err := prod.StartRequest(req, decoderParams(kv))
 	require.NoError(e.t, err)
@@ -50,7 +50,7 @@ func (e *env) prefill(prod *Peer, kv string, keys [][]byte) (int64, []int64) {
 }
 
 // decode plays the PD decoder pulling keys of kv from prod.
-func (e *env) decode(prod, cons *Peer, kv string, keys [][]byte) pull {
+func (e *env) decode(prod, cons *Node, kv string, keys [][]byte) pull {
 	req := "d-" + kv
 	_, err := cons.StartRequest(req, prefillerParams(kv, prod))
 	require.NoError(e.t, err)
@@ -65,7 +65,7 @@ func (e *env) decode(prod, cons *Peer, kv string, keys [][]byte) pull {
 
 // p2p plays a remote_kv_source consumer: prod holds three of four keys;
 // the lookups go out in two steps, so two are in flight at once.
-func (e *env) p2p(prod, cons *Peer) pull {
+func (e *env) p2p(prod, cons *Node) pull {
 	kv := uniq("p2p")
 	keys := keysFor(kv, 4)
 	rows := e.rows(prod, 3)
@@ -92,7 +92,7 @@ func (e *env) p2p(prod, cons *Peer) pull {
 
 // probe looks keys up until none is RETRY: the first half alone until
 // its lookup went out, so that two lookups are in flight at once.
-func (e *env) probe(cons *Peer, req string, keys [][]byte) []tier.LookupResult {
+func (e *env) probe(cons *Node, req string, keys [][]byte) []tier.LookupResult {
 	sent := cons.Wire.Seen(Out, protocol.TypeLookup)
 	half := make([]tier.LookupResult, len(keys)/2)
 	e.eventually(func() bool {
@@ -117,14 +117,14 @@ func (e *env) probe(cons *Peer, req string, keys [][]byte) []tier.LookupResult {
 
 // load submits a load of keys for req into fresh (poisoned) slots, waits
 // for its report, checks every byte of a success and finishes req.
-func (e *env) load(cons *Peer, req string, keys [][]byte) pull {
+func (e *env) load(cons *Node, req string, keys [][]byte) pull {
 	p := e.submitLoad(cons, req, keys)
 	p = e.settle(cons, p, e.wait(p.job, loadBound))
 	require.NoError(e.t, cons.FinishRequest(req))
 	return p
 }
 
-func (e *env) submitLoad(cons *Peer, req string, keys [][]byte) pull {
+func (e *env) submitLoad(cons *Node, req string, keys [][]byte) pull {
 	slots := e.rows(cons, len(keys))
 	for _, s := range slots {
 		Poison(cons.Row(s))
@@ -135,7 +135,7 @@ func (e *env) submitLoad(cons *Peer, req string, keys [][]byte) pull {
 }
 
 // settle records a load's report and checks the rows of a success.
-func (e *env) settle(cons *Peer, p pull, r tier.JobResult) pull {
+func (e *env) settle(cons *Node, p pull, r tier.JobResult) pull {
 	p.took = time.Since(p.start)
 	p.ok = r.Success
 	require.True(e.t, r.IsLoad)
@@ -146,7 +146,7 @@ func (e *env) settle(cons *Peer, p pull, r tier.JobResult) pull {
 }
 
 // checkRows fails on any byte of slots that is not its key's pattern.
-func (e *env) checkRows(cons *Peer, slots []int64, keys [][]byte) {
+func (e *env) checkRows(cons *Node, slots []int64, keys [][]byte) {
 	e.t.Helper()
 	for i, s := range slots {
 		off := Check(cons.Row(s), keys[i])
@@ -155,7 +155,7 @@ func (e *env) checkRows(cons *Peer, slots []int64, keys [][]byte) {
 }
 
 // checkUntouched fails unless slots still hold only the sentinel.
-func (e *env) checkUntouched(cons *Peer, slots []int64) {
+func (e *env) checkUntouched(cons *Node, slots []int64) {
 	e.t.Helper()
 	for _, s := range slots {
 		require.True(e.t, Poisoned(cons.Row(s)), "%s slot %d was written after its load was reported", cons.ID, s)

@@ -12,7 +12,7 @@ import (
 
 // prepare starts mode's request up to its load: PD with the rows stored
 // first, P2P once every key answered HIT.
-func (e *env) prepare(mode string, prod, cons *Peer) (string, [][]byte) {
+func (e *env) prepare(mode string, prod, cons *Node) (string, [][]byte) {
 	kv := uniq("pull")
 	keys := keysFor(kv, 4)
 	req := "c-" + kv

@@ -141,16 +141,16 @@ func runWireCase(t *testing.T, mode string, wc wireCase, act Action) {
 	e.finish()
 }
 
-// drain waits until no frame of peers is delayed, held or swapped, and
+// drain waits until no frame of nodes is delayed, held or swapped, and
 // what the last of them set off has settled. A frame of a session that
 // ended can still end a later one: the wire names no session.
-func (e *env) drain(peers ...*Peer) {
+func (e *env) drain(nodes ...*Node) {
 	e.t.Helper()
-	for _, p := range peers {
+	for _, p := range nodes {
 		p.Wire.Release()
 	}
 	e.eventually(func() bool {
-		for _, p := range peers {
+		for _, p := range nodes {
 			if p.Wire.Pending() > 0 {
 				return false
 			}
@@ -162,7 +162,7 @@ func (e *env) drain(peers ...*Peer) {
 
 // abort has the host finish a request while its load is in flight: PD
 // before the prefill started, P2P while the rows are being written.
-func (e *env) abort(mode string, prod, cons *Peer) {
+func (e *env) abort(mode string, prod, cons *Node) {
 	t := e.t
 	kv := uniq("abort")
 	keys := keysFor(kv, 4)
@@ -205,7 +205,7 @@ func (e *env) abort(mode string, prod, cons *Peer) {
 }
 
 // failedConnects counts p's dials that never came up.
-func failedConnects(p *Peer) int64 {
+func failedConnects(p *Node) int64 {
 	n := int64(0)
 	for _, c := range p.Stats().PeerConnectFailures {
 		n += c

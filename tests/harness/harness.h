@@ -92,14 +92,14 @@ long long json_int(const char *json, const char *name);
 /* json_str copies string field name of a flat JSON object (no escapes). */
 void json_str(const char *json, const char *name, char *out, size_t cap);
 
-/* ---- rows and keys (peer.c) ---- */
+/* ---- rows and keys (node.c) ---- */
 
 void make_key(uint8_t key[KEY_LEN], char tag, uint64_t index);
 void fill_row(uint8_t *row, uint64_t row_len, const uint8_t key[KEY_LEN]);
 /* 0 if row holds key's pattern, else the first differing byte offset + 1. */
 uint64_t check_row(const uint8_t *row, uint64_t row_len, const uint8_t key[KEY_LEN]);
 
-/* ---- a peer as its host sees it (peer.c) ---- */
+/* ---- a node as its host sees it (node.c) ---- */
 
 typedef struct job {
   int64_t id;
@@ -113,7 +113,7 @@ typedef struct job {
   double submitted_at, reported_at;
 } job_t;
 
-typedef struct hpeer {
+typedef struct hnode {
   peerkv_handle h;
   int port;
   uint8_t *region;
@@ -140,37 +140,37 @@ typedef struct hpeer {
    * are too small (checks PEERKV_ERR_BUFFER_TOO_SMALL leaves it queued). */
   int probe_small_buffers;
   int small_buffer_probes;
-} hpeer;
+} hnode;
 
-/* Creates a peer on 127.0.0.1 at a free port (retrying ports in use).
+/* Creates a node on 127.0.0.1 at a free port (retrying ports in use).
  * extra_opts: more JSON members, e.g. "\"load_timeout_s\":3" (or ""). */
-void peer_open(hpeer *p, uint64_t num_rows, uint64_t row_len, const char *extra_opts);
-uint8_t *peer_row(hpeer *p, int64_t slot);
-int64_t peer_new_job(hpeer *p, int is_load, int is_pin, uint64_t rows);
-job_t *peer_job(hpeer *p, int64_t id);
-void peer_hold(hpeer *p, const uint8_t key[KEY_LEN], int64_t slot, int pending_once);
+void node_open(hnode *p, uint64_t num_rows, uint64_t row_len, const char *extra_opts);
+uint8_t *node_row(hnode *p, int64_t slot);
+int64_t node_new_job(hnode *p, int is_load, int is_pin, uint64_t rows);
+job_t *node_job(hnode *p, int64_t id);
+void node_hold(hnode *p, const uint8_t key[KEY_LEN], int64_t slot, int pending_once);
 /* One host step: collect finished jobs (each exactly once) and serve inbound
  * lookups (pinning held rows). */
-void peer_pump(hpeer *p);
+void node_pump(hnode *p);
 /* Pumps until job id is reported or timeout; returns it (fails on timeout). */
-job_t *peer_wait_job(hpeer *p, int64_t id, double timeout_s);
+job_t *node_wait_job(hnode *p, int64_t id, double timeout_s);
 /* Pumps while waiting for a line on fd. 1 = line, -1 = EOF, fails on timeout. */
-int peer_wait_line(hpeer *p, int fd, char *buf, size_t cap, double timeout_s);
+int node_wait_line(hnode *p, int fd, char *buf, size_t cap, double timeout_s);
 /* Looks keys up until no answer is RETRY (calling on_schedule_end and
  * pumping between tries); results land in out. */
-void peer_lookup_settled(hpeer *p, const char *req, const uint8_t *keys, size_t n, int32_t *out, double timeout_s);
+void node_lookup_settled(hnode *p, const char *req, const uint8_t *keys, size_t n, int32_t *out, double timeout_s);
 /* Leak check: pumps until no pending work, then asserts the library holds no
  * job, pinned row, parked store or inbound lookup, and the host tracked
  * every job exactly once. */
-void peer_check_clean(hpeer *p, double timeout_s);
+void node_check_clean(hnode *p, double timeout_s);
 /* An integer field of peerkv_stats, e.g. "bytes_out". */
-long long peer_stat(hpeer *p, const char *field);
-void peer_close(hpeer *p);
-/* Peers whose library logs failf prints (peer_open registers, peer_close
+long long node_stat(hnode *p, const char *field);
+void node_close(hnode *p);
+/* Nodes whose library logs failf prints (node_open registers, node_close
  * unregisters). */
-void peer_register(hpeer *p, int on);
+void node_register(hnode *p, int on);
 void dump_registered_logs(void);
 /* Prints the library's queued log lines to stderr. */
-void peer_dump_logs(hpeer *p);
+void node_dump_logs(hnode *p);
 
 #endif

@@ -17,7 +17,7 @@
 
 #include "harness.h"
 
-static hpeer peer;
+static hnode node;
 
 #define EXPECT(call, want, errbuf)                                                                          \
   do {                                                                                                      \
@@ -35,8 +35,8 @@ static hpeer peer;
 
 static void forbidden_params(void) {
   step("open");
-  peer_open(&peer, 8, 4096, "\"handshake_timeout_s\":1");
-  char *e = peer.err;
+  node_open(&node, 8, 4096, "\"handshake_timeout_s\":1");
+  char *e = node.err;
   int32_t policy;
   static const struct {
     const char *json;
@@ -60,58 +60,58 @@ static void forbidden_params(void) {
     step("forbidden combination");
     char req[32];
     snprintf(req, sizeof req, "forbidden-%zu", i);
-    EXPECT(peerkv_request_start(peer.h, req, cases[i].json, &policy, e, ERRLEN), PEERKV_ERR_BAD_PARAMS, e);
+    EXPECT(peerkv_request_start(node.h, req, cases[i].json, &policy, e, ERRLEN), PEERKV_ERR_BAD_PARAMS, e);
     for (int k = 0; k < 3 && cases[i].names[k]; k++) CHECK_MSG(e, cases[i].names[k]);
     step("a rejected request is unknown: lookups answer MISS");
     int32_t results[2] = {0, 0};
-    EXPECT(peerkv_lookup(peer.h, req, keys, KEY_LEN, 2, results, e, ERRLEN), PEERKV_OK, e);
+    EXPECT(peerkv_lookup(node.h, req, keys, KEY_LEN, 2, results, e, ERRLEN), PEERKV_OK, e);
     CHECK(results[0] == PEERKV_LOOKUP_MISS && results[1] == PEERKV_LOOKUP_MISS, "results %d %d", results[0],
           results[1]);
     /* Rejected means not started: the same id may start cleanly now. */
-    EXPECT(peerkv_request_start(peer.h, req, NULL, &policy, e, ERRLEN), PEERKV_OK, e);
-    EXPECT(peerkv_request_finish(peer.h, req, e, ERRLEN), PEERKV_OK, e);
+    EXPECT(peerkv_request_start(node.h, req, NULL, &policy, e, ERRLEN), PEERKV_OK, e);
+    EXPECT(peerkv_request_finish(node.h, req, e, ERRLEN), PEERKV_OK, e);
   }
   step("malformed fields name the field");
-  EXPECT(peerkv_request_start(peer.h, "bad-port",
+  EXPECT(peerkv_request_start(node.h, "bad-port",
                               "{\"remote_kv_source\":{\"kv_request_id\":\"b\",\"remote_host\":\"h\",\"remote_port\":\"80\"}}",
                               &policy, e, ERRLEN),
          PEERKV_ERR_BAD_PARAMS, e);
   CHECK_MSG(e, "remote_kv_source.remote_port");
-  EXPECT(peerkv_request_start(peer.h, "no-id", "{\"remote_decoder\":{}}", &policy, e, ERRLEN), PEERKV_ERR_BAD_PARAMS,
+  EXPECT(peerkv_request_start(node.h, "no-id", "{\"remote_decoder\":{}}", &policy, e, ERRLEN), PEERKV_ERR_BAD_PARAMS,
          e);
   CHECK_MSG(e, "remote_decoder.kv_request_id");
-  EXPECT(peerkv_request_start(peer.h, "not-json", "{remote", &policy, e, ERRLEN), PEERKV_ERR_BAD_PARAMS, e);
+  EXPECT(peerkv_request_start(node.h, "not-json", "{remote", &policy, e, ERRLEN), PEERKV_ERR_BAD_PARAMS, e);
   step("the one legal combination and the plain forms start");
-  EXPECT(peerkv_request_start(peer.h, "ok-combo",
+  EXPECT(peerkv_request_start(node.h, "ok-combo",
                               "{\"remote_decoder\":{\"kv_request_id\":\"x\"},\"remote_kv_source\":{\"kv_request_id\":"
                               "\"y\",\"remote_host\":\"127.0.0.1\",\"remote_port\":1}}",
                               &policy, e, ERRLEN),
          PEERKV_OK, e);
   CHECK(policy == PEERKV_POLICY_REQUEST_LEVEL, "policy %d", policy);
-  EXPECT(peerkv_request_start(peer.h, "ok-combo", NULL, &policy, e, ERRLEN), PEERKV_ERR_DUPLICATE, e);
-  EXPECT(peerkv_request_start(peer.h, "plain", "null", &policy, e, ERRLEN), PEERKV_OK, e);
+  EXPECT(peerkv_request_start(node.h, "ok-combo", NULL, &policy, e, ERRLEN), PEERKV_ERR_DUPLICATE, e);
+  EXPECT(peerkv_request_start(node.h, "plain", "null", &policy, e, ERRLEN), PEERKV_OK, e);
   CHECK(policy == PEERKV_POLICY_BLOCK_LEVEL, "policy %d", policy);
-  EXPECT(peerkv_request_finish(peer.h, "ok-combo", e, ERRLEN), PEERKV_OK, e);
-  EXPECT(peerkv_request_finish(peer.h, "plain", e, ERRLEN), PEERKV_OK, e);
+  EXPECT(peerkv_request_finish(node.h, "ok-combo", e, ERRLEN), PEERKV_OK, e);
+  EXPECT(peerkv_request_finish(node.h, "plain", e, ERRLEN), PEERKV_OK, e);
   char stats[4096];
   size_t needed;
-  EXPECT(peerkv_stats(peer.h, stats, sizeof stats, &needed, e, ERRLEN), PEERKV_OK, e);
+  EXPECT(peerkv_stats(node.h, stats, sizeof stats, &needed, e, ERRLEN), PEERKV_OK, e);
   CHECK(json_int(stats, "bad_params") == 6, "bad_params=%lld, want 6", json_int(stats, "bad_params"));
   step("leak check");
-  peer_check_clean(&peer, 10);
-  peer_close(&peer);
+  node_check_clean(&node, 10);
+  node_close(&node);
 }
 
 /* ---- fork safety ---- */
 
 static void fork_safety(void) {
   step("open and use the library");
-  peer_open(&peer, 8, 4096, "");
+  node_open(&node, 8, 4096, "");
   uint8_t keys[KEY_LEN];
   int32_t result;
   make_key(keys, 'X', 0);
-  int32_t rc = peerkv_lookup(peer.h, "nobody", keys, KEY_LEN, 1, &result, peer.err, ERRLEN);
-  CHECK_RC(rc, PEERKV_OK, peer.err);
+  int32_t rc = peerkv_lookup(node.h, "nobody", keys, KEY_LEN, 1, &result, node.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, node.err);
   step("fork: every call in the child returns FORKED promptly");
   pid_t parent = getpid();
   fflush(NULL);
@@ -124,18 +124,18 @@ static void fork_safety(void) {
     snprintf(want, sizeof want, "loaded in pid %ld; this is forked child %ld", (long)parent, (long)getpid());
     int code = 0;
     double t0 = now_s();
-    if (peerkv_lookup(peer.h, "nobody", keys, KEY_LEN, 1, &result, e, sizeof e) != PEERKV_ERR_FORKED) code = 10;
+    if (peerkv_lookup(node.h, "nobody", keys, KEY_LEN, 1, &result, e, sizeof e) != PEERKV_ERR_FORKED) code = 10;
     else if (strstr(e, want) == NULL || strstr(e, "load the library after fork/spawn") == NULL) code = 11;
     peerkv_handle h2;
-    if (!code && peerkv_create(PEERKV_ABI_VERSION_MAJOR, peer.region, 8, 4096, NULL, &h2, e, sizeof e) !=
+    if (!code && peerkv_create(PEERKV_ABI_VERSION_MAJOR, node.region, 8, 4096, NULL, &h2, e, sizeof e) !=
                      PEERKV_ERR_FORKED)
       code = 12;
-    if (!code && peerkv_has_pending_work(peer.h) != PEERKV_ERR_FORKED) code = 13;
+    if (!code && peerkv_has_pending_work(node.h) != PEERKV_ERR_FORKED) code = 13;
     char v[64];
     if (!code && peerkv_version(v, sizeof v) != PEERKV_ERR_FORKED) code = 14;
-    if (!code && peerkv_destroy(peer.h, e, sizeof e) != PEERKV_ERR_FORKED) code = 15;
+    if (!code && peerkv_destroy(node.h, e, sizeof e) != PEERKV_ERR_FORKED) code = 15;
     e[0] = '\0';
-    if (!code && peerkv_notify_fd(peer.h, e, sizeof e) != PEERKV_ERR_FORKED) code = 18;
+    if (!code && peerkv_notify_fd(node.h, e, sizeof e) != PEERKV_ERR_FORKED) code = 18;
     else if (!code && strstr(e, want) == NULL) code = 19;
     if (!code && peerkv_abi_version() != ((uint32_t)PEERKV_ABI_VERSION_MAJOR << 16 | PEERKV_ABI_VERSION_MINOR))
       code = 16;
@@ -148,11 +148,11 @@ static void fork_safety(void) {
   CHECK(status != 128 + SIGALRM, "a call in the forked child hung (killed by its 5 s alarm)");
   CHECK(status == 0, "forked child check %d failed (see scen_api.c)", status);
   step("the parent is unaffected");
-  rc = peerkv_lookup(peer.h, "nobody", keys, KEY_LEN, 1, &result, peer.err, ERRLEN);
-  CHECK_RC(rc, PEERKV_OK, peer.err);
+  rc = peerkv_lookup(node.h, "nobody", keys, KEY_LEN, 1, &result, node.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, node.err);
   step("leak check");
-  peer_check_clean(&peer, 5);
-  peer_close(&peer);
+  node_check_clean(&node, 5);
+  node_close(&node);
 }
 
 /* ---- bad input ---- */
@@ -203,42 +203,42 @@ static void bad_input(void) {
           (long long)unknown[i]);
   }
 
-  step("open a peer; a second one on its port is refused");
-  peer_open(&peer, 8, 4096, "\"handshake_timeout_s\":1,\"load_timeout_s\":2,\"abort_ack_timeout_s\":1");
+  step("open a node; a second one on its port is refused");
+  node_open(&node, 8, 4096, "\"handshake_timeout_s\":1,\"load_timeout_s\":2,\"abort_ack_timeout_s\":1");
   char opts[128];
-  snprintf(opts, sizeof opts, "{\"host\":\"127.0.0.1\",\"port\":%d}", peer.port);
+  snprintf(opts, sizeof opts, "{\"host\":\"127.0.0.1\",\"port\":%d}", node.port);
   EXPECT(peerkv_create(PEERKV_ABI_VERSION_MAJOR, region, 8, 4096, opts, &h, e, ERRLEN), PEERKV_ERR_TRANSPORT, e);
 
   step("NULL pointers");
-  EXPECT(peerkv_request_start(peer.h, NULL, NULL, &policy, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
-  EXPECT(peerkv_request_start(peer.h, "r", NULL, NULL, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
-  EXPECT(peerkv_lookup(peer.h, "r", NULL, KEY_LEN, 2, results, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
-  EXPECT(peerkv_lookup(peer.h, "r", keys, KEY_LEN, 2, NULL, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
-  EXPECT(peerkv_lookup(peer.h, NULL, keys, KEY_LEN, 2, results, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
-  EXPECT(peerkv_submit_store(peer.h, "r", 1, keys, KEY_LEN, 2, NULL, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
-  EXPECT(peerkv_get_finished(peer.h, NULL, 4, &n, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
-  EXPECT(peerkv_get_finished(peer.h, NULL, 0, NULL, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
-  EXPECT(peerkv_stats(peer.h, NULL, 0, NULL, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
-  EXPECT(peerkv_request_finish(peer.h, NULL, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_request_start(node.h, NULL, NULL, &policy, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_request_start(node.h, "r", NULL, NULL, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_lookup(node.h, "r", NULL, KEY_LEN, 2, results, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_lookup(node.h, "r", keys, KEY_LEN, 2, NULL, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_lookup(node.h, NULL, keys, KEY_LEN, 2, results, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_submit_store(node.h, "r", 1, keys, KEY_LEN, 2, NULL, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_get_finished(node.h, NULL, 4, &n, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_get_finished(node.h, NULL, 0, NULL, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_stats(node.h, NULL, 0, NULL, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_request_finish(node.h, NULL, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
   int64_t lookup_id;
   int32_t kind, first, finished;
   size_t req_needed;
-  EXPECT(peerkv_next_inbound(peer.h, NULL, &kind, &first, NULL, 0, &req_needed, NULL, 0, &n, e, ERRLEN),
+  EXPECT(peerkv_next_inbound(node.h, NULL, &kind, &first, NULL, 0, &req_needed, NULL, 0, &n, e, ERRLEN),
          PEERKV_ERR_INVALID_ARGUMENT, e);
-  CHECK(peerkv_take_logs(peer.h, v, sizeof v, NULL) == PEERKV_ERR_INVALID_ARGUMENT, "take_logs NULL n_out");
+  CHECK(peerkv_take_logs(node.h, v, sizeof v, NULL) == PEERKV_ERR_INVALID_ARGUMENT, "take_logs NULL n_out");
   step("no inbound work is 1");
-  EXPECT(peerkv_next_inbound(peer.h, &lookup_id, &kind, &first, NULL, 0, &req_needed, NULL, 0, &n, e, ERRLEN), 1, e);
+  EXPECT(peerkv_next_inbound(node.h, &lookup_id, &kind, &first, NULL, 0, &req_needed, NULL, 0, &n, e, ERRLEN), 1, e);
 
   step("wrong key lengths and out-of-range slots");
-  EXPECT(peerkv_lookup(peer.h, "r", keys, KEY_LEN / 2, 2, results, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_lookup(node.h, "r", keys, KEY_LEN / 2, 2, results, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
   CHECK_MSG(e, "key_len");
-  EXPECT(peerkv_lookup(peer.h, "r", keys, 0, 2, results, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_lookup(node.h, "r", keys, 0, 2, results, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
   int64_t bad_slots[2] = {0, 8};
-  EXPECT(peerkv_submit_load(peer.h, "r", 1, keys, KEY_LEN, 2, bad_slots, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_submit_load(node.h, "r", 1, keys, KEY_LEN, 2, bad_slots, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
   CHECK_MSG(e, "slots[1]=8");
   bad_slots[1] = -1;
-  EXPECT(peerkv_submit_store(peer.h, "r", 1, keys, KEY_LEN, 2, bad_slots, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
-  EXPECT(peerkv_answer_inbound(peer.h, 1, results, 0, -1, bad_slots, 2, &finished, e, ERRLEN),
+  EXPECT(peerkv_submit_store(node.h, "r", 1, keys, KEY_LEN, 2, bad_slots, e, ERRLEN), PEERKV_ERR_INVALID_ARGUMENT, e);
+  EXPECT(peerkv_answer_inbound(node.h, 1, results, 0, -1, bad_slots, 2, &finished, e, ERRLEN),
          PEERKV_ERR_INVALID_ARGUMENT, e);
 
   step("a load whose source never answers fails within its deadline; its id is busy until then");
@@ -255,38 +255,38 @@ static void bad_input(void) {
   snprintf(params, sizeof params,
            "{\"remote_prefiller\":{\"kv_request_id\":\"kv-x\",\"remote_host\":\"127.0.0.1\",\"remote_port\":%d}}",
            ntohs(silent_addr.sin_port));
-  EXPECT(peerkv_request_start(peer.h, "dead-src", params, &policy, e, ERRLEN), PEERKV_OK, e);
-  int64_t job = peer_new_job(&peer, 1, 0, 2);
-  EXPECT(peerkv_submit_load(peer.h, "dead-src", job, keys, KEY_LEN, 2, slots, e, ERRLEN), PEERKV_OK, e);
-  EXPECT(peerkv_submit_load(peer.h, "dead-src", job, keys, KEY_LEN, 2, slots, e, ERRLEN), PEERKV_ERR_DUPLICATE, e);
-  job_t *j = peer_wait_job(&peer, job, 5 + 2 + 1 + 2); /* handshake + load + abort-ack deadlines, slack */
+  EXPECT(peerkv_request_start(node.h, "dead-src", params, &policy, e, ERRLEN), PEERKV_OK, e);
+  int64_t job = node_new_job(&node, 1, 0, 2);
+  EXPECT(peerkv_submit_load(node.h, "dead-src", job, keys, KEY_LEN, 2, slots, e, ERRLEN), PEERKV_OK, e);
+  EXPECT(peerkv_submit_load(node.h, "dead-src", job, keys, KEY_LEN, 2, slots, e, ERRLEN), PEERKV_ERR_DUPLICATE, e);
+  job_t *j = node_wait_job(&node, job, 5 + 2 + 1 + 2); /* handshake + load + abort-ack deadlines, slack */
   CHECK(j->success == 0 && j->bytes == 0, "load from a dead source: success=%d bytes=%lld", j->success,
         (long long)j->bytes);
   close(silent);
-  EXPECT(peerkv_request_finish(peer.h, "dead-src", e, ERRLEN), PEERKV_OK, e);
-  EXPECT(peerkv_request_finish(peer.h, "never-started", e, ERRLEN), PEERKV_OK, e);
+  EXPECT(peerkv_request_finish(node.h, "dead-src", e, ERRLEN), PEERKV_OK, e);
+  EXPECT(peerkv_request_finish(node.h, "never-started", e, ERRLEN), PEERKV_OK, e);
 
   step("stats size protocol; errors always NUL-terminated, truncated to fit");
   char stats[4096];
-  EXPECT(peerkv_stats(peer.h, stats, 4, &needed, e, ERRLEN), PEERKV_ERR_BUFFER_TOO_SMALL, e);
+  EXPECT(peerkv_stats(node.h, stats, 4, &needed, e, ERRLEN), PEERKV_ERR_BUFFER_TOO_SMALL, e);
   CHECK(needed > 4, "stats needed=%zu", needed);
-  EXPECT(peerkv_stats(peer.h, stats, needed, &needed, e, ERRLEN), PEERKV_OK, e);
+  EXPECT(peerkv_stats(node.h, stats, needed, &needed, e, ERRLEN), PEERKV_OK, e);
   char tiny[8];
   memset(tiny, 'X', sizeof tiny);
-  CHECK(peerkv_lookup(peer.h, "r", keys, 0, 2, results, tiny, sizeof tiny) == PEERKV_ERR_INVALID_ARGUMENT, "tiny");
+  CHECK(peerkv_lookup(node.h, "r", keys, 0, 2, results, tiny, sizeof tiny) == PEERKV_ERR_INVALID_ARGUMENT, "tiny");
   CHECK(tiny[7] == '\0' && strlen(tiny) == 7, "error not truncated to 7 chars + NUL: '%.8s'", tiny);
 
   step("leak check");
-  peer_check_clean(&peer, 5);
+  node_check_clean(&node, 5);
 
   step("after shutdown: new work is refused, the handle stays until destroy");
-  EXPECT(peerkv_shutdown(peer.h, e, ERRLEN), PEERKV_OK, e);
-  EXPECT(peerkv_shutdown(peer.h, e, ERRLEN), PEERKV_OK, e);
-  EXPECT(peerkv_request_start(peer.h, "late", NULL, &policy, e, ERRLEN), PEERKV_ERR_CLOSED, e);
-  EXPECT(peerkv_submit_store(peer.h, "late", 77, keys, KEY_LEN, 1, slots, e, ERRLEN), PEERKV_ERR_CLOSED, e);
-  EXPECT(peerkv_get_finished(peer.h, NULL, 0, &n, e, ERRLEN), PEERKV_OK, e);
-  peerkv_handle gone = peer.h;
-  peer_close(&peer); /* destroy twice + unknown-handle check inside */
+  EXPECT(peerkv_shutdown(node.h, e, ERRLEN), PEERKV_OK, e);
+  EXPECT(peerkv_shutdown(node.h, e, ERRLEN), PEERKV_OK, e);
+  EXPECT(peerkv_request_start(node.h, "late", NULL, &policy, e, ERRLEN), PEERKV_ERR_CLOSED, e);
+  EXPECT(peerkv_submit_store(node.h, "late", 77, keys, KEY_LEN, 1, slots, e, ERRLEN), PEERKV_ERR_CLOSED, e);
+  EXPECT(peerkv_get_finished(node.h, NULL, 0, &n, e, ERRLEN), PEERKV_OK, e);
+  peerkv_handle gone = node.h;
+  node_close(&node); /* destroy twice + unknown-handle check inside */
   EXPECT(peerkv_stats(gone, stats, sizeof stats, &needed, e, ERRLEN), PEERKV_ERR_UNKNOWN_HANDLE, e);
   CHECK_MSG(e, "destroyed");
 }
@@ -297,13 +297,13 @@ int panic_child_main(void) {
   g_scenario = "panic_recovery";
   g_side = 'b';
   step("create with the panic-test library");
-  peer_open(&peer, 8, 4096, "");
+  node_open(&node, 8, 4096, "");
   uint8_t keys[KEY_LEN];
   int32_t result;
   make_key(keys, 'Z', 0);
-  char *e = peer.err;
+  char *e = node.err;
   step("the injected panic becomes INTERNAL");
-  int32_t rc = peerkv_lookup(peer.h, "r", keys, KEY_LEN, 1, &result, e, ERRLEN);
+  int32_t rc = peerkv_lookup(node.h, "r", keys, KEY_LEN, 1, &result, e, ERRLEN);
   CHECK(rc == PEERKV_ERR_INTERNAL, "lookup returned %s (is PEERKV_PANIC_IN=peerkv_lookup and the panictest build loaded?): %s",
         rc_name(rc), e);
   CHECK_MSG(e, "panic");
@@ -311,14 +311,14 @@ int panic_child_main(void) {
   step("every later call fails fast");
   size_t needed;
   char buf[512];
-  rc = peerkv_stats(peer.h, buf, sizeof buf, &needed, e, ERRLEN);
+  rc = peerkv_stats(node.h, buf, sizeof buf, &needed, e, ERRLEN);
   CHECK(rc == PEERKV_ERR_INTERNAL, "stats after panic: %s", rc_name(rc));
   CHECK_MSG(e, "poisoned");
-  CHECK(peerkv_has_pending_work(peer.h) == PEERKV_ERR_INTERNAL, "has_pending_work after panic");
+  CHECK(peerkv_has_pending_work(node.h) == PEERKV_ERR_INTERNAL, "has_pending_work after panic");
   peerkv_handle h;
-  rc = peerkv_create(PEERKV_ABI_VERSION_MAJOR, peer.region, 8, 4096, NULL, &h, e, ERRLEN);
+  rc = peerkv_create(PEERKV_ABI_VERSION_MAJOR, node.region, 8, 4096, NULL, &h, e, ERRLEN);
   CHECK(rc == PEERKV_ERR_INTERNAL, "create after panic: %s", rc_name(rc));
-  rc = peerkv_lookup(peer.h, "r", keys, KEY_LEN, 1, &result, e, ERRLEN);
+  rc = peerkv_lookup(node.h, "r", keys, KEY_LEN, 1, &result, e, ERRLEN);
   CHECK(rc == PEERKV_ERR_INTERNAL, "second lookup: %s", rc_name(rc));
   CHECK(peerkv_version(buf, sizeof buf) == PEERKV_ERR_INTERNAL, "version after panic");
   return 0;
@@ -395,13 +395,13 @@ static void *teardown_thread(void *arg) {
 static void concurrent_teardown(void) {
   /* Three rounds, alternating which kind of call the first thread makes. */
   for (int round = 0; round < 3; round++) {
-    step("open a peer");
-    peer_open(&peer, 8, 4096, "");
+    step("open a node");
+    node_open(&node, 8, 4096, "");
     step("six threads shut it down and destroy it at once");
     pthread_t th[6];
     teardown_arg args[6];
     for (int i = 0; i < 6; i++) {
-      args[i] = (teardown_arg){.h = peer.h, .destroy = (i + round) % 2};
+      args[i] = (teardown_arg){.h = node.h, .destroy = (i + round) % 2};
       CHECK(pthread_create(&th[i], NULL, teardown_thread, &args[i]) == 0, "pthread_create");
     }
     for (int i = 0; i < 6; i++) CHECK(pthread_join(th[i], NULL) == 0, "pthread_join");
@@ -415,17 +415,17 @@ static void concurrent_teardown(void) {
     }
     step("the handle is gone; shutdown and destroy of it stay OK");
     char e[ERRLEN];
-    EXPECT(peerkv_on_schedule_end(peer.h, e, ERRLEN), PEERKV_ERR_UNKNOWN_HANDLE, e);
+    EXPECT(peerkv_on_schedule_end(node.h, e, ERRLEN), PEERKV_ERR_UNKNOWN_HANDLE, e);
     CHECK_MSG(e, "destroyed");
-    EXPECT(peerkv_shutdown(peer.h, e, ERRLEN), PEERKV_OK, e);
-    EXPECT(peerkv_destroy(peer.h, e, ERRLEN), PEERKV_OK, e);
-    EXPECT(peerkv_shutdown(peer.h, e, ERRLEN), PEERKV_OK, e);
-    EXPECT(peerkv_on_schedule_end(peer.h, e, ERRLEN), PEERKV_ERR_UNKNOWN_HANDLE, e);
-    peer_register(&peer, 0);
-    munmap(peer.region, peer.num_rows * peer.row_len);
-    peer.region = NULL;
-    close(peer.region_fd);
-    peer.region_fd = -1;
+    EXPECT(peerkv_shutdown(node.h, e, ERRLEN), PEERKV_OK, e);
+    EXPECT(peerkv_destroy(node.h, e, ERRLEN), PEERKV_OK, e);
+    EXPECT(peerkv_shutdown(node.h, e, ERRLEN), PEERKV_OK, e);
+    EXPECT(peerkv_on_schedule_end(node.h, e, ERRLEN), PEERKV_ERR_UNKNOWN_HANDLE, e);
+    node_register(&node, 0);
+    munmap(node.region, node.num_rows * node.row_len);
+    node.region = NULL;
+    close(node.region_fd);
+    node.region_fd = -1;
   }
 }
 

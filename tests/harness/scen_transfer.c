@@ -13,7 +13,7 @@
 #define ROWS 64
 #define ROW_LEN (64 * 1024)
 
-static hpeer peer; /* this process's peer (large: static) */
+static hnode node; /* this process's node (large: static) */
 
 /* ---- shared steps ---- */
 
@@ -21,32 +21,32 @@ static void keys_for(uint8_t *keys, char tag, size_t first, size_t n) {
   for (size_t i = 0; i < n; i++) make_key(keys + i * KEY_LEN, tag, first + i);
 }
 
-static void fill_rows(hpeer *p, const uint8_t *keys, const int64_t *slots, size_t n) {
-  for (size_t i = 0; i < n; i++) fill_row(peer_row(p, slots[i]), p->row_len, keys + i * KEY_LEN);
+static void fill_rows(hnode *p, const uint8_t *keys, const int64_t *slots, size_t n) {
+  for (size_t i = 0; i < n; i++) fill_row(node_row(p, slots[i]), p->row_len, keys + i * KEY_LEN);
 }
 
-static void verify_rows(hpeer *p, const uint8_t *keys, const int64_t *slots, size_t n) {
+static void verify_rows(hnode *p, const uint8_t *keys, const int64_t *slots, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    uint64_t bad = check_row(peer_row(p, slots[i]), p->row_len, keys + i * KEY_LEN);
+    uint64_t bad = check_row(node_row(p, slots[i]), p->row_len, keys + i * KEY_LEN);
     CHECK(bad == 0, "row %lld (key %zu): byte %llu differs from the producer's pattern", (long long)slots[i], i,
           (unsigned long long)(bad - 1));
   }
 }
 
-static int32_t start(hpeer *p, const char *req, const char *params_json) {
+static int32_t start(hnode *p, const char *req, const char *params_json) {
   int32_t policy = -1;
   int32_t rc = peerkv_request_start(p->h, req, params_json, &policy, p->err, ERRLEN);
   CHECK_RC(rc, PEERKV_OK, p->err);
   return policy;
 }
 
-static void finish(hpeer *p, const char *req) {
+static void finish(hnode *p, const char *req) {
   int32_t rc = peerkv_request_finish(p->h, req, p->err, ERRLEN);
   CHECK_RC(rc, PEERKV_OK, p->err);
 }
 
-static int64_t submit(hpeer *p, int is_load, const char *req, const uint8_t *keys, const int64_t *slots, size_t n) {
-  int64_t job = peer_new_job(p, is_load, 0, n);
+static int64_t submit(hnode *p, int is_load, const char *req, const uint8_t *keys, const int64_t *slots, size_t n) {
+  int64_t job = node_new_job(p, is_load, 0, n);
   int32_t rc = is_load ? peerkv_submit_load(p->h, req, job, keys, KEY_LEN, n, slots, p->err, ERRLEN)
                        : peerkv_submit_store(p->h, req, job, keys, KEY_LEN, n, slots, p->err, ERRLEN);
   CHECK_RC(rc, PEERKV_OK, p->err);
@@ -87,14 +87,14 @@ void join_side_b(child_t *c) {
 }
 
 /* a: wait for a line from b while serving; returns it in line. */
-static void expect_line(hpeer *p, int fd, const char *want, char *line, size_t cap) {
-  CHECK(peer_wait_line(p, fd, line, cap, 20) == 1, "side b closed its pipe before saying %s", want);
+static void expect_line(hnode *p, int fd, const char *want, char *line, size_t cap) {
+  CHECK(node_wait_line(p, fd, line, cap, 20) == 1, "side b closed its pipe before saying %s", want);
   CHECK(strncmp(line, want, strlen(want)) == 0, "side b said '%s', want '%s'", line, want);
 }
 
 /* b: the scenario side's lines arrive on stdin. */
-static void b_expect(hpeer *p, const char *want, char *line, size_t cap) {
-  int r = p ? peer_wait_line(p, 0, line, cap, 20) : read_line(0, line, cap, 20000);
+static void b_expect(hnode *p, const char *want, char *line, size_t cap) {
+  int r = p ? node_wait_line(p, 0, line, cap, 20) : read_line(0, line, cap, 20000);
   CHECK(r == 1, "side a went away before saying %s", want);
   CHECK(strncmp(line, want, strlen(want)) == 0, "side a said '%s', want '%s'", line, want);
 }
@@ -103,7 +103,7 @@ static void b_expect(hpeer *p, const char *want, char *line, size_t cap) {
  * the notification fd (peerkv_notify_fd) is readable, reading it first and
  * then collecting until empty (the header's order), until side a says want.
  * *wakes counts the wake-ups. Every wait is bounded. */
-static void b_serve_on_notify(hpeer *p, int nfd, const char *want, char *line, size_t cap, int *wakes) {
+static void b_serve_on_notify(hnode *p, int nfd, const char *want, char *line, size_t cap, int *wakes) {
   double deadline = now_s() + 20;
   for (;;) {
     int left = (int)((deadline - now_s()) * 1000);
@@ -120,7 +120,7 @@ static void b_serve_on_notify(hpeer *p, int nfd, const char *want, char *line, s
       CHECK(n == (ssize_t)sizeof count && count > 0, "read of the notification fd: %zd (%s), count %llu", n,
             n < 0 ? strerror(errno) : "short", (unsigned long long)count);
       (*wakes)++;
-      peer_pump(p); /* get_finished until empty, then next_inbound until 1 */
+      node_pump(p); /* get_finished until empty, then next_inbound until 1 */
     }
     if (pfd[1].revents & (POLLIN | POLLHUP)) {
       CHECK(read_line(0, line, cap, 1000) == 1, "side a went away before saying %s", want);
@@ -136,32 +136,32 @@ static void b_serve_on_notify(hpeer *p, int nfd, const char *want, char *line, s
 
 static void pd_prefiller_first_b(void) {
   step("open prefiller");
-  peer_open(&peer, ROWS, ROW_LEN, "");
+  node_open(&node, ROWS, ROW_LEN, "");
   uint8_t keys[PD_N * KEY_LEN];
   int64_t slots[PD_N];
   keys_for(keys, 'P', 0, PD_N);
   for (int i = 0; i < PD_N; i++) slots[i] = i;
-  fill_rows(&peer, keys, slots, PD_N);
+  fill_rows(&node, keys, slots, PD_N);
   step("store before the decoder asks");
-  int32_t policy = start(&peer, "prefill-1", "{\"remote_decoder\":{\"kv_request_id\":\"kv-pd-1\"}}");
+  int32_t policy = start(&node, "prefill-1", "{\"remote_decoder\":{\"kv_request_id\":\"kv-pd-1\"}}");
   CHECK(policy == PEERKV_POLICY_REQUEST_LEVEL, "prefiller policy %d, want REQUEST_LEVEL", policy);
-  int64_t job = submit(&peer, 0, "prefill-1", keys, slots, PD_N);
-  finish(&peer, "prefill-1"); /* the prefill ends; its rows stay parked for the decoder */
-  send_line(1, "ready %d", peer.port);
+  int64_t job = submit(&node, 0, "prefill-1", keys, slots, PD_N);
+  finish(&node, "prefill-1"); /* the prefill ends; its rows stay parked for the decoder */
+  send_line(1, "ready %d", node.port);
   char line[128];
   step("serve the decoder");
-  b_expect(&peer, "done", line, sizeof line);
-  expect_success(peer_wait_job(&peer, job, 10), ROW_LEN);
+  b_expect(&node, "done", line, sizeof line);
+  expect_success(node_wait_job(&node, job, 10), ROW_LEN);
   step("leak check");
-  peer_check_clean(&peer, 5);
+  node_check_clean(&node, 5);
   send_line(1, "clean");
   b_expect(NULL, "bye", line, sizeof line);
-  peer_close(&peer);
+  node_close(&node);
 }
 
 static void pd_prefiller_first_a(void) {
   step("open decoder");
-  peer_open(&peer, ROWS, ROW_LEN, "");
+  node_open(&node, ROWS, ROW_LEN, "");
   int port_b;
   child_t b = start_side_b(&port_b);
   uint8_t keys[PD_N * KEY_LEN];
@@ -171,39 +171,39 @@ static void pd_prefiller_first_a(void) {
   for (int i = 0; i < PD_N; i++) slots[i] = ROWS - 1 - i; /* a different row mapping than the producer's */
   step("decoder lookup");
   char params[256];
-  int32_t policy = start(&peer, "decode-1", pd_source(params, sizeof params, "remote_prefiller", "kv-pd-1", port_b));
+  int32_t policy = start(&node, "decode-1", pd_source(params, sizeof params, "remote_prefiller", "kv-pd-1", port_b));
   CHECK(policy == PEERKV_POLICY_BLOCK_LEVEL, "decoder policy %d", policy);
-  int32_t rc = peerkv_lookup(peer.h, "decode-1", keys, KEY_LEN, PD_N, results, peer.err, ERRLEN);
-  CHECK_RC(rc, PEERKV_OK, peer.err);
+  int32_t rc = peerkv_lookup(node.h, "decode-1", keys, KEY_LEN, PD_N, results, node.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, node.err);
   expect_all(results, PD_N, PEERKV_LOOKUP_HIT, "PD decoder lookup");
   step("decoder load");
-  int64_t job = submit(&peer, 1, "decode-1", keys, slots, PD_N);
-  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
-  verify_rows(&peer, keys, slots, PD_N);
-  finish(&peer, "decode-1");
+  int64_t job = submit(&node, 1, "decode-1", keys, slots, PD_N);
+  expect_success(node_wait_job(&node, job, 15), ROW_LEN);
+  verify_rows(&node, keys, slots, PD_N);
+  finish(&node, "decode-1");
   step("leak check");
-  peer_check_clean(&peer, 5);
+  node_check_clean(&node, 5);
   send_line(b.to, "done");
   char line[128];
-  expect_line(&peer, b.from, "clean", line, sizeof line);
+  expect_line(&node, b.from, "clean", line, sizeof line);
   send_line(b.to, "bye");
   join_side_b(&b);
-  peer_close(&peer);
+  node_close(&node);
 }
 
 /* ---- PD, decoder first ---- */
 
 static void pd_decoder_first_b(void) {
   step("open prefiller");
-  peer_open(&peer, ROWS, ROW_LEN, "");
-  send_line(1, "ready %d", peer.port);
+  node_open(&node, ROWS, ROW_LEN, "");
+  send_line(1, "ready %d", node.port);
   char line[128];
   step("wait for the decoder's load");
-  b_expect(&peer, "loading", line, sizeof line);
+  b_expect(&node, "loading", line, sizeof line);
   /* Keep serving a moment so the decoder's fetch arrives before any store. */
   double until = now_s() + 0.2;
   while (now_s() < until) {
-    peer_pump(&peer);
+    node_pump(&node);
     sleep_ms(2);
   }
   step("store after the decoder asked, in two batches");
@@ -211,25 +211,25 @@ static void pd_decoder_first_b(void) {
   int64_t slots[PD_N];
   keys_for(keys, 'D', 0, PD_N);
   for (int i = 0; i < PD_N; i++) slots[i] = 2 * i;
-  fill_rows(&peer, keys, slots, PD_N);
-  start(&peer, "prefill-2", "{\"remote_decoder\":{\"kv_request_id\":\"kv-pd-2\"}}");
-  int64_t j1 = submit(&peer, 0, "prefill-2", keys, slots, PD_N / 2);
-  int64_t j2 = submit(&peer, 0, "prefill-2", keys + (PD_N / 2) * KEY_LEN, slots + PD_N / 2, PD_N / 2);
-  expect_success(peer_wait_job(&peer, j1, 10), ROW_LEN);
-  expect_success(peer_wait_job(&peer, j2, 10), ROW_LEN);
-  finish(&peer, "prefill-2");
+  fill_rows(&node, keys, slots, PD_N);
+  start(&node, "prefill-2", "{\"remote_decoder\":{\"kv_request_id\":\"kv-pd-2\"}}");
+  int64_t j1 = submit(&node, 0, "prefill-2", keys, slots, PD_N / 2);
+  int64_t j2 = submit(&node, 0, "prefill-2", keys + (PD_N / 2) * KEY_LEN, slots + PD_N / 2, PD_N / 2);
+  expect_success(node_wait_job(&node, j1, 10), ROW_LEN);
+  expect_success(node_wait_job(&node, j2, 10), ROW_LEN);
+  finish(&node, "prefill-2");
   send_line(1, "stored");
-  b_expect(&peer, "done", line, sizeof line);
+  b_expect(&node, "done", line, sizeof line);
   step("leak check");
-  peer_check_clean(&peer, 5);
+  node_check_clean(&node, 5);
   send_line(1, "clean");
   b_expect(NULL, "bye", line, sizeof line);
-  peer_close(&peer);
+  node_close(&node);
 }
 
 static void pd_decoder_first_a(void) {
   step("open decoder");
-  peer_open(&peer, ROWS, ROW_LEN, "");
+  node_open(&node, ROWS, ROW_LEN, "");
   int port_b;
   child_t b = start_side_b(&port_b);
   uint8_t keys[PD_N * KEY_LEN];
@@ -239,25 +239,25 @@ static void pd_decoder_first_a(void) {
   for (int i = 0; i < PD_N; i++) slots[i] = 10 + i;
   step("decoder loads before anything is stored");
   char params[256];
-  start(&peer, "decode-2", pd_source(params, sizeof params, "remote_prefiller", "kv-pd-2", port_b));
-  int32_t rc = peerkv_lookup(peer.h, "decode-2", keys, KEY_LEN, PD_N, results, peer.err, ERRLEN);
-  CHECK_RC(rc, PEERKV_OK, peer.err);
+  start(&node, "decode-2", pd_source(params, sizeof params, "remote_prefiller", "kv-pd-2", port_b));
+  int32_t rc = peerkv_lookup(node.h, "decode-2", keys, KEY_LEN, PD_N, results, node.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, node.err);
   expect_all(results, PD_N, PEERKV_LOOKUP_HIT, "PD decoder lookup");
-  int64_t job = submit(&peer, 1, "decode-2", keys, slots, PD_N);
+  int64_t job = submit(&node, 1, "decode-2", keys, slots, PD_N);
   send_line(b.to, "loading");
   step("decoder load completes once the prefiller stores");
-  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
-  verify_rows(&peer, keys, slots, PD_N);
+  expect_success(node_wait_job(&node, job, 15), ROW_LEN);
+  verify_rows(&node, keys, slots, PD_N);
   char line[128];
-  expect_line(&peer, b.from, "stored", line, sizeof line);
-  finish(&peer, "decode-2");
+  expect_line(&node, b.from, "stored", line, sizeof line);
+  finish(&node, "decode-2");
   step("leak check");
-  peer_check_clean(&peer, 5);
+  node_check_clean(&node, 5);
   send_line(b.to, "done");
-  expect_line(&peer, b.from, "clean", line, sizeof line);
+  expect_line(&node, b.from, "clean", line, sizeof line);
   send_line(b.to, "bye");
   join_side_b(&b);
-  peer_close(&peer);
+  node_close(&node);
 }
 
 /* ---- P2P with partial hits ---- */
@@ -291,63 +291,63 @@ static void p2p_load_hits_and_end(child_t *b, const char *req, const uint8_t *ke
     }
   }
   step("load the hits only");
-  int64_t job = submit(&peer, 1, req, hit_keys, hit_slots, n_hits);
-  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
-  verify_rows(&peer, hit_keys, hit_slots, n_hits);
-  finish(&peer, req);
+  int64_t job = submit(&node, 1, req, hit_keys, hit_slots, n_hits);
+  expect_success(node_wait_job(&node, job, 15), ROW_LEN);
+  verify_rows(&node, hit_keys, hit_slots, n_hits);
+  finish(&node, req);
   step("leak check");
-  peer_check_clean(&peer, 5);
+  node_check_clean(&node, 5);
   send_line(b->to, "done");
   char line[128];
-  expect_line(&peer, b->from, "clean", line, sizeof line);
+  expect_line(&node, b->from, "clean", line, sizeof line);
   send_line(b->to, "bye");
   join_side_b(b);
-  peer_close(&peer);
+  node_close(&node);
 }
 
 static void p2p_partial_b(void) {
   step("open source");
-  peer_open(&peer, ROWS, ROW_LEN, "");
+  node_open(&node, ROWS, ROW_LEN, "");
   for (size_t i = 0; i < P2P_N; i++) {
     if (!p2p_held(i)) continue;
     uint8_t key[KEY_LEN];
     make_key(key, 'Q', i);
-    fill_row(peer_row(&peer, (int64_t)i), ROW_LEN, key);
-    peer_hold(&peer, key, (int64_t)i, i == P2P_PENDING_KEY);
+    fill_row(node_row(&node, (int64_t)i), ROW_LEN, key);
+    node_hold(&node, key, (int64_t)i, i == P2P_PENDING_KEY);
   }
-  peer.probe_small_buffers = 1;
+  node.probe_small_buffers = 1;
   step("open the notification fd");
-  int nfd = peerkv_notify_fd(peer.h, peer.err, ERRLEN);
-  CHECK(nfd >= 0, "peerkv_notify_fd: %d (%s)", nfd, peer.err);
-  CHECK(peer.err[0] == '\0', "err not cleared on success: %s", peer.err);
-  int again = peerkv_notify_fd(peer.h, peer.err, ERRLEN);
+  int nfd = peerkv_notify_fd(node.h, node.err, ERRLEN);
+  CHECK(nfd >= 0, "peerkv_notify_fd: %d (%s)", nfd, node.err);
+  CHECK(node.err[0] == '\0', "err not cleared on success: %s", node.err);
+  int again = peerkv_notify_fd(node.h, node.err, ERRLEN);
   CHECK(again == nfd, "peerkv_notify_fd returned %d, then %d", nfd, again);
   struct pollfd quiet = {.fd = nfd, .events = POLLIN};
   CHECK(poll(&quiet, 1, 0) == 0, "the notification fd is readable before anything happened");
-  send_line(1, "ready %d", peer.port);
+  send_line(1, "ready %d", node.port);
   char line[128];
   step("serve lookups and fetches when the notification fd says so");
   int wakes = 0;
-  b_serve_on_notify(&peer, nfd, "done", line, sizeof line, &wakes);
+  b_serve_on_notify(&node, nfd, "done", line, sizeof line, &wakes);
   /* The lookup, the re-offer of the HIT_PENDING key and the pin job's result
    * each woke us: without them a key would have ended MISS and side a failed. */
   CHECK(wakes >= 2, "the notification fd woke the producer %d time(s)", wakes);
   step("leak check");
-  peer_check_clean(&peer, 5);
-  CHECK(peer.lookups_started >= 1 && peer.lookups_started == peer.lookups_ended,
-        "inbound lookups started %llu, ended %llu", (unsigned long long)peer.lookups_started,
-        (unsigned long long)peer.lookups_ended);
-  CHECK(peer.evaluations >= 2, "HIT_PENDING key was never re-evaluated (%llu evaluations)",
-        (unsigned long long)peer.evaluations);
-  CHECK(peer.small_buffer_probes == 1, "the too-small-buffer probe never met an inbound item");
+  node_check_clean(&node, 5);
+  CHECK(node.lookups_started >= 1 && node.lookups_started == node.lookups_ended,
+        "inbound lookups started %llu, ended %llu", (unsigned long long)node.lookups_started,
+        (unsigned long long)node.lookups_ended);
+  CHECK(node.evaluations >= 2, "HIT_PENDING key was never re-evaluated (%llu evaluations)",
+        (unsigned long long)node.evaluations);
+  CHECK(node.small_buffer_probes == 1, "the too-small-buffer probe never met an inbound item");
   send_line(1, "clean");
   b_expect(NULL, "bye", line, sizeof line);
-  peer_close(&peer);
+  node_close(&node);
 }
 
 static void p2p_partial_a(void) {
   step("open consumer");
-  peer_open(&peer, ROWS, ROW_LEN, "");
+  node_open(&node, ROWS, ROW_LEN, "");
   int port_b;
   child_t b = start_side_b(&port_b);
   uint8_t keys[P2P_N * KEY_LEN];
@@ -355,13 +355,13 @@ static void p2p_partial_a(void) {
   keys_for(keys, 'Q', 0, P2P_N);
   char params[256];
   step("first lookup answers RETRY");
-  int32_t policy = start(&peer, "p2p-1", pd_source(params, sizeof params, "remote_kv_source", "kv-p2p-1", port_b));
+  int32_t policy = start(&node, "p2p-1", pd_source(params, sizeof params, "remote_kv_source", "kv-p2p-1", port_b));
   CHECK(policy == PEERKV_POLICY_BLOCK_LEVEL, "P2P consumer policy %d", policy);
-  int32_t rc = peerkv_lookup(peer.h, "p2p-1", keys, KEY_LEN, P2P_N, results, peer.err, ERRLEN);
-  CHECK_RC(rc, PEERKV_OK, peer.err);
+  int32_t rc = peerkv_lookup(node.h, "p2p-1", keys, KEY_LEN, P2P_N, results, node.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, node.err);
   expect_all(results, P2P_N, PEERKV_LOOKUP_RETRY, "first P2P lookup");
   step("lookups settle into HIT and MISS");
-  peer_lookup_settled(&peer, "p2p-1", keys, P2P_N, results, 10);
+  node_lookup_settled(&node, "p2p-1", keys, P2P_N, results, 10);
   p2p_load_hits_and_end(&b, "p2p-1", keys, results);
 }
 
@@ -393,28 +393,28 @@ static void apply_answers(const uint8_t *buf, size_t n, const char *req, int32_t
 
 static void p2p_cached_a(void) {
   step("open consumer");
-  peer_open(&peer, ROWS, ROW_LEN, "");
+  node_open(&node, ROWS, ROW_LEN, "");
   int port_b;
   child_t b = start_side_b(&port_b);
   uint8_t keys[P2P_N * KEY_LEN];
   int32_t told[P2P_N];
   keys_for(keys, 'Q', 0, P2P_N);
   char params[256];
-  start(&peer, "p2p-c", pd_source(params, sizeof params, "remote_kv_source", "kv-p2p-c", port_b));
+  start(&node, "p2p-c", pd_source(params, sizeof params, "remote_kv_source", "kv-p2p-c", port_b));
   step("lookup mode and news counts");
   int32_t mode = -1;
-  int32_t rc = peerkv_request_lookup_mode(peer.h, "p2p-c", &mode, peer.err, ERRLEN);
-  CHECK_RC(rc, PEERKV_OK, peer.err);
+  int32_t rc = peerkv_request_lookup_mode(node.h, "p2p-c", &mode, node.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, node.err);
   CHECK(mode == PEERKV_LOOKUPS_ASK, "lookup mode %d, want ASK", mode);
   const volatile uint64_t *news = NULL;
-  rc = peerkv_news(peer.h, &news, peer.err, ERRLEN);
-  CHECK_RC(rc, PEERKV_OK, peer.err);
+  rc = peerkv_news(node.h, &news, node.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, node.err);
   uint64_t seen = news[PEERKV_NEWS_ANSWERS];
   step("one call asks every key");
   const char *ids[1] = {"p2p-c"};
   size_t counts[1] = {P2P_N};
-  rc = peerkv_lookup_many(peer.h, 1, ids, counts, keys, KEY_LEN, told, peer.err, ERRLEN);
-  CHECK_RC(rc, PEERKV_OK, peer.err);
+  rc = peerkv_lookup_many(node.h, 1, ids, counts, keys, KEY_LEN, told, node.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, node.err);
   expect_all(told, P2P_N, PEERKV_LOOKUP_RETRY, "first cached lookup");
   step("answers arrive as news; no key is asked again");
   uint8_t small[8], buf[4096];
@@ -433,13 +433,13 @@ static void p2p_cached_a(void) {
     size_t n = 0;
     if (!probed_small) {
       probed_small = 1;
-      rc = peerkv_take_answers(peer.h, small, sizeof small, &n, peer.err, ERRLEN);
-      CHECK_RC(rc, PEERKV_ERR_BUFFER_TOO_SMALL, peer.err);
+      rc = peerkv_take_answers(node.h, small, sizeof small, &n, node.err, ERRLEN);
+      CHECK_RC(rc, PEERKV_ERR_BUFFER_TOO_SMALL, node.err);
       CHECK(n > sizeof small && n <= sizeof buf, "needed %zu", n);
     }
     do {
-      rc = peerkv_take_answers(peer.h, buf, sizeof buf, &n, peer.err, ERRLEN);
-      CHECK_RC(rc, PEERKV_OK, peer.err);
+      rc = peerkv_take_answers(node.h, buf, sizeof buf, &n, node.err, ERRLEN);
+      CHECK_RC(rc, PEERKV_OK, node.err);
       apply_answers(buf, n, "p2p-c", told, P2P_N);
     } while (n > 0);
   }
@@ -453,10 +453,10 @@ static void p2p_cached_a(void) {
 
 static void combo_b(void) {
   step("open prefiller");
-  peer_open(&peer, ROWS, ROW_LEN, "");
-  send_line(1, "ready %d", peer.port);
+  node_open(&node, ROWS, ROW_LEN, "");
+  send_line(1, "ready %d", node.port);
   char line[128];
-  b_expect(&peer, "go", line, sizeof line);
+  b_expect(&node, "go", line, sizeof line);
   int port_a;
   CHECK(sscanf(line, "go %d", &port_a) == 1, "bad line %s", line);
   uint8_t keys[COMBO_N * KEY_LEN];
@@ -470,43 +470,43 @@ static void combo_b(void) {
            "{\"remote_decoder\":{\"kv_request_id\":\"kv-pd-3\"},"
            "\"remote_kv_source\":{\"kv_request_id\":\"kv-src-3\",\"remote_host\":\"127.0.0.1\",\"remote_port\":%d}}",
            port_a);
-  int32_t policy = start(&peer, "prefill-3", params);
+  int32_t policy = start(&node, "prefill-3", params);
   CHECK(policy == PEERKV_POLICY_REQUEST_LEVEL, "combined policy %d, want REQUEST_LEVEL", policy);
-  peer_lookup_settled(&peer, "prefill-3", keys, COMBO_N, results, 10);
+  node_lookup_settled(&node, "prefill-3", keys, COMBO_N, results, 10);
   for (int i = 0; i < COMBO_N; i++)
     CHECK(results[i] == (i < COMBO_HELD ? PEERKV_LOOKUP_HIT : PEERKV_LOOKUP_MISS), "key %d: %d", i, results[i]);
-  int64_t load = submit(&peer, 1, "prefill-3", keys, slots, COMBO_HELD);
-  expect_success(peer_wait_job(&peer, load, 15), ROW_LEN);
-  verify_rows(&peer, keys, slots, COMBO_HELD);
+  int64_t load = submit(&node, 1, "prefill-3", keys, slots, COMBO_HELD);
+  expect_success(node_wait_job(&node, load, 15), ROW_LEN);
+  verify_rows(&node, keys, slots, COMBO_HELD);
   step("compute the misses, store everything for the decoder");
-  fill_rows(&peer, keys + COMBO_HELD * KEY_LEN, slots + COMBO_HELD, COMBO_N - COMBO_HELD);
-  int64_t store = submit(&peer, 0, "prefill-3", keys, slots, COMBO_N);
-  finish(&peer, "prefill-3");
+  fill_rows(&node, keys + COMBO_HELD * KEY_LEN, slots + COMBO_HELD, COMBO_N - COMBO_HELD);
+  int64_t store = submit(&node, 0, "prefill-3", keys, slots, COMBO_N);
+  finish(&node, "prefill-3");
   send_line(1, "stored");
-  b_expect(&peer, "done", line, sizeof line);
-  expect_success(peer_wait_job(&peer, store, 10), ROW_LEN);
+  b_expect(&node, "done", line, sizeof line);
+  expect_success(node_wait_job(&node, store, 10), ROW_LEN);
   step("leak check");
-  peer_check_clean(&peer, 5);
+  node_check_clean(&node, 5);
   send_line(1, "clean");
   b_expect(NULL, "bye", line, sizeof line);
-  peer_close(&peer);
+  node_close(&node);
 }
 
 static void combo_a(void) {
   step("open source + decoder");
-  peer_open(&peer, ROWS, ROW_LEN, "");
+  node_open(&node, ROWS, ROW_LEN, "");
   for (int i = 0; i < COMBO_HELD; i++) {
     uint8_t key[KEY_LEN];
     make_key(key, 'R', (uint64_t)i);
-    fill_row(peer_row(&peer, 48 + i), ROW_LEN, key);
-    peer_hold(&peer, key, 48 + i, 0);
+    fill_row(node_row(&node, 48 + i), ROW_LEN, key);
+    node_hold(&node, key, 48 + i, 0);
   }
   int port_b;
   child_t b = start_side_b(&port_b);
-  send_line(b.to, "go %d", peer.port);
+  send_line(b.to, "go %d", node.port);
   char line[128];
   step("serve the prefiller's lookup");
-  expect_line(&peer, b.from, "stored", line, sizeof line);
+  expect_line(&node, b.from, "stored", line, sizeof line);
   step("decode everything from the prefiller");
   uint8_t keys[COMBO_N * KEY_LEN];
   int64_t slots[COMBO_N];
@@ -514,23 +514,23 @@ static void combo_a(void) {
   keys_for(keys, 'R', 0, COMBO_N);
   for (int i = 0; i < COMBO_N; i++) slots[i] = 16 + i;
   char params[256];
-  start(&peer, "decode-3", pd_source(params, sizeof params, "remote_prefiller", "kv-pd-3", port_b));
-  int32_t rc = peerkv_lookup(peer.h, "decode-3", keys, KEY_LEN, COMBO_N, results, peer.err, ERRLEN);
-  CHECK_RC(rc, PEERKV_OK, peer.err);
+  start(&node, "decode-3", pd_source(params, sizeof params, "remote_prefiller", "kv-pd-3", port_b));
+  int32_t rc = peerkv_lookup(node.h, "decode-3", keys, KEY_LEN, COMBO_N, results, node.err, ERRLEN);
+  CHECK_RC(rc, PEERKV_OK, node.err);
   expect_all(results, COMBO_N, PEERKV_LOOKUP_HIT, "decoder lookup");
-  int64_t job = submit(&peer, 1, "decode-3", keys, slots, COMBO_N);
-  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
-  verify_rows(&peer, keys, slots, COMBO_N); /* rows 0..7 went source -> prefiller -> decoder */
-  finish(&peer, "decode-3");
+  int64_t job = submit(&node, 1, "decode-3", keys, slots, COMBO_N);
+  expect_success(node_wait_job(&node, job, 15), ROW_LEN);
+  verify_rows(&node, keys, slots, COMBO_N); /* rows 0..7 went source -> prefiller -> decoder */
+  finish(&node, "decode-3");
   step("leak check");
-  peer_check_clean(&peer, 5);
-  CHECK(peer.lookups_started >= 1 && peer.lookups_started == peer.lookups_ended, "source lookups %llu/%llu",
-        (unsigned long long)peer.lookups_started, (unsigned long long)peer.lookups_ended);
+  node_check_clean(&node, 5);
+  CHECK(node.lookups_started >= 1 && node.lookups_started == node.lookups_ended, "source lookups %llu/%llu",
+        (unsigned long long)node.lookups_started, (unsigned long long)node.lookups_ended);
   send_line(b.to, "done");
-  expect_line(&peer, b.from, "clean", line, sizeof line);
+  expect_line(&node, b.from, "clean", line, sizeof line);
   send_line(b.to, "bye");
   join_side_b(&b);
-  peer_close(&peer);
+  node_close(&node);
 }
 
 /* ---- the producer is killed mid-transfer ---- */
@@ -541,24 +541,24 @@ static void combo_a(void) {
 
 static void killed_producer_b(void) {
   step("open prefiller");
-  peer_open(&peer, KILL_ROWS, KILL_ROW_LEN, KILL_OPTS);
+  node_open(&node, KILL_ROWS, KILL_ROW_LEN, KILL_OPTS);
   static uint8_t keys[KILL_ROWS * KEY_LEN];
   static int64_t slots[KILL_ROWS];
   keys_for(keys, 'K', 0, KILL_ROWS);
   for (int i = 0; i < KILL_ROWS; i++) slots[i] = i;
-  fill_rows(&peer, keys, slots, KILL_ROWS);
-  start(&peer, "prefill-k", "{\"remote_decoder\":{\"kv_request_id\":\"kv-kill\"}}");
-  submit(&peer, 0, "prefill-k", keys, slots, KILL_ROWS);
-  send_line(1, "ready %d", peer.port);
+  fill_rows(&node, keys, slots, KILL_ROWS);
+  start(&node, "prefill-k", "{\"remote_decoder\":{\"kv_request_id\":\"kv-kill\"}}");
+  submit(&node, 0, "prefill-k", keys, slots, KILL_ROWS);
+  send_line(1, "ready %d", node.port);
   step("serve until killed");
   char line[128];
-  b_expect(&peer, "never", line, sizeof line);
+  b_expect(&node, "never", line, sizeof line);
   failf("side a should have killed this process");
 }
 
 static void killed_producer_a(void) {
   step("open decoder");
-  peer_open(&peer, KILL_ROWS, KILL_ROW_LEN, KILL_OPTS);
+  node_open(&node, KILL_ROWS, KILL_ROW_LEN, KILL_OPTS);
   int port_b;
   child_t b = start_side_b(&port_b);
   static uint8_t keys[KILL_ROWS * KEY_LEN];
@@ -566,8 +566,8 @@ static void killed_producer_a(void) {
   keys_for(keys, 'K', 0, KILL_ROWS);
   for (int i = 0; i < KILL_ROWS; i++) slots[i] = i;
   char params[256];
-  start(&peer, "decode-k", pd_source(params, sizeof params, "remote_prefiller", "kv-kill", port_b));
-  int64_t job = submit(&peer, 1, "decode-k", keys, slots, KILL_ROWS);
+  start(&node, "decode-k", pd_source(params, sizeof params, "remote_prefiller", "kv-kill", port_b));
+  int64_t job = submit(&node, 1, "decode-k", keys, slots, KILL_ROWS);
   step("kill the producer once rows start landing");
   /* The first 8 bytes of a row flip to the producer's pattern when that row
    * starts arriving. */
@@ -578,25 +578,25 @@ static void killed_producer_a(void) {
     for (int i = 0; i < KILL_ROWS && !arrived; i++) {
       uint8_t head[8];
       fill_row(head, 8, keys + i * KEY_LEN);
-      arrived = memcmp(peer_row(&peer, i), head, 8) == 0;
+      arrived = memcmp(node_row(&node, i), head, 8) == 0;
     }
   }
   double killed_at = now_s();
   kill(b.pid, SIGKILL);
   step("the load is reported failed within its deadline");
-  job_t *j = peer_wait_job(&peer, job, 3 + 1 + 2);
+  job_t *j = node_wait_job(&node, job, 3 + 1 + 2);
   int complete = 0;
-  for (int i = 0; i < KILL_ROWS; i++) complete += check_row(peer_row(&peer, i), KILL_ROW_LEN, keys + i * KEY_LEN) == 0;
+  for (int i = 0; i < KILL_ROWS; i++) complete += check_row(node_row(&node, i), KILL_ROW_LEN, keys + i * KEY_LEN) == 0;
   CHECK(j->success == 0, "load succeeded although the producer was killed (%d of %d rows complete)", complete, KILL_ROWS);
   CHECK(complete < KILL_ROWS, "all rows complete, yet the load failed");
   fprintf(stderr, "  killed_producer: load failed %.2fs after the kill with %d of %d rows complete\n",
           j->reported_at - killed_at, complete, KILL_ROWS);
   int status = wait_child(&b, 5000);
   CHECK(status == 128 + SIGKILL, "producer exit status %d, want killed", status);
-  finish(&peer, "decode-k");
+  finish(&node, "decode-k");
   step("leak check");
-  peer_check_clean(&peer, 5);
-  peer_close(&peer);
+  node_check_clean(&node, 5);
+  node_close(&node);
 }
 
 /* ---- one prompt from two producers (three processes) ---- */
@@ -608,79 +608,79 @@ static void killed_producer_a(void) {
 /* b (started twice): a producer holding the keys side a names. */
 static void two_sources_b(void) {
   step("open producer");
-  peer_open(&peer, ROWS, ROW_LEN, "");
-  send_line(1, "ready %d", peer.port);
+  node_open(&node, ROWS, ROW_LEN, "");
+  send_line(1, "ready %d", node.port);
   char line[128];
   unsigned first, end;
-  b_expect(&peer, "hold", line, sizeof line);
+  b_expect(&node, "hold", line, sizeof line);
   CHECK(sscanf(line, "hold %u %u", &first, &end) == 2 && first < end && end <= ROWS, "bad line %s", line);
   for (unsigned i = first; i < end; i++) {
     uint8_t key[KEY_LEN];
     make_key(key, 'M', i);
-    fill_row(peer_row(&peer, (int64_t)i), ROW_LEN, key);
-    peer_hold(&peer, key, (int64_t)i, 0);
+    fill_row(node_row(&node, (int64_t)i), ROW_LEN, key);
+    node_hold(&node, key, (int64_t)i, 0);
   }
   send_line(1, "held");
   step("serve the consumer's lookups and fetches");
-  b_expect(&peer, "done", line, sizeof line);
+  b_expect(&node, "done", line, sizeof line);
   step("leak check");
-  peer_check_clean(&peer, 5);
-  CHECK(peer.lookups_started >= 1 && peer.lookups_started == peer.lookups_ended, "inbound lookups %llu/%llu",
-        (unsigned long long)peer.lookups_started, (unsigned long long)peer.lookups_ended);
-  send_line(1, "clean %lld", peer_stat(&peer, "bytes_out"));
+  node_check_clean(&node, 5);
+  CHECK(node.lookups_started >= 1 && node.lookups_started == node.lookups_ended, "inbound lookups %llu/%llu",
+        (unsigned long long)node.lookups_started, (unsigned long long)node.lookups_ended);
+  send_line(1, "clean %lld", node_stat(&node, "bytes_out"));
   b_expect(NULL, "bye", line, sizeof line);
-  peer_close(&peer);
+  node_close(&node);
 }
 
 static void two_sources_a(void) {
   step("open consumer");
-  peer_open(&peer, ROWS, ROW_LEN, "");
+  node_open(&node, ROWS, ROW_LEN, "");
   int port[2];
   child_t b[2] = {start_side_b(&port[0]), start_side_b(&port[1])};
   char line[128];
   send_line(b[0].to, "hold 0 %d", TWO_FIRST_END);
   send_line(b[1].to, "hold %d %d", TWO_SECOND_BEGIN, TWO_N);
-  for (int i = 0; i < 2; i++) expect_line(&peer, b[i].from, "held", line, sizeof line);
+  for (int i = 0; i < 2; i++) expect_line(&node, b[i].from, "held", line, sizeof line);
   step("one request, two sources, ids left to the consumer");
   char params[256];
   snprintf(params, sizeof params,
            "{\"remote_kv_source\":[\"tcp://127.0.0.1:%d\",{\"remote_url\":\"tcp://127.0.0.1:%d\"}]}", port[0],
            port[1]);
-  int32_t policy = start(&peer, "two-1", params);
+  int32_t policy = start(&node, "two-1", params);
   CHECK(policy == PEERKV_POLICY_BLOCK_LEVEL, "P2P consumer policy %d", policy);
-  CHECK(peer_stat(&peer, "kv_ids_minted") == 2, "kv_ids_minted %lld, want 2", peer_stat(&peer, "kv_ids_minted"));
+  CHECK(node_stat(&node, "kv_ids_minted") == 2, "kv_ids_minted %lld, want 2", node_stat(&node, "kv_ids_minted"));
   uint8_t keys[TWO_N * KEY_LEN];
   int64_t slots[TWO_N];
   int32_t results[TWO_N];
   keys_for(keys, 'M', 0, TWO_N);
   for (int i = 0; i < TWO_N; i++) slots[i] = i;
   step("the sources' holdings make one prefix");
-  peer_lookup_settled(&peer, "two-1", keys, TWO_N, results, 10);
+  node_lookup_settled(&node, "two-1", keys, TWO_N, results, 10);
   expect_all(results, TWO_N, PEERKV_LOOKUP_HIT, "two-source lookup");
   step("load the prefix from both");
-  int64_t job = submit(&peer, 1, "two-1", keys, slots, TWO_N);
-  expect_success(peer_wait_job(&peer, job, 15), ROW_LEN);
-  verify_rows(&peer, keys, slots, TWO_N);
-  finish(&peer, "two-1");
+  int64_t job = submit(&node, 1, "two-1", keys, slots, TWO_N);
+  expect_success(node_wait_job(&node, job, 15), ROW_LEN);
+  verify_rows(&node, keys, slots, TWO_N);
+  finish(&node, "two-1");
   step("leak check");
-  peer_check_clean(&peer, 5);
+  node_check_clean(&node, 5);
   long long served[2];
   for (int i = 0; i < 2; i++) {
     send_line(b[i].to, "done");
-    expect_line(&peer, b[i].from, "clean", line, sizeof line);
+    expect_line(&node, b[i].from, "clean", line, sizeof line);
     CHECK(sscanf(line, "clean %lld", &served[i]) == 1, "side b said %s", line);
   }
   CHECK(served[0] > 0 && served[1] > 0, "one producer served nothing: %lld and %lld bytes", served[0], served[1]);
   CHECK(served[0] + served[1] == (long long)TWO_N * ROW_LEN, "producers sent %lld + %lld bytes for %d rows of %d",
         served[0], served[1], TWO_N, ROW_LEN);
-  CHECK(peer_stat(&peer, "bytes_in") == (long long)TWO_N * ROW_LEN, "bytes_in %lld", peer_stat(&peer, "bytes_in"));
+  CHECK(node_stat(&node, "bytes_in") == (long long)TWO_N * ROW_LEN, "bytes_in %lld", node_stat(&node, "bytes_in"));
   fprintf(stderr, "  two_sources: %lld rows from the first producer, %lld from the second\n", served[0] / ROW_LEN,
           served[1] / ROW_LEN);
   for (int i = 0; i < 2; i++) {
     send_line(b[i].to, "bye");
     join_side_b(&b[i]);
   }
-  peer_close(&peer);
+  node_close(&node);
 }
 
 const scenario_t transfer_scenarios[] = {

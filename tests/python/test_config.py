@@ -168,10 +168,10 @@ def test_an_advertised_identity_is_what_peers_dial(library):
     port = control_port()
     region = bytearray(4 * 4096)
     with peerkv.Node(region, 4, 4096, {"host": "0.0.0.0", "advertise_host": "127.0.0.1", "port": port, "data_port": 0,
-                                      "data_transport": "tcp"}) as peer:
-        stats = peer.stats()
+                                      "data_transport": "tcp"}) as node:
+        stats = node.stats()
         assert stats["local_id"] == f"127.0.0.1:{port}"
-        assert any(f'TCP listener "127.0.0.1:' in line for line in peer.take_logs()), "data address advertised, not 0.0.0.0"
+        assert any(f'TCP listener "127.0.0.1:' in line for line in node.take_logs()), "data address advertised, not 0.0.0.0"
 
 
 _API_SERVER_PROBE = r"""

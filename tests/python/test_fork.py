@@ -23,7 +23,7 @@ def _wait_child(pid: int) -> int:
 
 def test_call_in_forked_child_raises_fork_error(library):
     region = bytearray(4 * 4096)
-    peer = peerkv.Node(region, 4, 4096, {"host": "127.0.0.1", "port": control_port(), "data_port": 0, "key_len": 36})
+    node = peerkv.Node(region, 4, 4096, {"host": "127.0.0.1", "port": control_port(), "data_port": 0, "key_len": 36})
     try:
         pid = os.fork()
         if pid == 0:  # child: must not touch the Go runtime
@@ -31,16 +31,16 @@ def test_call_in_forked_child_raises_fork_error(library):
             try:
                 started = time.monotonic()
                 try:
-                    peer.has_pending_work()
+                    node.has_pending_work()
                 except peerkv.PeerKVForkError as exc:
                     fast = time.monotonic() - started < 1.0
                     code = 0 if fast and "forked child" in str(exc) and peerkv.in_forked_child() else 2
                 # The inherited Node's finalizer must skip silently.
-                del peer
+                del node
             finally:
                 os._exit(code)
         assert _wait_child(pid) == 0
         assert not peerkv.in_forked_child()
-        assert peer.has_pending_work() in (True, False)  # parent still works
+        assert node.has_pending_work() in (True, False)  # parent still works
     finally:
-        peer.destroy()
+        node.destroy()

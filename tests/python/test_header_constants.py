@@ -5,7 +5,7 @@ import re
 from conftest import HEADER
 
 import peerkv
-from peerkv import _lib, errors, peer
+from peerkv import _lib, errors, node
 
 
 def _defines() -> dict[str, int]:
@@ -52,7 +52,7 @@ def test_enum_constants_equal_header():
         "INBOUND_EVALUATE",
         "INBOUND_FINISH",
     ):
-        assert getattr(peer, name) == defines["PEERKV_" + name], name
+        assert getattr(node, name) == defines["PEERKV_" + name], name
     assert _lib.ABI_MAJOR == defines["PEERKV_ABI_VERSION_MAJOR"]
     assert _lib.ABI_MINOR == defines["PEERKV_ABI_VERSION_MINOR"]
 
@@ -60,10 +60,10 @@ def test_enum_constants_equal_header():
 def test_lookup_values_equal_vllm_enum():
     from vllm.v1.kv_offload.base import LookupResult
 
-    assert LookupResult.MISS.value == peer.LOOKUP_MISS
-    assert LookupResult.HIT.value == peer.LOOKUP_HIT
-    assert LookupResult.HIT_PENDING.value == peer.LOOKUP_HIT_PENDING
-    assert LookupResult.RETRY.value == peer.LOOKUP_RETRY
+    assert LookupResult.MISS.value == node.LOOKUP_MISS
+    assert LookupResult.HIT.value == node.LOOKUP_HIT
+    assert LookupResult.HIT_PENDING.value == node.LOOKUP_HIT_PENDING
+    assert LookupResult.RETRY.value == node.LOOKUP_RETRY
 
 
 def test_every_header_function_is_declared_for_ctypes():

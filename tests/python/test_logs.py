@@ -46,8 +46,8 @@ def _settle(consumer, producer, deadline_s=10):
     return result
 
 
-def _lines(peer, about):
-    return [l for l in peer.take_logs() if about in l and not l.startswith("DEBUG")]
+def _lines(node, about):
+    return [l for l in node.take_logs() if about in l and not l.startswith("DEBUG")]
 
 
 def test_a_rejected_handshake_is_one_line_per_side(library):

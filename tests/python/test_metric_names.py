@@ -37,6 +37,7 @@ NOT_EXPORTED = {
         "last_error_age_s": "shown with last_error by `peerkv peers`",
     },
     "link": {},
+    "histogram": {"le": "the bounds: the buckets are declared from the contract's histograms"},
 }
 
 
@@ -52,7 +53,8 @@ def _exported_keys():
     peers.add(_peer_metrics.LINK_KEY)
     link = {key for key, _ in _peer_metrics.LINK_GAUGES.values()}
     link |= {_peer_metrics.THROUGHPUT_KEY, _peer_metrics.LINK_FAILURES_KEY}
-    return {"stats": stats, "paths": paths, "peers": peers, "link": link}
+    histogram = {_peer_metrics.HISTOGRAM_COUNTS_KEY, _peer_metrics.HISTOGRAM_SUMS_KEY}  # every histogram's replay
+    return {"stats": stats, "paths": paths, "peers": peers, "link": link, "histogram": histogram}
 
 
 def test_every_exported_key_is_one_the_library_writes():
@@ -76,10 +78,12 @@ def test_the_built_library_writes_the_contract_keys(library):
     region = bytearray(8 * 4096)
     from peerkv_node import control_port
 
-    with peerkv.Node(region, 8, 4096, {"host": "127.0.0.1", "port": control_port(), "data_port": 0, "key_len": 36}) as peer:
-        got = set(peer.stats())
+    with peerkv.Node(region, 8, 4096, {"host": "127.0.0.1", "port": control_port(), "data_port": 0, "key_len": 36}) as node:
+        stats = node.stats()
     want = set(SCHEMA["stats_keys"]["stats"]) - {"poisoned"}  # omitted while healthy
-    assert got == want
+    assert set(stats) == want
+    for key in ("lookup_rtt_s", "lookup_served_s"):
+        assert set(stats[key]) == set(SCHEMA["stats_keys"]["histogram"]), key
 
 
 def _declared():

@@ -37,10 +37,10 @@ from peerkv.node import Node
 port, rows, row_len = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 region = _standalone.region(rows, row_len)
 options = {"host": "127.0.0.1", "port": _standalone.free_port("127.0.0.1"), "data_port": 0, "key_len": _standalone.KEY_LEN}
-with Node(region, rows, row_len, options) as peer:
-    puller = Puller(peer, f"127.0.0.1:{port}", rows, row_len)
+with Node(region, rows, row_len, options) as node:
+    puller = Puller(node, f"127.0.0.1:{port}", rows, row_len)
     puller.round(region, 30)
-    print("paths", ",".join(n for n, e in (peer.stats().get("paths") or {}).items() if (e or {}).get("loads")), flush=True)
+    print("paths", ",".join(n for n, e in (node.stats().get("paths") or {}).items() if (e or {}).get("loads")), flush=True)
     def memfd(fd):
         try:
             return os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:peerkv-synthetic")

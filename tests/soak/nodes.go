@@ -32,7 +32,7 @@ type node struct {
 	// mu is held shared by every request using the peer, exclusively by a
 	// restart, so a restart waits for them and the peer never changes mid-request.
 	mu   sync.RWMutex
-	peer *faults.Peer
+	peer *faults.Node
 	stop chan struct{}
 	host sync.WaitGroup
 	// applied counts faults of incarnations already gone.
@@ -81,7 +81,7 @@ func (s *soak) start(n *node) error {
 
 // serve is the host's loop for one incarnation: serve passes and job
 // collection, every millisecond.
-func (s *soak) serve(p *faults.Peer, stop chan struct{}, wg *sync.WaitGroup) {
+func (s *soak) serve(p *faults.Node, stop chan struct{}, wg *sync.WaitGroup) {
 	defer wg.Done()
 	for {
 		if err := p.Serve(); err != nil {

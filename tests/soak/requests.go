@@ -165,7 +165,7 @@ func (s *soak) p2p(w int, rng *rand.Rand, prodN, consN *node, c *counts) {
 	_ = cons.FinishRequest(req)
 }
 
-func (s *soak) startConsumer(cons *faults.Peer, req string, params []byte, c *counts) bool {
+func (s *soak) startConsumer(cons *faults.Node, req string, params []byte, c *counts) bool {
 	if _, err := cons.StartRequest(req, params); err != nil {
 		c.problem("%s StartRequest %s: %v", cons.ID, req, err)
 		return false
@@ -174,7 +174,7 @@ func (s *soak) startConsumer(cons *faults.Peer, req string, params []byte, c *co
 }
 
 // submitLoad loads keys into the worker's slots, poisoned first.
-func (s *soak) submitLoad(w int, cons *faults.Peer, req string, keys [][]byte, c *counts) (int64, []int64) {
+func (s *soak) submitLoad(w int, cons *faults.Node, req string, keys [][]byte, c *counts) (int64, []int64) {
 	slots := make([]int64, len(keys))
 	for i := range slots {
 		slots[i] = slotRow(s.workers, w, i)
@@ -193,7 +193,7 @@ func (s *soak) submitLoad(w int, cons *faults.Peer, req string, keys [][]byte, c
 
 // awaitLoad waits for a load's single report and checks every byte of a
 // success.
-func (s *soak) awaitLoad(cons *faults.Peer, job int64, slots []int64, keys [][]byte, c *counts) {
+func (s *soak) awaitLoad(cons *faults.Node, job int64, slots []int64, keys [][]byte, c *counts) {
 	r, ok := s.await(job, loadBound, "load", c)
 	if !ok {
 		return
@@ -232,7 +232,7 @@ func keysFor(kv string, n int) [][]byte {
 	return out
 }
 
-func remote(role, kv string, prod *faults.Peer) []byte {
+func remote(role, kv string, prod *faults.Node) []byte {
 	port := prod.ID[strings.LastIndexByte(prod.ID, ':')+1:]
 	return fmt.Appendf(nil, `{%q:{"kv_request_id":%q,"remote_host":"127.0.0.1","remote_port":%s}}`, role, kv, port)
 }

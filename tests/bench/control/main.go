@@ -31,6 +31,7 @@ import (
 	"github.com/peerkv/peerkv/core/node"
 	"github.com/peerkv/peerkv/core/tier"
 	"github.com/peerkv/peerkv/tests/bench/internal/benchproc"
+	"github.com/peerkv/peerkv/tests/hostsim"
 )
 
 const (
@@ -109,7 +110,7 @@ func roundTrips(prod, cons *tier.Tier, prodPort string, rounds int, h hostModel)
 			fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 		}
 	}
-	var pinJobs int64
+	pins := hostsim.Count(new(int64))
 	var seen uint64
 	buf := make([]byte, 8)
 	lat = make([]time.Duration, 0, rounds)
@@ -146,7 +147,7 @@ func roundTrips(prod, cons *tier.Tier, prodPort string, rounds int, h hostModel)
 					continue
 				}
 				_ = cons.OnScheduleEnd()
-				_ = benchproc.ServeInbound(prod, heldEven, &pinJobs)
+				_, _ = hostsim.Serve(prod, heldEven, pins)
 				// A host calls in from its own thread and holds no Go P between
 				// calls; this loop is a goroutine, so it yields as that thread
 				// would (spinning, it would hold the tier's goroutines back
@@ -157,7 +158,7 @@ func roundTrips(prod, cons *tier.Tier, prodPort string, rounds int, h hostModel)
 				if !wait(fds, buf, 10) {
 					timeouts++
 				}
-				_ = benchproc.ServeInbound(prod, heldEven, &pinJobs)
+				_, _ = hostsim.Serve(prod, heldEven, pins)
 				if n := cons.News(tier.NewsAnswers); n != seen {
 					seen = n
 					for _, c := range cons.TakeAnswers(func(tier.AnswerChange) bool { return true }) {

@@ -50,6 +50,7 @@ import (
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/tier"
 	"github.com/peerkv/peerkv/tests/bench/internal/benchproc"
+	"github.com/peerkv/peerkv/tests/hostsim"
 	"github.com/peerkv/peerkv/tests/noptrace"
 )
 
@@ -150,7 +151,7 @@ func runProducer(p params) error {
 		close(eof)
 	}()
 	fmt.Printf("ready %s\n", t.LocalID()[strings.LastIndexByte(t.LocalID(), ':')+1:])
-	var pins int64
+	pins := hostsim.Count(new(int64))
 	for {
 		select {
 		case <-eof:
@@ -158,35 +159,11 @@ func runProducer(p params) error {
 		default:
 		}
 		_ = t.GetFinished(1024) // pin jobs released once fetched
-		served := false
-		for {
-			in, ok, taken := t.NextInbound(nil)
-			if !ok || !taken {
-				break
-			}
-			served = true
-			if in.Kind != tier.InboundEvaluate {
-				continue
-			}
-			results := make([]tier.LookupResult, len(in.Keys))
-			slots := make([]int64, 0, len(in.Keys))
-			for i, k := range in.Keys {
-				results[i] = tier.Miss
-				if r, ok := row[string(k)]; ok {
-					results[i] = tier.Hit
-					slots = append(slots, r)
-				}
-			}
-			job := int64(-1)
-			if len(slots) > 0 {
-				pins++
-				job = pins
-			}
-			if _, err := t.AnswerInbound(in.LookupID, results, job, slots); err != nil {
-				return err
-			}
+		served, err := hostsim.Serve(t, hostsim.Rows(row), pins)
+		if err != nil {
+			return err
 		}
-		if !served {
+		if served == 0 {
 			time.Sleep(200 * time.Microsecond)
 		}
 	}

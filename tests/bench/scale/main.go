@@ -66,6 +66,7 @@ import (
 
 	"github.com/peerkv/peerkv/core/tier"
 	"github.com/peerkv/peerkv/tests/bench/internal/benchproc"
+	"github.com/peerkv/peerkv/tests/hostsim"
 )
 
 const (
@@ -469,7 +470,9 @@ type ask struct {
 	connect bool
 }
 
-type peer struct {
+// node is one of this process's nodes and its host; the others in the
+// mesh are its peers.
+type node struct {
 	t     *tier.Tier
 	g     int
 	ports []string // every peer's control port, by global index
@@ -529,10 +532,10 @@ func runChild(p params, nStr, baseStr string) error {
 		}
 	}
 
-	peers := make([]*peer, n)
+	peers := make([]*node, n)
 	defer shutdownAll(peers)
 	for j := range peers {
-		pr, err := openPeer(p, base+j)
+		pr, err := openNode(p, base+j)
 		if err != nil {
 			return fmt.Errorf("peer %d: %w", base+j, err)
 		}
@@ -635,7 +638,7 @@ func runChild(p params, nStr, baseStr string) error {
 
 // measureRound runs the round the parent's "go MODE PER-PEER-RATE" names and
 // reports its latencies, failures and CPU.
-func measureRound(peers []*peer, ph *phases, duration time.Duration, readLine func(string, time.Duration) (string, error)) error {
+func measureRound(peers []*node, ph *phases, duration time.Duration, readLine func(string, time.Duration) (string, error)) error {
 	rest, err := readLine("go", setupBound)
 	if err != nil {
 		return err
@@ -681,7 +684,7 @@ func measureRound(peers []*peer, ph *phases, duration time.Duration, readLine fu
 
 // leftovers describes what the peers still hold ("" when nothing): the
 // leak check once nobody asks any more.
-func leftovers(peers []*peer, opened int) string {
+func leftovers(peers []*node, opened int) string {
 	var out []string
 	nowOpened := 0
 	for _, pr := range peers {
@@ -701,7 +704,7 @@ func leftovers(peers []*peer, opened int) string {
 	return strings.Join(out, "; ")
 }
 
-func openPeer(p params, g int) (*peer, error) {
+func openNode(p params, g int) (*node, error) {
 	region, err := benchproc.Region("peerkv-scale", 2*heldKeys, rowLen)
 	if err != nil {
 		return nil, err
@@ -729,7 +732,7 @@ func openPeer(p params, g int) (*peer, error) {
 		_ = t.Shutdown()
 		return nil, fmt.Errorf("notification fd: %w", err)
 	}
-	pr := &peer{t: t, g: g, notify: notify, notifyConn: notifyConn, p: p, held: map[string]int64{}, asks: map[string]*ask{},
+	pr := &node{t: t, g: g, notify: notify, notifyConn: notifyConn, p: p, held: map[string]int64{}, asks: map[string]*ask{},
 		rng:       rand.New(rand.NewPCG(uint64(g), uint64(time.Now().UnixNano()))),
 		toConnect: map[int]time.Time{}, connected: make(chan struct{}), res: &result{}}
 	id := t.LocalID()
@@ -741,7 +744,7 @@ func openPeer(p params, g int) (*peer, error) {
 }
 
 // shutdownAll stops every peer at once, bounded.
-func shutdownAll(peers []*peer) {
+func shutdownAll(peers []*node) {
 	done := make(chan struct{})
 	go func() {
 		var wg sync.WaitGroup
@@ -763,13 +766,13 @@ func shutdownAll(peers []*peer) {
 	}
 }
 
-// loop is the peer's host: one goroutine, as an engine's scheduler thread.
+// loop is the node's host: one goroutine, as an engine's scheduler thread.
 //
 // It waits for the notification fd in Go's poller, not in poll(2): an
 // engine's scheduler thread waits outside Go, holding none of the process's
 // Ps, while a goroutine blocked in a syscall holds one, and 8 of them in a
 // process of 2 Ps would starve the peers' own goroutines.
-func (pr *peer) loop(ph *phases, quit <-chan struct{}) {
+func (pr *node) loop(ph *phases, quit <-chan struct{}) {
 	buf := make([]byte, 8)
 	drain := func(fd uintptr) bool {
 		_, err := unix.Read(int(fd), buf)
@@ -815,7 +818,7 @@ func pollable(fd int) (*os.File, error) {
 }
 
 // moved reports whether news count k changed since the last look.
-func (pr *peer) moved(k tier.NewsKind) bool {
+func (pr *node) moved(k tier.NewsKind) bool {
 	n := pr.t.News(k)
 	if n == pr.seen[k] {
 		return false
@@ -826,7 +829,7 @@ func (pr *peer) moved(k tier.NewsKind) bool {
 
 // collect serves inbound lookups and collects results, answers and logs,
 // each only when its news count moved.
-func (pr *peer) collect() {
+func (pr *node) collect() {
 	if pr.moved(tier.NewsInbound) {
 		pr.serve()
 	}
@@ -869,17 +872,13 @@ func (pr *peer) collect() {
 }
 
 // serve answers every inbound lookup: HIT (pinned) for the keys held.
-func (pr *peer) serve() {
-	held := func(k []byte, _ int) (int64, bool) {
-		row, ok := pr.held[string(k)]
-		return row, ok
-	}
-	if err := benchproc.ServeInbound(pr.t, held, &pr.jobs); err != nil {
+func (pr *node) serve() {
+	if _, err := hostsim.Serve(pr.t, hostsim.Rows(pr.held), hostsim.Count(&pr.jobs)); err != nil {
 		pr.note("AnswerInbound: " + err.Error())
 	}
 }
 
-func (pr *peer) note(s string) {
+func (pr *node) note(s string) {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	pr.warningCount++
@@ -889,7 +888,7 @@ func (pr *peer) note(s string) {
 }
 
 // drive starts the requests of the current phase and ends overdue ones.
-func (pr *peer) drive(ph *phases) {
+func (pr *node) drive(ph *phases) {
 	now := time.Now()
 	for _, a := range pr.asks {
 		if now.Sub(a.start) > lookupBound {
@@ -930,7 +929,7 @@ func (pr *peer) drive(ph *phases) {
 
 // measure starts the requests of round pl that are due and ends the round
 // once its time is up and nothing is in flight.
-func (pr *peer) measure(pl *plan, now time.Time) {
+func (pr *node) measure(pl *plan, now time.Time) {
 	if pl != pr.plan { // a new round: arrivals from now on, no burst at its start
 		pr.plan, pr.res = pl, pl.results[pr.j]
 		pr.nextStart = now.Add(pr.interarrival(pl))
@@ -965,13 +964,13 @@ func (pr *peer) measure(pl *plan, now time.Time) {
 }
 
 // interarrival is the time to a paced peer's next request.
-func (pr *peer) interarrival(pl *plan) time.Duration {
+func (pr *node) interarrival(pl *plan) time.Duration {
 	return time.Duration(pr.rng.ExpFloat64() / pl.perPeer * float64(time.Second))
 }
 
 // startRandom starts a request at a random other peer: keys-1 keys it
 // holds and one it does not.
-func (pr *peer) startRandom() *ask {
+func (pr *node) startRandom() *ask {
 	h := pr.rng.IntN(len(pr.ports) - 1)
 	if h >= pr.g {
 		h++
@@ -983,7 +982,7 @@ func (pr *peer) startRandom() *ask {
 }
 
 // start starts a request pulling from peer h, asking key(h, i) for idx.
-func (pr *peer) start(h int, idx []int, connect bool) *ask {
+func (pr *node) start(h int, idx []int, connect bool) *ask {
 	pr.seq++
 	a := &ask{req: fmt.Sprintf("p%d-%d", pr.g, pr.seq), target: h, start: time.Now(), connect: connect}
 	params := fmt.Sprintf(`{"remote_kv_source":{"kv_request_id":%q,"remote_host":"127.0.0.1","remote_port":%s}}`, a.req, pr.ports[h])
@@ -1013,7 +1012,7 @@ func (pr *peer) start(h int, idx []int, connect bool) *ask {
 
 // lookup sends the keys of the asks in one LookupMany, as the Python tier
 // does once per step.
-func (pr *peer) lookup(batch []*ask) {
+func (pr *node) lookup(batch []*ask) {
 	if len(batch) == 0 {
 		return
 	}
@@ -1046,7 +1045,7 @@ func (pr *peer) lookup(batch []*ask) {
 }
 
 // done ends an ask: its latency (unless it failed), its check, its request.
-func (pr *peer) done(a *ask, failed bool) {
+func (pr *node) done(a *ask, failed bool) {
 	delete(pr.asks, a.req)
 	_ = pr.t.FinishRequest(a.req)
 	if a.connect {
@@ -1069,7 +1068,7 @@ func (pr *peer) done(a *ask, failed bool) {
 }
 
 // memNow is this process's figures, with the sessions of its peers.
-func memNow(peers []*peer) mem {
+func memNow(peers []*node) mem {
 	var m mem
 	if status, err := os.ReadFile("/proc/self/status"); err == nil {
 		for _, line := range strings.Split(string(status), "\n") {

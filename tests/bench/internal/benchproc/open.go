@@ -3,6 +3,7 @@ package benchproc
 import (
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/peerkv/peerkv/core/config"
 	"github.com/peerkv/peerkv/core/data"
@@ -31,4 +32,15 @@ func Open(region data.Region, configJSON func(port int) string) (*tier.Tier, err
 		lastErr = err // the port was taken meanwhile
 	}
 	return nil, lastErr
+}
+
+// FreePort is a TCP port on 127.0.0.1 free a moment ago; callers retry if
+// another process takes it meanwhile.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -11,16 +11,17 @@ import (
 	"github.com/peerkv/peerkv/core/data"
 	"github.com/peerkv/peerkv/core/data/memdata"
 	"github.com/peerkv/peerkv/core/tier"
+	"github.com/peerkv/peerkv/tests/hostsim"
 )
 
-// Layout every peer of the suite shares.
+// Layout every node of the suite shares.
 const (
 	RowLen      = 4096
 	HashSeed    = "42"
 	Fingerprint = "0123456789abcdef"
 )
 
-// Config is a peer's configuration with the suite's short deadlines.
+// Config is a node's configuration with the suite's short deadlines.
 func Config(port int) config.Config {
 	return config.Config{
 		Host: "127.0.0.1", Port: port, HashSeed: HashSeed, ConfigFingerprint: Fingerprint, KeyLen: KeyLen,
@@ -44,8 +45,9 @@ func NewCluster() *Cluster {
 	return &Cluster{Ctl: memctl.NewHub(), Data: memdata.NewHub(), Ledger: NewLedger()}
 }
 
-// Peer is one tier behind a fault Wire, with what its host holds.
-type Peer struct {
+// Node is one tier behind a fault Wire, with what its host holds: the
+// local side of a test ("peer" is always the remote one).
+type Node struct {
 	*tier.Tier
 	ID     string
 	Region data.Region
@@ -57,9 +59,14 @@ type Peer struct {
 	pins []int64          // pin jobs its serve passes submitted, oldest first
 }
 
-// Open starts a peer at 127.0.0.1:port with rows rows; seed drives its
+// Peer is the former name of Node.
+//
+// Deprecated: use Node.
+type Peer = Node
+
+// Open starts a node at 127.0.0.1:port with rows rows; seed drives its
 // Wire's random rules.
-func (c *Cluster) Open(port, rows int, seed uint64, mutate ...func(*config.Config)) (*Peer, error) {
+func (c *Cluster) Open(port, rows int, seed uint64, mutate ...func(*config.Config)) (*Node, error) {
 	cfg := Config(port)
 	for _, m := range mutate {
 		m(&cfg)
@@ -77,20 +84,20 @@ func (c *Cluster) Open(port, rows int, seed uint64, mutate ...func(*config.Confi
 		_ = w.Close()
 		return nil, err
 	}
-	return &Peer{Tier: tr, ID: id, Region: region, Wire: w, ledger: c.Ledger, held: map[string]int64{}}, nil
+	return &Node{Tier: tr, ID: id, Region: region, Wire: w, ledger: c.Ledger, held: map[string]int64{}}, nil
 }
 
 // Adopt wraps a tier opened elsewhere (a real node, as in tests/netns),
 // recording its jobs in ledger; it has no Wire.
-func Adopt(tr *tier.Tier, region data.Region, ledger *Ledger) *Peer {
-	return &Peer{Tier: tr, ID: tr.LocalID(), Region: region, ledger: ledger, held: map[string]int64{}}
+func Adopt(tr *tier.Tier, region data.Region, ledger *Ledger) *Node {
+	return &Node{Tier: tr, ID: tr.LocalID(), Region: region, ledger: ledger, held: map[string]int64{}}
 }
 
-// Row returns row i of the peer's region.
-func (p *Peer) Row(i int64) []byte { return p.Region.Row(uint64(i)) }
+// Row returns row i of the node's region.
+func (p *Node) Row(i int64) []byte { return p.Region.Row(uint64(i)) }
 
 // Hold puts key in the host's CPU tier at row, filled with its pattern.
-func (p *Peer) Hold(key []byte, row int64) {
+func (p *Node) Hold(key []byte, row int64) {
 	Fill(p.Row(row), key)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -98,35 +105,35 @@ func (p *Peer) Hold(key []byte, row int64) {
 }
 
 // Evict drops key from the host's CPU tier; its row may be reused.
-func (p *Peer) Evict(key []byte) {
+func (p *Node) Evict(key []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.held, string(key))
 }
 
 // Holds reports whether the host holds key.
-func (p *Peer) Holds(key []byte) bool {
+func (p *Node) Holds(key []byte) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	_, ok := p.held[string(key)]
 	return ok
 }
 
-// Pins returns the pin jobs the peer's serve passes submitted.
-func (p *Peer) Pins() []int64 {
+// Pins returns the pin jobs the node's serve passes submitted.
+func (p *Node) Pins() []int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]int64(nil), p.pins...)
 }
 
-// Collect moves the peer's finished jobs into the ledger.
-func (p *Peer) Collect() { p.ledger.Collect(p.ID, p.Tier) }
+// Collect moves the node's finished jobs into the ledger.
+func (p *Node) Collect() { p.ledger.Collect(p.ID, p.Tier) }
 
 // Submit records a job in the ledger; see Ledger.Submit.
-func (p *Peer) Submit(id int64, what string) { p.ledger.Submit(p.ID, id, what) }
+func (p *Node) Submit(id int64, what string) { p.ledger.Submit(p.ID, id, what) }
 
 // SubmitLoadJob submits a load job, recorded in the ledger.
-func (p *Peer) SubmitLoadJob(req string, job int64, keys [][]byte, slots []int64) error {
+func (p *Node) SubmitLoadJob(req string, job int64, keys [][]byte, slots []int64) error {
 	p.Submit(job, "load "+req)
 	if err := p.SubmitLoad(req, job, keys, slots); err != nil {
 		p.ledger.Withdraw(job)
@@ -136,7 +143,7 @@ func (p *Peer) SubmitLoadJob(req string, job int64, keys [][]byte, slots []int64
 }
 
 // SubmitStoreJob submits a store job, recorded in the ledger.
-func (p *Peer) SubmitStoreJob(req string, job int64, keys [][]byte, slots []int64) error {
+func (p *Node) SubmitStoreJob(req string, job int64, keys [][]byte, slots []int64) error {
 	p.Submit(job, "store "+req)
 	if err := p.SubmitStore(req, job, keys, slots); err != nil {
 		p.ledger.Withdraw(job)
@@ -147,50 +154,39 @@ func (p *Peer) SubmitStoreJob(req string, job int64, keys [][]byte, slots []int6
 
 // Serve is one serve pass of the host: every inbound lookup answered from
 // the keys it holds, hits pinned as one job per answer.
-func (p *Peer) Serve() error {
-	for {
-		in, ok, taken := p.NextInbound(nil)
-		if !ok {
-			return nil
-		}
-		if !taken || in.Kind != tier.InboundEvaluate {
-			continue
-		}
-		results := make([]tier.LookupResult, len(in.Keys))
-		var pins []int64
-		p.mu.Lock()
-		for i, k := range in.Keys {
-			if row, ok := p.held[string(k)]; ok {
-				results[i] = tier.Hit
-				pins = append(pins, row)
-			} else {
-				results[i] = tier.Miss
-			}
-		}
-		p.mu.Unlock()
-		job := int64(-1)
-		if len(pins) > 0 {
-			job = NextJob()
-			p.Submit(job, "pin "+in.ReqID)
-			p.mu.Lock()
-			p.pins = append(p.pins, job)
-			p.mu.Unlock()
-		}
-		if _, err := p.AnswerInbound(in.LookupID, results, job, pins); err != nil {
-			if len(pins) > 0 {
-				p.ledger.Withdraw(job)
-			}
-			if errors.Is(err, tier.ErrClosed) {
-				return nil
-			}
-			return fmt.Errorf("%s: answer lookup %d: %w", p.ID, in.LookupID, err)
-		}
+func (p *Node) Serve() error {
+	_, err := hostsim.Serve(p.Tier, p.heldRow, nodePins{p})
+	if err == nil || errors.Is(err, tier.ErrClosed) {
+		return nil
 	}
+	return fmt.Errorf("%s: %w", p.ID, err)
 }
 
-// Quiet says what the peer still holds ("" when it holds nothing a quiet
-// peer may not).
-func (p *Peer) Quiet() string {
+func (p *Node) heldRow(key []byte, _ int) (int64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	row, ok := p.held[string(key)]
+	return row, ok
+}
+
+// nodePins numbers a node's pin jobs from the suite's job ids, each
+// recorded in the ledger (and withdrawn if the answer was refused).
+type nodePins struct{ p *Node }
+
+func (n nodePins) Next(req string) int64 {
+	job := NextJob()
+	n.p.Submit(job, "pin "+req)
+	n.p.mu.Lock()
+	n.p.pins = append(n.p.pins, job)
+	n.p.mu.Unlock()
+	return job
+}
+
+func (n nodePins) Refused(job int64) { n.p.ledger.Withdraw(job) }
+
+// Quiet says what the node still holds ("" when it holds nothing a quiet
+// node may not).
+func (p *Node) Quiet() string {
 	s := p.Stats()
 	if s.JobsInFlight == 0 && s.ExpectedRows == 0 && s.ParkedStores == 0 && s.InboundActive == 0 {
 		return ""

@@ -1,4 +1,4 @@
-/* peer.c — a peerkv peer as its host (vLLM's scheduler) drives it. */
+/* node.c — a peerkv node as its host (vLLM's scheduler) drives it. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,11 +54,11 @@ uint64_t check_row(const uint8_t *row, uint64_t row_len, const uint8_t key[KEY_L
   return 0;
 }
 
-/* ---- peer lifecycle ---- */
+/* ---- node lifecycle ---- */
 
-static hpeer *registered[8];
+static hnode *registered[8];
 
-void peer_register(hpeer *p, int on) {
+void node_register(hnode *p, int on) {
   for (size_t i = 0; i < 8; i++) {
     if (on && registered[i] == NULL) {
       registered[i] = p;
@@ -71,12 +71,12 @@ void peer_register(hpeer *p, int on) {
 void dump_registered_logs(void) {
   for (size_t i = 0; i < 8; i++) {
     if (registered[i] == NULL) continue;
-    fprintf(stderr, "---- library log of %s/%c peer on port %d ----\n", g_scenario, g_side, registered[i]->port);
-    peer_dump_logs(registered[i]);
+    fprintf(stderr, "---- library log of %s/%c node on port %d ----\n", g_scenario, g_side, registered[i]->port);
+    node_dump_logs(registered[i]);
   }
 }
 
-void peer_open(hpeer *p, uint64_t num_rows, uint64_t row_len, const char *extra_opts) {
+void node_open(hnode *p, uint64_t num_rows, uint64_t row_len, const char *extra_opts) {
   memset(p, 0, sizeof *p);
   CHECK(row_len % 8 == 0, "row_len must be a multiple of 8");
   p->num_rows = num_rows;
@@ -105,18 +105,18 @@ void peer_open(hpeer *p, uint64_t num_rows, uint64_t row_len, const char *extra_
     CHECK(p->h != 0, "peerkv_create returned handle 0");
     CHECK(p->err[0] == '\0', "err not cleared on success: %s", p->err);
     p->port = port;
-    peer_register(p, 1);
+    node_register(p, 1);
     return;
   }
   failf("no free port found near %d", base);
 }
 
-uint8_t *peer_row(hpeer *p, int64_t slot) {
+uint8_t *node_row(hnode *p, int64_t slot) {
   CHECK(slot >= 0 && (uint64_t)slot < p->num_rows, "slot %lld out of range", (long long)slot);
   return p->region + (uint64_t)slot * p->row_len;
 }
 
-int64_t peer_new_job(hpeer *p, int is_load, int is_pin, uint64_t rows) {
+int64_t node_new_job(hnode *p, int is_load, int is_pin, uint64_t rows) {
   CHECK(p->n_jobs < MAX_JOBS, "too many jobs");
   job_t *j = &p->jobs[p->n_jobs++];
   memset(j, 0, sizeof *j);
@@ -128,13 +128,13 @@ int64_t peer_new_job(hpeer *p, int is_load, int is_pin, uint64_t rows) {
   return j->id;
 }
 
-job_t *peer_job(hpeer *p, int64_t id) {
+job_t *node_job(hnode *p, int64_t id) {
   for (size_t i = 0; i < p->n_jobs; i++)
     if (p->jobs[i].id == id) return &p->jobs[i];
   return NULL;
 }
 
-void peer_hold(hpeer *p, const uint8_t key[KEY_LEN], int64_t slot, int pending_once) {
+void node_hold(hnode *p, const uint8_t key[KEY_LEN], int64_t slot, int pending_once) {
   CHECK(p->n_held < MAX_HELD, "too many held rows");
   memcpy(p->held_keys[p->n_held], key, KEY_LEN);
   p->held_slots[p->n_held] = slot;
@@ -142,7 +142,7 @@ void peer_hold(hpeer *p, const uint8_t key[KEY_LEN], int64_t slot, int pending_o
   p->n_held++;
 }
 
-static long find_held(hpeer *p, const uint8_t *key) {
+static long find_held(hnode *p, const uint8_t *key) {
   for (size_t i = 0; i < p->n_held; i++)
     if (memcmp(p->held_keys[i], key, KEY_LEN) == 0) return (long)i;
   return -1;
@@ -150,14 +150,14 @@ static long find_held(hpeer *p, const uint8_t *key) {
 
 /* ---- the host's per-step work ---- */
 
-static void collect_finished(hpeer *p) {
+static void collect_finished(hnode *p) {
   peerkv_job_result out[64];
   for (int round = 0; round < 1000; round++) {
     size_t n = 0;
     int32_t rc = peerkv_get_finished(p->h, out, 64, &n, p->err, ERRLEN);
     CHECK_RC(rc, PEERKV_OK, p->err);
     for (size_t i = 0; i < n; i++) {
-      job_t *j = peer_job(p, out[i].job_id);
+      job_t *j = node_job(p, out[i].job_id);
       CHECK(j != NULL, "job %lld reported but never submitted", (long long)out[i].job_id);
       CHECK(!j->reported, "job %lld reported twice", (long long)j->id);
       CHECK(out[i].is_load == j->is_load, "job %lld reported is_load=%d, submitted as %d", (long long)j->id,
@@ -175,7 +175,7 @@ static void collect_finished(hpeer *p) {
   failf("get_finished never drained");
 }
 
-static void open_lookup(hpeer *p, int64_t id) {
+static void open_lookup(hnode *p, int64_t id) {
   for (size_t i = 0; i < p->n_open_lookups; i++)
     CHECK(p->open_lookups[i] != id, "inbound lookup %lld: first EVALUATE twice", (long long)id);
   CHECK(p->n_open_lookups < MAX_LOOKUPS, "too many open lookups");
@@ -183,13 +183,13 @@ static void open_lookup(hpeer *p, int64_t id) {
   p->lookups_started++;
 }
 
-static int lookup_is_open(hpeer *p, int64_t id) {
+static int lookup_is_open(hnode *p, int64_t id) {
   for (size_t i = 0; i < p->n_open_lookups; i++)
     if (p->open_lookups[i] == id) return 1;
   return 0;
 }
 
-static void close_lookup(hpeer *p, int64_t id) {
+static void close_lookup(hnode *p, int64_t id) {
   for (size_t i = 0; i < p->n_open_lookups; i++) {
     if (p->open_lookups[i] == id) {
       p->open_lookups[i] = p->open_lookups[--p->n_open_lookups];
@@ -202,7 +202,7 @@ static void close_lookup(hpeer *p, int64_t id) {
 
 /* Answers one EVALUATE the way vLLM's tier manager does: HIT for held rows
  * (pinned as one job), HIT_PENDING once for rows marked so, MISS otherwise. */
-static void evaluate(hpeer *p, int64_t lookup_id, const uint8_t *keys, size_t n) {
+static void evaluate(hnode *p, int64_t lookup_id, const uint8_t *keys, size_t n) {
   int32_t *results = calloc(n ? n : 1, sizeof *results);
   int64_t *pins = calloc(n ? n : 1, sizeof *pins);
   CHECK(results && pins, "out of memory");
@@ -219,7 +219,7 @@ static void evaluate(hpeer *p, int64_t lookup_id, const uint8_t *keys, size_t n)
       pins[n_pins++] = p->held_slots[at];
     }
   }
-  int64_t pin_job = n_pins > 0 ? peer_new_job(p, 0, 1, n_pins) : -1;
+  int64_t pin_job = n_pins > 0 ? node_new_job(p, 0, 1, n_pins) : -1;
   int32_t finished = -1;
   int32_t rc = peerkv_answer_inbound(p->h, lookup_id, results, n, pin_job, pins, n_pins, &finished, p->err, ERRLEN);
   CHECK_RC(rc, PEERKV_OK, p->err);
@@ -232,7 +232,7 @@ static void evaluate(hpeer *p, int64_t lookup_id, const uint8_t *keys, size_t n)
 
 /* Asks for the next inbound item with a 4-byte req_id buffer and no key
  * buffer: it must be refused with the sizes it needs, and stay queued. */
-static void probe_small_buffers(hpeer *p) {
+static void probe_small_buffers(hnode *p) {
   int64_t lookup_id = -1;
   int32_t kind = 0, first = -1;
   char req_id[4];
@@ -247,7 +247,7 @@ static void probe_small_buffers(hpeer *p) {
   p->small_buffer_probes++;
 }
 
-static void serve_inbound(hpeer *p) {
+static void serve_inbound(hnode *p) {
   static uint8_t keys[MAX_HELD * KEY_LEN];
   if (p->probe_small_buffers) probe_small_buffers(p);
   for (int round = 0; round < 1000; round++) {
@@ -276,34 +276,34 @@ static void serve_inbound(hpeer *p) {
   failf("inbound queue never drained");
 }
 
-void peer_pump(hpeer *p) {
+void node_pump(hnode *p) {
   collect_finished(p);
   serve_inbound(p);
 }
 
-job_t *peer_wait_job(hpeer *p, int64_t id, double timeout_s) {
-  job_t *j = peer_job(p, id);
+job_t *node_wait_job(hnode *p, int64_t id, double timeout_s) {
+  job_t *j = node_job(p, id);
   CHECK(j != NULL, "waiting for unknown job %lld", (long long)id);
   double deadline = now_s() + timeout_s;
   while (!j->reported) {
     CHECK(now_s() < deadline, "job %lld not reported within %.1fs", (long long)id, timeout_s);
-    peer_pump(p);
+    node_pump(p);
     sleep_ms(1);
   }
   return j;
 }
 
-int peer_wait_line(hpeer *p, int fd, char *buf, size_t cap, double timeout_s) {
+int node_wait_line(hnode *p, int fd, char *buf, size_t cap, double timeout_s) {
   double deadline = now_s() + timeout_s;
   for (;;) {
-    peer_pump(p);
+    node_pump(p);
     int r = read_line(fd, buf, cap, 1);
     if (r != 0) return r;
     CHECK(now_s() < deadline, "no line from the other process within %.1fs", timeout_s);
   }
 }
 
-void peer_lookup_settled(hpeer *p, const char *req, const uint8_t *keys, size_t n, int32_t *out, double timeout_s) {
+void node_lookup_settled(hnode *p, const char *req, const uint8_t *keys, size_t n, int32_t *out, double timeout_s) {
   double deadline = now_s() + timeout_s;
   for (;;) {
     int32_t rc = peerkv_lookup(p->h, req, keys, KEY_LEN, n, out, p->err, ERRLEN);
@@ -318,22 +318,22 @@ void peer_lookup_settled(hpeer *p, const char *req, const uint8_t *keys, size_t 
     CHECK(now_s() < deadline, "%zu of %zu keys still RETRY after %.1fs", retry, n, timeout_s);
     rc = peerkv_on_schedule_end(p->h, p->err, ERRLEN);
     CHECK_RC(rc, PEERKV_OK, p->err);
-    peer_pump(p);
+    node_pump(p);
     sleep_ms(1);
   }
 }
 
-void peer_check_clean(hpeer *p, double timeout_s) {
+void node_check_clean(hnode *p, double timeout_s) {
   double deadline = now_s() + timeout_s;
   int32_t pending;
   for (;;) {
-    peer_pump(p);
+    node_pump(p);
     pending = peerkv_has_pending_work(p->h);
     CHECK(pending >= 0, "has_pending_work=%d", pending);
     if (pending == 0 || now_s() > deadline) break;
     sleep_ms(2);
   }
-  peer_pump(p);
+  node_pump(p);
   int32_t rc = peerkv_drain(p->h, p->err, ERRLEN);
   CHECK_RC(rc, PEERKV_OK, p->err);
   char stats[4096];
@@ -352,7 +352,7 @@ void peer_check_clean(hpeer *p, double timeout_s) {
   CHECK(pending == 0, "has_pending_work still 1 after %.1fs: %s", timeout_s, stats);
 }
 
-void peer_dump_logs(hpeer *p) {
+void node_dump_logs(hnode *p) {
   char buf[8192];
   for (int i = 0; i < 64; i++) {
     size_t n = 0;
@@ -361,9 +361,9 @@ void peer_dump_logs(hpeer *p) {
   }
 }
 
-void peer_close(hpeer *p) {
-  if (getenv("PEERKV_HARNESS_LOGS") != NULL) peer_dump_logs(p);
-  peer_register(p, 0);
+void node_close(hnode *p) {
+  if (getenv("PEERKV_HARNESS_LOGS") != NULL) node_dump_logs(p);
+  node_register(p, 0);
   int32_t rc = peerkv_shutdown(p->h, p->err, ERRLEN);
   CHECK_RC(rc, PEERKV_OK, p->err);
   rc = peerkv_destroy(p->h, p->err, ERRLEN);
@@ -379,7 +379,7 @@ void peer_close(hpeer *p) {
   p->region_fd = -1;
 }
 
-long long peer_stat(hpeer *p, const char *field) {
+long long node_stat(hnode *p, const char *field) {
   char stats[4096];
   size_t needed = 0;
   int32_t rc = peerkv_stats(p->h, stats, sizeof stats, &needed, p->err, ERRLEN);

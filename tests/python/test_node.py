@@ -39,36 +39,36 @@ def test_library_loads_with_defaults(library):
 
 
 def test_create_lookup_and_lifecycle(library, region):
-    with peerkv.Node(region, ROWS, ROW_LEN, _options()) as peer:
-        assert peer.handle != 0
+    with peerkv.Node(region, ROWS, ROW_LEN, _options()) as node:
+        assert node.handle != 0
         key = bytes(range(KEY_LEN))
         # Unknown request: every key MISS, no error.
-        assert peer.lookup("nobody", [key, key]) == [peerkv.LOOKUP_MISS] * 2
-        assert peer.request_start("plain", None) == peerkv.POLICY_BLOCK_LEVEL
+        assert node.lookup("nobody", [key, key]) == [peerkv.LOOKUP_MISS] * 2
+        assert node.request_start("plain", None) == peerkv.POLICY_BLOCK_LEVEL
         with pytest.raises(peerkv.DuplicateError):
-            peer.request_start("plain", None)
+            node.request_start("plain", None)
         # A store for a request that serves nobody succeeds at once.
-        peer.submit_store("plain", 7, [key], [3])
+        node.submit_store("plain", 7, [key], [3])
         finished = []
         for _ in range(200):
-            finished += peer.get_finished()
+            finished += node.get_finished()
             if finished:
                 break
         assert [(r.job_id, r.success, r.is_load) for r in finished] == [(7, True, False)]
-        assert peer.next_inbound() is None
-        peer.request_finish("plain")
-        stats = peer.stats()
+        assert node.next_inbound() is None
+        node.request_finish("plain")
+        stats = node.stats()
         assert isinstance(stats, dict) and stats
-        peer.drain()
-        assert isinstance(peer.take_logs(), list)
-        peer.shutdown()
-        peer.shutdown()  # idempotent
-    assert peer.handle == 0
+        node.drain()
+        assert isinstance(node.take_logs(), list)
+        node.shutdown()
+        node.shutdown()  # idempotent
+    assert node.handle == 0
 
 
 def test_errors_carry_the_library_message(library, region):
     options = _options()
-    with peerkv.Node(region, ROWS, ROW_LEN, options) as peer:
+    with peerkv.Node(region, ROWS, ROW_LEN, options) as node:
         with pytest.raises(peerkv.TransportError) as in_use:
             peerkv.Node(bytearray(ROWS * ROW_LEN), ROWS, ROW_LEN, dict(options))
         assert in_use.value.code == -6 and in_use.value.message
@@ -77,10 +77,10 @@ def test_errors_carry_the_library_message(library, region):
             "remote_decoder": {"kv_request_id": "a"},
         }
         with pytest.raises(peerkv.BadParamsError) as bad:
-            peer.request_start("r1", forbidden)
+            node.request_start("r1", forbidden)
         assert "remote_prefiller" in bad.value.message
         with pytest.raises(peerkv.InvalidArgumentError):
-            peer.submit_store("r1", 1, [b"x" * KEY_LEN], [ROWS + 5])
+            node.submit_store("r1", 1, [b"x" * KEY_LEN], [ROWS + 5])
     with pytest.raises(peerkv.InvalidArgumentError) as unknown:
         peerkv.Node(region, ROWS, ROW_LEN, _options(no_such_option=1))
     assert "no_such_option" in unknown.value.message
@@ -124,7 +124,7 @@ def test_notify_fd_wakes_the_producer_when_a_lookup_arrives(library):
             peerkv.Node(cons_region, ROWS, ROW_LEN, _options(data_transport="tcp")) as cons:
         fd = prod.notify_fd()
         assert fd >= 0 and prod.notify_fd() == fd
-        assert not _readable(fd, 0.05), "nothing to collect on a fresh peer"
+        assert not _readable(fd, 0.05), "nothing to collect on a fresh node"
 
         keys = [bytes([i]) * KEY_LEN for i in (1, 2)]
         source = {"kv_request_id": "kv-notify", "remote_host": "127.0.0.1", "remote_port": prod_options["port"]}
