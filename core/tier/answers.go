@@ -165,7 +165,7 @@ func (b *pullBook) lookupKey(r *request, key []byte) LookupResult {
 // None are moved while the lock stays held (hostgate.go).
 func (t *Tier) TakeAnswers(fits func(AnswerChange) bool) []AnswerChange {
 	if !t.lockForHost() {
-		t.gate.missed(NewsAnswers)
+		t.missedNews(NewsAnswers)
 		return nil
 	}
 	defer t.mu.Unlock()

@@ -95,6 +95,18 @@ func (t *Tier) tryLockFor(wait time.Duration) bool {
 // missed notes that a host call could not collect news kind k now.
 func (g *hostGate) missed(k NewsKind) { g.owed.Or(1 << k) }
 
+// missedNews is missed for a host call that found the lock held. Should
+// the holder have let it go since (and told its news before this mark),
+// the news is told here, so a miss is never left to a holder that is gone
+// (the loop stops with the tier).
+func (t *Tier) missedNews(k NewsKind) {
+	t.gate.missed(k)
+	if t.mu.TryLock() {
+		t.mu.Unlock()
+		t.gate.retell(t.host)
+	}
+}
+
 // retell moves the news count of every kind a host call missed, and wakes
 // the host. Called by the lock's holders as they let it go (locked), the
 // progress loop's tick among them, so a miss is told again within a tick.
@@ -206,13 +218,14 @@ func (t *Tier) queueAsk(reqID string, keys [][]byte) {
 func (b *pullBook) registerQueued(asks []queuedAsk) {
 	for _, a := range asks {
 		r := b.requests[a.reqID]
-		if r == nil || r.pull == nil || r.pull.failed || r.pull.told.ended {
+		if r == nil || r.pull == nil || r.pull.failed || r.pull.told.ended || b.h.closed() {
 			continue // its answers are MISS, told as the pull's failure where the host caches them
 		}
 		p := r.pull
 		if !a.cached || !p.told.cached || !p.probe {
+			b.registerAsked(p)
 			for off := 0; off+a.keyLen <= len(a.keys); off += a.keyLen {
-				b.lookupKey(r, a.keys[off:off+a.keyLen:off+a.keyLen])
+				p.lookup(a.keys[off : off+a.keyLen : off+a.keyLen]) // registered; the host asks again for the answer
 			}
 			continue
 		}

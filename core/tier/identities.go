@@ -28,10 +28,17 @@ func (ids *identities) has(peerID string) bool {
 }
 
 // publish makes the ids of sessions the set.
-func (ids *identities) publish(sessions map[string]*session.Session) {
-	m := make(map[string]struct{}, len(sessions))
+func (ids *identities) publish(sessions map[string]*session.Session) { ids.publishWith(sessions, "") }
+
+// publishWith makes the ids of sessions, and also (unless "") the id of
+// a session about to open, the set.
+func (ids *identities) publishWith(sessions map[string]*session.Session, also string) {
+	m := make(map[string]struct{}, len(sessions)+1)
 	for id := range sessions {
 		m[id] = struct{}{}
+	}
+	if also != "" {
+		m[also] = struct{}{}
 	}
 	ids.set.Store(&m)
 }

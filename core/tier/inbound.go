@@ -28,7 +28,7 @@ func (q *inboundQueue) len() int                { return len(q.now) + len(q.late
 // While the lock stays held it returns none (hostgate.go).
 func (t *Tier) NextInbound(fits func(Inbound) bool) (Inbound, bool, bool) {
 	if !t.lockForHost() {
-		t.gate.missed(NewsInbound)
+		t.missedNews(NewsInbound)
 		return Inbound{}, false, false
 	}
 	defer t.mu.Unlock()

@@ -93,7 +93,12 @@ func (p *peerSet) dialWith(peerID string, newSession func() *session.Session) (*
 	if len(p.sessions) >= p.cfg.MaxPeers {
 		return nil, fmt.Errorf("session limit reached (%d, option max_peers)", p.cfg.MaxPeers)
 	}
+	// Known before the dial: what the connection reports (an answer, its
+	// failure) may reach the control goroutine before the session is held,
+	// and must then wait for the lock, not be dropped as a stranger's.
+	p.known.publishWith(p.sessions, peerID)
 	if err := p.ctl.Connect(peerID); err != nil {
+		p.known.publish(p.sessions)
 		return nil, err
 	}
 	if p.refused.owes(peerID) {

@@ -131,7 +131,7 @@ func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int
 // stays held (hostgate.go).
 func (t *Tier) GetFinished(max int) []JobResult {
 	if !t.lockForHost() {
-		t.gate.missed(NewsResults)
+		t.missedNews(NewsResults)
 		return nil
 	}
 	defer t.mu.Unlock()
@@ -231,6 +231,7 @@ func (t *Tier) shutdown() error {
 	t.book.failAll()
 	t.host.stopped() // once: the host collects the failed jobs and stops waiting
 	t.mu.Unlock()
+	t.gate.retell(t.host) // what a host call missed meanwhile: the loop is stopping
 	if sessions+owed > 0 {
 		// Peers read our goodbye on one connection and see our sockets close
 		// on another: give the goodbye a head start, so they log an orderly

@@ -451,6 +451,7 @@ func (t *Tier) crashed(where string, r any) {
 // poison stops the peer for good after an internal failure.
 func (t *Tier) poison(cause error) {
 	t.mu.Lock()
+	defer t.gate.retell(t.host) // after the unlock: what a host call missed meanwhile
 	defer t.mu.Unlock()
 	first := t.life.poison(cause)
 	if first {
