@@ -3,7 +3,8 @@
 #
 #   scripts/setup.sh            build tools: gcc, make, pkg-config, libzmq3-dev, Go >= 1.26,
 #                               iproute2, nftables (ip, tc, nft: the multi-host suite, tests/netns),
-#                               cmake (the patched libzmq the tests run with: make libzmq-dev)
+#                               cmake (the patched libzmq the tests run with: make libzmq-dev),
+#                               python3-venv (for the venvs, which .ci/run then builds at once)
 #   scripts/setup.sh --python   also the test venv at .venv (vLLM, NIXL, msgspec, pytest, msgpack)
 #
 # Meant for Debian 12 as root (apt-get); elsewhere it only checks and says
@@ -35,9 +36,7 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
-packages=(build-essential pkg-config libzmq3-dev iproute2 nftables cmake)
-((want_python)) && [[ ! -x $VENV/bin/python ]] && packages+=(python3 python3-venv)
-apt_install "${packages[@]}"
+apt_install build-essential pkg-config libzmq3-dev iproute2 nftables cmake python3 python3-venv
 
 # Go is not packaged for Debian 12 in a new enough version: it must come from
 # go.dev (the Makefile also looks in /usr/local/go/bin).
