@@ -60,7 +60,7 @@ func (rk RequestKeys) key(i, keyLen int) []byte {
 // from then on queues the request's changed answers for TakeAnswers.
 func (t *Tier) LookupMode(reqID string) LookupMode {
 	t.lockHost()
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	if t.life.closed {
 		return LookupsMiss
 	}
@@ -116,7 +116,7 @@ func (t *Tier) LookupMany(batch []RequestKeys, keyLen int, out []LookupResult) e
 		}
 		t.lockHost() // the queue is full: wait rather than hold more
 	}
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	deferred := t.book.lookupMany(batch, keyLen, n, out)
 	t.flushLookups() // OnScheduleEnd's part: keys registered by earlier calls go out too
 	if deferred {
@@ -168,7 +168,7 @@ func (t *Tier) TakeAnswers(fits func(AnswerChange) bool) []AnswerChange {
 		t.missedNews(NewsAnswers)
 		return nil
 	}
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	return t.book.takeAnswers(fits)
 }
 

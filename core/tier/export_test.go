@@ -3,6 +3,7 @@ package tier
 import (
 	"context"
 	"net"
+	"time"
 )
 
 // PanicNext makes the named goroutine ("loop" or "registration") panic on
@@ -75,8 +76,15 @@ func (t *Tier) HoldLock() (release func()) {
 func (t *Tier) WaitForTheLock() { t.gate.wait = -1 }
 
 // GateWaits makes host calls try for the lock for at most the gate's
-// default wait again.
-func (t *Tier) GateWaits() { t.gate.wait = defaultHostWait }
+// default wait again, and never join its waiters (the tests hold the lock
+// themselves until the calls returned).
+func (t *Tier) GateWaits() { t.gate.wait, t.gate.starveAfter = defaultHostWait, time.Hour }
+
+// GateJoinsWaitersAfter is GateWaits, joining the lock's waiters after d
+// without it.
+func (t *Tier) GateJoinsWaitersAfter(d time.Duration) {
+	t.gate.wait, t.gate.starveAfter = defaultHostWait, d
+}
 
 // HostCallsDeferred is how many host calls did without the lock.
 func (t *Tier) HostCallsDeferred() int64 { return t.gate.deferred.Load() }

@@ -49,6 +49,10 @@ type hostGate struct {
 	// lastStats is the last document HostStats built, what it returns
 	// while the lock stays held.
 	lastStats atomic.Pointer[Stats]
+	// lastHeld is when a host call last held the lock (Unix ns; 0: never);
+	// past starveAfter without it, the next host call waits for it.
+	lastHeld    atomic.Int64
+	starveAfter time.Duration
 }
 
 // defaultHostWait is hostGate.wait: holds of real work take microseconds.
@@ -58,18 +62,39 @@ const defaultHostWait = 500 * time.Microsecond
 // registering the lookups queued meanwhile; false means it was not taken
 // (and the call is counted as deferred).
 func (t *Tier) lockForHost() bool {
-	if t.tryLockFor(t.gate.wait) {
-		t.book.registerQueued(t.gate.asks.take())
-		return true
+	if !t.tryLockFor(t.gate.wait) {
+		if !t.gate.starved() {
+			t.gate.deferred.Add(1)
+			return false
+		}
+		// Without the lock for starveAfter: TryLock fails whenever
+		// Go's mutex hands the lock to its waiters in turn (after one
+		// waited a millisecond), so join them this once.
+		t.mu.Lock()
 	}
-	t.gate.deferred.Add(1)
-	return false
+	t.gate.held()
+	t.book.registerQueued(t.gate.asks.take())
+	return true
+}
+
+// hostStarveAfter is hostGate.starveAfter: how long host calls do without
+// the lock before the next one waits for it.
+const hostStarveAfter = time.Second
+
+// held records that a host call holds the lock now.
+func (g *hostGate) held() { g.lastHeld.Store(time.Now().UnixNano()) }
+
+// starved says host calls did without the lock for hostStarveAfter.
+func (g *hostGate) starved() bool {
+	last := g.lastHeld.Load()
+	return last != 0 && time.Since(time.Unix(0, last)) > g.starveAfter
 }
 
 // lockHost takes the tier's lock for a host call that must have it, and
 // registers the lookups queued meanwhile first.
 func (t *Tier) lockHost() {
 	t.mu.Lock()
+	t.gate.held()
 	t.book.registerQueued(t.gate.asks.take())
 }
 
@@ -211,10 +236,11 @@ func (t *Tier) queueAsk(reqID string, keys [][]byte) {
 
 // registerQueued registers the keys host calls queued while they did
 // without the lock, in the order they were asked; t.mu held. A LookupMany's
-// keys are registered as a large first ask's are (asked.go): the host was
-// told RETRY, so every other answer is queued as a change. A Lookup's are
-// registered as the call would have, its answers dropped: the host asks
-// again.
+// new keys are registered as a large first ask's are (asked.go), and a key
+// it asked again (the host forgets its answers after a load) is answered
+// again: either way the host was told RETRY, so every other answer is
+// queued as a change. A Lookup's are registered as the call would have,
+// its answers dropped: the host asks again.
 func (b *pullBook) registerQueued(asks []queuedAsk) {
 	for _, a := range asks {
 		r := b.requests[a.reqID]
@@ -232,9 +258,35 @@ func (b *pullBook) registerQueued(asks []queuedAsk) {
 		if len(p.asked) > 0 && p.askedKeyLen != a.keyLen {
 			b.registerAsked(p) // keys of another length first: registered in the order asked
 		}
-		if len(p.asked) == 0 {
-			b.toRegister = append(b.toRegister, p)
+		for off := 0; off+a.keyLen <= len(a.keys); off += a.keyLen {
+			key := a.keys[off : off+a.keyLen : off+a.keyLen]
+			if k := p.byKey[string(key)]; k != nil {
+				b.toldRetry(p, k)
+				continue
+			}
+			if len(p.asked) == 0 {
+				b.toRegister = append(b.toRegister, p)
+			}
+			p.asked, p.askedKeyLen = append(p.asked, key...), a.keyLen
 		}
-		p.asked, p.askedKeyLen = append(p.asked, a.keys...), a.keyLen
 	}
+}
+
+// toldRetry answers k again for a host that was told RETRY for it, and
+// queues the answer as a change unless it is RETRY still (a later change
+// of it is queued as any other).
+func (b *pullBook) toldRetry(p *pull, k *keyAnswer) {
+	k.told = p.answer(k)
+	if k.told != Retry {
+		p.told.changed = append(p.told.changed, int32(k.pos))
+		b.queueAnswers(p)
+	}
+}
+
+// unlockHost lets the lock go at the end of a host call, then tells what
+// another host call missed meanwhile (the progress loop, which would tell
+// it at its next tick, stops with the tier).
+func (t *Tier) unlockHost() {
+	t.mu.Unlock()
+	t.gate.retell(t.host)
 }

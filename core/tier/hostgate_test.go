@@ -114,3 +114,98 @@ func TestLookupsAskedWhileTheLockIsHeldArriveAsChanges(t *testing.T) {
 	}, 5*time.Second, 2*time.Millisecond, "answers told: %v", h.answers["a"])
 	r.finish("a")
 }
+
+// A caching host re-asks keys it asked before (vllm.py resets its answers
+// after a load); when that LookupMany finds the lock held it is told RETRY,
+// and a change must follow.
+func TestKeysAskedAgainWhileTheLockIsHeldArriveAsChanges(t *testing.T) {
+	r := newMultiRig(t, 1)
+	r.cons.GateWaits()
+	r.srcs[0].hold(0, 1, 2, 3)
+	h := newCachingHost(t, r.cons)
+	_, err := r.cons.StartRequest("a", kvParams("kv-a", r.srcs[0]))
+	require.NoError(t, err)
+	require.Equal(t, tier.LookupsAsk, r.cons.LookupMode("a"))
+	h.step("a", keys(0, 1))
+	require.Eventually(t, func() bool {
+		r.serveAll()
+		h.collect()
+		return h.answers["a"][string(key(1))] == tier.Hit
+	}, 5*time.Second, 2*time.Millisecond)
+
+	// The host forgets its answers (as after a load) and asks again, gated.
+	delete(h.answers, "a")
+	release := r.cons.HoldLock()
+	done := make(chan struct{})
+	go func() { h.step("a", keys(0, 1)); close(done) }()
+	select {
+	case <-done:
+		release()
+	case <-time.After(2 * time.Second):
+		release()
+		<-done
+		t.Fatal("LookupMany waited for the lock a goroutine held")
+	}
+	require.Equal(t, []tier.LookupResult{tier.Retry, tier.Retry}, h.asked, "asked while the lock was held")
+	ok := false
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		r.serveAll()
+		h.collect()
+		if h.answers["a"][string(key(0))] != tier.Retry && h.answers["a"][string(key(1))] != tier.Retry {
+			ok = true
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.True(t, ok, "keys re-asked under the gate stay RETRY: %v", h.answers["a"])
+	r.finish("a")
+}
+
+// Host calls do without the lock only so long: a goroutine that keeps it
+// (or Go's mutex handing it to its waiters in turn, which no TryLock can
+// take) makes the first call past the bound wait for it, so results are
+// collected at most that late, each once.
+func TestAHostCallWithoutTheLockForLongWaitsForIt(t *testing.T) {
+	c := newCluster(t)
+	p := c.node(1)
+	const bound = 50 * time.Millisecond
+	p.GateJoinsWaitersAfter(bound)
+	const req = "req-1"
+	_, err := p.StartRequest(req, nil)
+	require.NoError(t, err)
+	require.NoError(t, p.SubmitStore(req, 7, keys(0), []int64{0})) // reported at once
+
+	release := p.HoldLock()
+	held := time.Now()
+	got := make(chan []tier.JobResult)
+	go func() {
+		for {
+			if r := p.GetFinished(64); r != nil {
+				got <- r
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	time.Sleep(4 * bound)
+	select {
+	case r := <-got:
+		release()
+		t.Fatalf("collected %v while the lock was held", r)
+	default:
+	}
+	release()
+	var r []tier.JobResult
+	select {
+	case r = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the results were never collected")
+	}
+	require.Len(t, r, 1)
+	assert.EqualValues(t, 7, r[0].JobID)
+	assert.Empty(t, p.GetFinished(64), "reported once")
+	deferred := p.HostCallsDeferred()
+	assert.Greater(t, deferred, int64(0), "calls did without the lock first")
+	assert.Less(t, deferred, int64(4*bound/(2*time.Millisecond)), "then one waited for it: %v held", time.Since(held))
+}

@@ -31,14 +31,14 @@ func (t *Tier) NextInbound(fits func(Inbound) bool) (Inbound, bool, bool) {
 		t.missedNews(NewsInbound)
 		return Inbound{}, false, false
 	}
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	return t.desk.next(fits)
 }
 
 // AnswerInbound applies the host's answers to an Evaluate item.
 func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID int64, pinSlots []int64) (bool, error) {
 	t.lockHost()
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	if err := t.life.usable(); err != nil {
 		return true, err
 	}

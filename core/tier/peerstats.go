@@ -30,15 +30,16 @@ func (t *Tier) HostStats() Stats {
 	if !t.lockForHost() {
 		if last := t.gate.lastStats.Load(); last != nil {
 			st := *last
-			st.Peers = nil
 			st.HostCallsDeferred = t.gate.deferred.Load()
 			return st
 		}
 		t.lockHost() // none built yet: the first waits
 	}
 	st := t.snapshotLocked(t.telemetry.peersDue(t.now()))
-	t.mu.Unlock()
-	t.gate.lastStats.Store(&st)
+	t.unlockHost()
+	last := st
+	last.Peers = nil // a stand-in never carries them
+	t.gate.lastStats.Store(&last)
 	return st
 }
 
@@ -50,7 +51,7 @@ func (t *Tier) PeersDelivered() {
 	if !t.lockForHost() {
 		return
 	}
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	t.telemetry.peersSent(t.now())
 }
 

@@ -13,7 +13,7 @@ import (
 func (t *Tier) StartRequest(reqID string, kvParams []byte) (Policy, error) {
 	p, err := params.Parse(kvParams, t.cfg.MaxSourcesPerRequest)
 	t.lockHost()
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	if err := t.life.usable(); err != nil {
 		return BlockLevel, err
 	}
@@ -52,7 +52,7 @@ func (t *Tier) Lookup(reqID string, keys [][]byte, out []LookupResult) error {
 		t.queueAsk(reqID, keys)
 		return nil
 	}
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	r := t.book.request(reqID)
 	for i, k := range keys {
 		out[i] = t.book.lookupKey(r, k)
@@ -67,7 +67,7 @@ func (t *Tier) OnScheduleEnd() error {
 		t.book.wakeRegister() // the loop's wake-up registers the queued keys and flushes
 		return nil
 	}
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	t.flushLookups()
 	return nil
 }
@@ -95,7 +95,7 @@ func (t *Tier) SubmitLoad(reqID string, jobID int64, keys [][]byte, slots []int6
 		return err
 	}
 	t.lockHost()
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	j, err := t.admitJob(jobID, true, rows)
 	if err != nil {
 		return err
@@ -113,7 +113,7 @@ func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int
 		return err
 	}
 	t.lockHost()
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	if _, err := t.admitJob(jobID, false, rows); err != nil {
 		return err
 	}
@@ -134,14 +134,14 @@ func (t *Tier) GetFinished(max int) []JobResult {
 		t.missedNews(NewsResults)
 		return nil
 	}
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	return t.ledger.take(max)
 }
 
 // FinishRequest ends a request's roles; its jobs are still reported.
 func (t *Tier) FinishRequest(reqID string) error {
 	t.lockHost()
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	if t.life.closed {
 		return nil
 	}
@@ -162,7 +162,7 @@ func (t *Tier) HasPendingWork() bool {
 	if !t.lockForHost() {
 		return true
 	}
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	if t.life.closed {
 		return t.ledger.unreported() > 0
 	}
@@ -254,7 +254,7 @@ const goodbyeGrace = 100 * time.Millisecond
 
 func (t *Tier) transfersInFlight() bool {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	for s := range t.peers.all {
 		if s.TransfersInFlight() {
 			return true

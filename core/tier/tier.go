@@ -83,7 +83,7 @@ func New(cfg config.Config, region data.Region, deps Deps) (*Tier, error) {
 		ctl:       deps.Control,
 		now:       now,
 		host:      newHostSide(now),
-		gate:      hostGate{wait: defaultHostWait},
+		gate:      hostGate{wait: defaultHostWait, starveAfter: hostStarveAfter},
 		checks:    checker{done: make(chan checked, 64)},
 		intake:    newIntake(cfg.MaxFrameBytes),
 		telemetry: newTelemetry(),

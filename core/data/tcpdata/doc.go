@@ -71,7 +71,8 @@
 //
 // Segments may split a row; their lengths add up to the part's row bytes,
 // unless a cancel marker ends the part early. A segment longer than what
-// is left of the part is a protocol error. At a cancel marker the receiver
+// is left of the part, or shorter than 64 KiB without ending the part, is a
+// protocol error. At a cancel marker the receiver
 // drops a row it has not read whole (a guarded row is copied in only
 // whole) and acks status 9 (canceled) with the row it was reading.
 //

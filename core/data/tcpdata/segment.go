@@ -95,6 +95,11 @@ func (s *segmentReader) Read(b []byte) (int, error) {
 		if n > s.partLeft {
 			return 0, fmt.Errorf("%w: a segment of %d bytes where %d of the part are left", ErrProtocol, n, s.partLeft)
 		}
+		if n < min(minSegmentBytes, s.partLeft) {
+			// Writers never send less but at a part's end: tiny segments
+			// would only make reading (or discarding) the part cost more.
+			return 0, fmt.Errorf("%w: a segment of %d bytes (at least %d unless it ends the part)", ErrProtocol, n, minSegmentBytes)
+		}
 		s.segLeft = n
 	}
 	if uint64(len(b)) > s.segLeft {

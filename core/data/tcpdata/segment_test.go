@@ -28,23 +28,28 @@ func segments(lengths ...uint32) io.Reader {
 // segments that split rows, stops at a cancel marker, and refuses a
 // segment longer than what is left of the part instead of reading past it.
 func TestSegmentReaderKeepsThePartInStep(t *testing.T) {
-	r := &segmentReader{conn: segments(3, 5, 2), partLeft: 10}
+	const m = minSegmentBytes // every segment but a part's last is at least this long
+	r := &segmentReader{conn: segments(m, m+5, 2), partLeft: 2*m + 7}
 	got, err := io.ReadAll(r)
 	require.NoError(t, err)
-	assert.Equal(t, bytes.Repeat([]byte{0x5A}, 10), got)
+	assert.Equal(t, bytes.Repeat([]byte{0x5A}, 2*m+7), got)
 
-	r = &segmentReader{conn: segments(4, 0, 6), partLeft: 10}
+	r = &segmentReader{conn: segments(m, 0, 6), partLeft: 2 * m}
 	got, err = io.ReadAll(r)
 	assert.ErrorIs(t, err, errPartCanceled)
-	assert.Len(t, got, 4, "the bytes before the marker, nothing after it")
+	assert.Len(t, got, m, "the bytes before the marker, nothing after it")
 	_, err = r.Read(make([]byte, 1))
 	assert.ErrorIs(t, err, errPartCanceled, "and nothing after it on a later read")
 
-	r = &segmentReader{conn: segments(4, 7), partLeft: 10}
+	r = &segmentReader{conn: segments(m, 2*m), partLeft: m + 10}
 	_, err = io.ReadAll(r)
-	assert.ErrorIs(t, err, ErrProtocol)
+	assert.ErrorIs(t, err, ErrProtocol, "a segment past the part's end")
 
-	r = &segmentReader{conn: io.MultiReader(segments(4), bytes.NewReader([]byte{5, 0, 0, 0, 1})), partLeft: 10}
+	r = &segmentReader{conn: segments(3, m), partLeft: m + 3}
+	_, err = io.ReadAll(r)
+	assert.ErrorIs(t, err, ErrProtocol, "a tiny segment that does not end the part")
+
+	r = &segmentReader{conn: io.MultiReader(segments(m), bytes.NewReader([]byte{5, 0, 0, 0, 1})), partLeft: m + 5}
 	_, err = io.ReadAll(r)
 	assert.ErrorIs(t, err, io.ErrUnexpectedEOF, "a writer gone mid-segment")
 }

@@ -418,13 +418,18 @@ func (s *sender) send(p *part) (keepConn bool, err error) {
 		return false, fmt.Errorf("tcpdata: ack of transfer %d from %s: %w", p.tr.id, s.link.peerID, err)
 	}
 	raceSync()
-	s.speed.observe(max(sent, 1), start, written, time.Now())
+	if !cut { // a cut part's few bytes say nothing of the link's rate
+		s.speed.observe(max(sent, 1), start, written, time.Now())
+	}
 	a := parseAck(s.ackBuf[:])
 	if a.transferID != p.tr.id {
 		return false, fmt.Errorf("%w: %s acked transfer %d while %d was pending", ErrProtocol, s.link.peerID, a.transferID, p.tr.id)
 	}
 	if cut && a.status == statusOK {
 		return false, fmt.Errorf("%w: %s acked transfer %d whole after its cancel marker", ErrProtocol, s.link.peerID, p.tr.id)
+	}
+	if !cut && a.status == statusCanceled {
+		return false, fmt.Errorf("%w: %s acked transfer %d as cut, which it was not", ErrProtocol, s.link.peerID, p.tr.id)
 	}
 	// A bad-request answer means the receiver is dropping the connection.
 	return a.status != statusBadRequest, partError(s.link.peerID, a.status, a.row)
