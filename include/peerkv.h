@@ -35,11 +35,14 @@
  *     count moves again (the notification fd becomes readable) once the
  *     library is done, so the host calls again; peerkv_lookup and
  *     peerkv_lookup_many answer RETRY for every key (the library registers
- *     the keys itself; for peerkv_lookup_many the answers come as changes);
+ *     the keys itself; for peerkv_lookup_many the answers of an ASK
+ *     request come as changes);
  *     peerkv_on_schedule_end's sends happen on the library's thread;
  *     peerkv_has_pending_work returns 1; peerkv_stats writes the last
  *     document it built, without "peers". Nothing is lost or reported
- *     twice. The "host_calls_deferred" counter says how often it happened.
+ *     twice. After a second of calls that all did without, the next one
+ *     waits its turn, so work is never put off for longer. The
+ *     "host_calls_deferred" counter says how often it happened.
  *   - fork: after fork(), every call in the child returns PEERKV_ERR_FORKED.
  *     Load the library after the process split (e.g. in a spawned child).
  *   - Panics inside the library are recovered and returned as

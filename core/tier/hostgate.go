@@ -27,6 +27,10 @@ import (
 //     progress loop;
 //   - HasPendingWork says true.
 //
+// After starveAfter without the lock, the next call waits for it once: Go's
+// mutex hands the lock to its waiters in turn once one waited a
+// millisecond, and a TryLock never gets it then.
+//
 // Calls made once per request or job (StartRequest, LookupMode, SubmitLoad,
 // SubmitStore, AnswerInbound, FinishRequest) still wait: what they return
 // depends on state only the lock's holder may read. They register the
