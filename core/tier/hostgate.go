@@ -53,10 +53,11 @@ type hostGate struct {
 	// lastStats is the last document HostStats built, what it returns
 	// while the lock stays held.
 	lastStats atomic.Pointer[Stats]
-	// lastHeld is when a host call last held the lock (Unix ns; 0: never);
-	// past starveAfter without it, the next host call waits for it.
-	lastHeld    atomic.Int64
-	starveAfter time.Duration
+	// missingSince is when host calls started to do without the lock
+	// (Unix ns; 0: the last one held it); past starveAfter, the next one
+	// waits for it.
+	missingSince atomic.Int64
+	starveAfter  time.Duration
 }
 
 // defaultHostWait is hostGate.wait: holds of real work take microseconds.
@@ -85,13 +86,24 @@ func (t *Tier) lockForHost() bool {
 // the lock before the next one waits for it.
 const hostStarveAfter = time.Second
 
-// held records that a host call holds the lock now.
-func (g *hostGate) held() { g.lastHeld.Store(time.Now().UnixNano()) }
+// held records that a host call holds the lock now (a load, no store, in
+// the common case: no clock read on the hot path).
+func (g *hostGate) held() {
+	if g.missingSince.Load() != 0 {
+		g.missingSince.Store(0)
+	}
+}
 
-// starved says host calls did without the lock for hostStarveAfter.
+// starved says host calls have done without the lock for starveAfter; the
+// first call without it starts the count.
 func (g *hostGate) starved() bool {
-	last := g.lastHeld.Load()
-	return last != 0 && time.Since(time.Unix(0, last)) > g.starveAfter
+	now := time.Now().UnixNano()
+	since := g.missingSince.Load()
+	if since == 0 {
+		g.missingSince.CompareAndSwap(0, now)
+		return false
+	}
+	return time.Duration(now-since) > g.starveAfter
 }
 
 // lockHost takes the tier's lock for a host call that must have it, and
@@ -140,10 +152,10 @@ func (t *Tier) missedNews(k NewsKind) {
 // the host. Called by the lock's holders as they let it go (locked), the
 // progress loop's tick among them, so a miss is told again within a tick.
 func (g *hostGate) retell(h *hostSide) {
-	owed := g.owed.Swap(0)
-	if owed == 0 {
+	if g.owed.Load() == 0 { // the common case: a load, not a swap
 		return
 	}
+	owed := g.owed.Swap(0)
 	for k := NewsKind(0); k < NewsKinds; k++ {
 		if owed&(1<<k) != 0 {
 			h.news.bump(k)
