@@ -38,6 +38,9 @@
  *     the keys itself; for peerkv_lookup_many the answers of an ASK
  *     request come as changes);
  *     peerkv_on_schedule_end's sends happen on the library's thread;
+ *     peerkv_answer_inbound, answering the EVALUATE handed out last, sets
+ *     *finished to 0 and a FINISH for that lookup follows once the answer
+ *     was applied (its pin job is reported as usual);
  *     peerkv_has_pending_work returns 1; peerkv_stats writes the last
  *     document it built, without "peers". Nothing is lost or reported
  *     twice. After a second of calls that all did without, the next one

@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/peerkv/peerkv/core/session"
 )
 
 // Host calls run on vLLM's scheduler thread, which must never wait on the
@@ -25,6 +27,9 @@ import (
 //     for a large first ask (asked.go);
 //   - OnScheduleEnd (and LookupMany's part of it) leaves the flush to the
 //     progress loop;
+//   - AnswerInbound queues the answer to the Evaluate item handed out last
+//     and says the lookup is not finished; the next holder applies it, and
+//     queues the Finish item the host is then owed (answerQueue);
 //   - HasPendingWork says true.
 //
 // After starveAfter without the lock, the next call waits for it once: Go's
@@ -32,9 +37,9 @@ import (
 // millisecond, and a TryLock never gets it then.
 //
 // Calls made once per request or job (StartRequest, LookupMode, SubmitLoad,
-// SubmitStore, AnswerInbound, FinishRequest) still wait: what they return
-// depends on state only the lock's holder may read. They register the
-// queued keys first, so a request's keys keep the order it asked them in.
+// SubmitStore, FinishRequest) still wait: what they return depends on state
+// only the lock's holder may read. They apply what was queued first, so a
+// request's keys keep the order it asked them in.
 // Strangers never take the lock (intake.go): only peers with a session,
 // and our own goroutines, can hold it.
 
@@ -50,6 +55,7 @@ type hostGate struct {
 	deferred atomic.Int64  // host calls that did without the lock
 	owed     atomic.Uint32 // bit k: news kind k is to be told again (retell)
 	asks     askQueue
+	answers  answerQueue
 	// lastStats is the last document HostStats built, what it returns
 	// while the lock stays held.
 	lastStats atomic.Pointer[Stats]
@@ -78,8 +84,15 @@ func (t *Tier) lockForHost() bool {
 		t.mu.Lock()
 	}
 	t.gate.held()
-	t.book.registerQueued(t.gate.asks.take())
+	t.takeQueued()
 	return true
+}
+
+// takeQueued applies what host calls queued while they did without the
+// lock, in the order they made it; t.mu held.
+func (t *Tier) takeQueued() {
+	t.book.registerQueued(t.gate.asks.take())
+	t.applyQueuedAnswers(t.gate.answers.take())
 }
 
 // hostStarveAfter is hostGate.starveAfter: how long host calls do without
@@ -111,7 +124,7 @@ func (g *hostGate) starved() bool {
 func (t *Tier) lockHost() {
 	t.mu.Lock()
 	t.gate.held()
-	t.book.registerQueued(t.gate.asks.take())
+	t.takeQueued()
 }
 
 // tryLockFor takes the lock if it is free within wait; a negative wait
@@ -305,4 +318,71 @@ func (b *pullBook) toldRetry(p *pull, k *keyAnswer) {
 func (t *Tier) unlockHost() {
 	t.mu.Unlock()
 	t.gate.retell(t.host)
+}
+
+// queuedAnswer is the host's answer to an Evaluate item, made while the
+// lock was held (AnswerInbound).
+type queuedAnswer struct {
+	lookupID int64
+	reqID    string // the Evaluate's: the Finish item that follows names it
+	answers  []session.Answer
+	pinJobID int64
+	rows     []uint64
+}
+
+// answerQueue holds the answers to Evaluate items made while the lock was
+// held, in order, until the next holder applies them. Only the answer to
+// the Evaluate handed out last is queued (hosts answer each as they get
+// it): its request id is at hand for the Finish item the host is then owed.
+type answerQueue struct {
+	mu      sync.Mutex
+	last    handout // the Evaluate handed out last, not answered yet
+	answers []queuedAnswer
+	count   atomic.Int32 // len(answers), read without mu
+}
+
+type handout struct {
+	lookupID int64
+	reqID    string
+	set      bool
+}
+
+// maxQueuedAnswers bounds the answers queued; past it AnswerInbound waits.
+const maxQueuedAnswers = 256
+
+// handedOut records the Evaluate item NextInbound hands the host.
+func (g *hostGate) handedOut(lookupID int64, reqID string) {
+	q := &g.answers
+	q.mu.Lock()
+	q.last = handout{lookupID: lookupID, reqID: reqID, set: true}
+	q.mu.Unlock()
+}
+
+// queueAnswer queues a when it answers the Evaluate handed out last and
+// there is room; false means the caller must apply it itself.
+func (g *hostGate) queueAnswer(a queuedAnswer) bool {
+	q := &g.answers
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.last.set || q.last.lookupID != a.lookupID || len(q.answers) >= maxQueuedAnswers {
+		return false
+	}
+	a.reqID, q.last = q.last.reqID, handout{}
+	q.answers = append(q.answers, a)
+	q.count.Store(int32(len(q.answers)))
+	return true
+}
+
+// take empties the queue, returning what it held in order; nil (and no
+// lock taken) when it is empty.
+func (q *answerQueue) take() []queuedAnswer {
+	if q.count.Load() == 0 {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	answers := q.answers
+	q.answers = nil
+	q.count.Store(0)
+	return answers
 }

@@ -209,3 +209,61 @@ func TestAHostCallWithoutTheLockForLongWaitsForIt(t *testing.T) {
 	assert.Greater(t, deferred, int64(0), "calls did without the lock first")
 	assert.Less(t, deferred, int64(4*bound/(2*time.Millisecond)), "then one waited for it: %v held", time.Since(held))
 }
+
+// The host's answer to an inbound lookup, made while a goroutine holds the
+// producer's lock, returns at once as not finished; once the lock is let
+// go it is applied (the consumer gets its HITs, the pins are served and
+// reported once), and the host is given the Finish item it is then owed.
+func TestAnAnswerMadeWhileTheLockIsHeldIsAppliedAndFinished(t *testing.T) {
+	r := newMultiRig(t, 1)
+	src := r.srcs[0]
+	src.GateWaits()
+	src.hold(0, 1)
+	_, err := r.cons.StartRequest("a", kvParams("kv-a", src))
+	require.NoError(t, err)
+	ks := keys(0, 1)
+	var in tier.Inbound
+	require.Eventually(t, func() bool {
+		r.cons.lookup("a", ks)
+		require.NoError(t, r.cons.OnScheduleEnd())
+		var ok bool
+		in, ok, _ = src.NextInbound(nil)
+		return ok && in.Kind == tier.InboundEvaluate
+	}, 5*time.Second, 2*time.Millisecond, "the source never got the lookup")
+
+	const pinJob = 4242
+	release := src.HoldLock()
+	answered := make(chan bool)
+	go func() {
+		finished, err := src.AnswerInbound(in.LookupID, []tier.LookupResult{tier.Hit, tier.Hit}, pinJob, []int64{0, 1})
+		assert.NoError(t, err)
+		answered <- finished
+	}()
+	select {
+	case finished := <-answered:
+		release()
+		assert.False(t, finished, "not finished: a Finish item follows")
+	case <-time.After(2 * time.Second):
+		release()
+		<-answered
+		t.Fatal("AnswerInbound waited for the lock a goroutine held")
+	}
+
+	var finish tier.Inbound
+	require.Eventually(t, func() bool {
+		it, ok, _ := src.NextInbound(nil)
+		if ok && it.Kind == tier.InboundFinish && it.LookupID == in.LookupID {
+			finish = it
+		}
+		return finish.Kind == tier.InboundFinish
+	}, 5*time.Second, 2*time.Millisecond, "the host was never given the lookup's Finish item")
+	assert.Equal(t, in.ReqID, finish.ReqID)
+	require.Eventually(t, func() bool {
+		return assert.ObjectsAreEqual([]tier.LookupResult{tier.Hit, tier.Hit}, r.cons.lookup("a", ks))
+	}, 5*time.Second, 2*time.Millisecond, "the consumer never got the answer")
+
+	require.NoError(t, r.cons.FinishRequest("a")) // the pins are released with the request
+	src.waitJob(pinJob, 5*time.Second) // reported
+	time.Sleep(20 * time.Millisecond)
+	src.collect() // fails on a second report
+}

@@ -226,6 +226,7 @@ func (t *Tier) shutdown() error {
 		time.Sleep(time.Millisecond)
 	}
 	t.mu.Lock()
+	t.applyQueuedAnswers(t.gate.answers.take()) // their pins are the jobs of a lookup answered before the end
 	t.life.close()
 	sessions, owed := t.teardown(endShutdown)
 	t.book.failAll()

@@ -281,7 +281,7 @@ func (t *Tier) loop() {
 		case <-t.book.registerWake:
 			more := false
 			t.locked(func() {
-				t.book.registerQueued(t.gate.asks.take())
+				t.takeQueued()
 				more = t.book.registerSome()
 				t.flushLookups()
 			})
