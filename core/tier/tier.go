@@ -457,8 +457,9 @@ func (t *Tier) poison(cause error) {
 	if first {
 		t.logf("ERROR", "%v", cause)
 	}
-	t.teardown(endPoisoned) // sessions dropped, not closed: their state is what may be broken
-	if first {              // wake the host once: collect the failed jobs; new work fails
+	t.applyQueuedAnswers(t.gate.answers.take()) // unusable now: their pins are reported failed
+	t.teardown(endPoisoned)                     // sessions dropped, not closed: their state is what may be broken
+	if first {                                  // wake the host once: collect the failed jobs; new work fails
 		t.book.failAll()
 		t.host.stopped()
 	}
