@@ -263,7 +263,7 @@ func TestAnAnswerMadeWhileTheLockIsHeldIsAppliedAndFinished(t *testing.T) {
 	}, 5*time.Second, 2*time.Millisecond, "the consumer never got the answer")
 
 	require.NoError(t, r.cons.FinishRequest("a")) // the pins are released with the request
-	src.waitJob(pinJob, 5*time.Second) // reported
+	src.waitJob(pinJob, 5*time.Second)            // reported
 	time.Sleep(20 * time.Millisecond)
 	src.collect() // fails on a second report
 }
