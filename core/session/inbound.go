@@ -256,6 +256,7 @@ func (p *producer) dropLookups(kvID string) {
 		return
 	}
 	for id, l := range req.lookups {
+		l.lateAnswer = l.lateAnswer || l.CheckedOut() // the host's answer ends it: no Finish item
 		l.state = inboundDone
 		req.dropLookup(id)
 		p.report(Report{Kind: InboundFinished, Lookup: l})

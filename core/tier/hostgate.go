@@ -63,6 +63,7 @@ type hostGate struct {
 	// (Unix ns; 0: the last one held it); past starveAfter, the next one
 	// waits for it.
 	missingSince atomic.Int64
+	lastMiss     atomic.Int64 // Unix ns of the last call without the lock
 	starveAfter  time.Duration
 }
 
@@ -107,13 +108,15 @@ func (g *hostGate) held() {
 	}
 }
 
-// starved says host calls have done without the lock for starveAfter; the
-// first call without it starts the count.
+// starved says host calls have kept doing without the lock for
+// starveAfter: the first call without it starts the count, and so does one
+// after a pause of calls (an idle host is not starved).
 func (g *hostGate) starved() bool {
 	now := time.Now().UnixNano()
+	prev := g.lastMiss.Swap(now)
 	since := g.missingSince.Load()
-	if since == 0 {
-		g.missingSince.CompareAndSwap(0, now)
+	if since == 0 || time.Duration(now-prev) > g.starveAfter/4 {
+		g.missingSince.Store(now)
 		return false
 	}
 	return time.Duration(now-since) > g.starveAfter
@@ -307,14 +310,16 @@ func (b *pullBook) registerQueued(asks []queuedAsk) {
 func (b *pullBook) toldRetry(p *pull, k *keyAnswer) {
 	k.told = p.answer(k)
 	if k.told != Retry {
+		b.countAnswer(k.told)
 		p.told.changed = append(p.told.changed, int32(k.pos))
 		b.queueAnswers(p)
 	}
 }
 
-// unlockHost lets the lock go at the end of a host call, then tells what
-// another host call missed meanwhile (the progress loop, which would tell
-// it at its next tick, stops with the tier).
+// unlockHost lets the lock go at the end of a host call (or of any other
+// hold outside locked), then tells what a host call missed meanwhile (the
+// progress loop, which would tell it at its next tick, stops with the
+// tier).
 func (t *Tier) unlockHost() {
 	t.mu.Unlock()
 	t.gate.retell(t.host)

@@ -267,3 +267,86 @@ func TestAnAnswerMadeWhileTheLockIsHeldIsAppliedAndFinished(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	src.collect() // fails on a second report
 }
+
+// An inbound lookup whose request the consumer ends while the host
+// evaluates it ends exactly once for the host: by the answer's "finished"
+// (answered with the lock free) or by one Finish item (answered while a
+// goroutine held the lock); its pins are reported once either way.
+func TestAnInboundLookupEndedWhileEvaluatedEndsOnce(t *testing.T) {
+	for _, held := range []bool{false, true} {
+		t.Run(map[bool]string{false: "lock free", true: "lock held"}[held], func(t *testing.T) {
+			r := newMultiRig(t, 1)
+			src := r.srcs[0]
+			src.GateWaits()
+			src.hold(0, 1)
+			_, err := r.cons.StartRequest("a", kvParams("kv-a", src))
+			require.NoError(t, err)
+			var in tier.Inbound
+			require.Eventually(t, func() bool {
+				r.cons.lookup("a", keys(0, 1))
+				require.NoError(t, r.cons.OnScheduleEnd())
+				var ok bool
+				in, ok, _ = src.NextInbound(nil)
+				return ok && in.Kind == tier.InboundEvaluate
+			}, 5*time.Second, 2*time.Millisecond)
+			require.NoError(t, r.cons.FinishRequest("a")) // its terminal fetch drops the lookup at the source
+			require.Eventually(t, func() bool { return src.Stats().InboundActive == 0 }, 5*time.Second, 2*time.Millisecond)
+
+			const pinJob = 4242
+			release := func() {}
+			if held {
+				release = src.HoldLock()
+			}
+			finished, err := src.AnswerInbound(in.LookupID, []tier.LookupResult{tier.Hit, tier.Hit}, pinJob, []int64{0, 1})
+			release()
+			require.NoError(t, err)
+			assert.Equal(t, !held, finished)
+			finishes := 0
+			deadline := time.Now().Add(300 * time.Millisecond)
+			for time.Now().Before(deadline) {
+				if it, ok, _ := src.NextInbound(nil); ok && it.Kind == tier.InboundFinish && it.LookupID == in.LookupID {
+					finishes++
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			ends := finishes
+			if finished {
+				ends++
+			}
+			assert.Equal(t, 1, ends, "finished=%v and %d Finish items", finished, finishes)
+			res := src.waitJob(pinJob, 5*time.Second)
+			assert.False(t, res.Success, "nothing was served: the pins are released as failed")
+			time.Sleep(20 * time.Millisecond)
+			src.collect() // fails on a second report
+		})
+	}
+}
+
+// The bound on doing without the lock counts calls that keep missing it,
+// not the time since the first miss: after an idle gap, a call that finds
+// the lock held returns at once again.
+func TestAMissAfterAnIdleGapDoesNotWaitForTheLock(t *testing.T) {
+	c := newCluster(t)
+	p := c.node(1)
+	p.GateJoinsWaitersAfter(50 * time.Millisecond)
+	release := p.HoldLock()
+	p.GetFinished(64) // a miss
+	release()
+	time.Sleep(200 * time.Millisecond) // idle: no host call
+	release = p.HoldLock()
+	done := make(chan time.Duration)
+	go func() {
+		start := time.Now()
+		p.GetFinished(64)
+		done <- time.Since(start)
+	}()
+	select {
+	case took := <-done:
+		release()
+		assert.Less(t, took, 100*time.Millisecond)
+	case <-time.After(2 * time.Second):
+		release()
+		<-done
+		t.Fatal("the first miss after an idle gap waited for the lock")
+	}
+}

@@ -248,7 +248,7 @@ func (t *Tier) takeFromLane() bool {
 		return false
 	}
 	ln, ev, ok := t.intake.lanes.next()
-	t.mu.Unlock()
+	t.unlockHost() // tells what a host call missed meanwhile, as every holder does
 	if !ok {
 		return false
 	}

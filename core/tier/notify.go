@@ -86,7 +86,7 @@ func (n *notifier) Close() error {
 // missed. It stays valid after Shutdown, until CloseNotify.
 func (t *Tier) NotifyFD() (int, error) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	fd, created, err := t.host.notify.get()
 	if err != nil {
 		return -1, err

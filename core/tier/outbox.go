@@ -112,10 +112,10 @@ func (t *Tier) sendDeferred() bool {
 	t.mu.Lock()
 	peerID, head, ok := t.desk.outbox.head()
 	if !ok || t.life.closed {
-		t.mu.Unlock()
+		t.unlockHost()
 		return false
 	}
-	t.mu.Unlock()
+	t.unlockHost()
 
 	var frame []byte
 	var err error

@@ -183,7 +183,7 @@ func (t *Tier) Drain() error {
 	for {
 		t.mu.Lock()
 		n := t.inFlight()
-		t.mu.Unlock()
+		t.unlockHost()
 		if n == 0 {
 			return nil
 		}

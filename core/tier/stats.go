@@ -102,7 +102,7 @@ func (t *Tier) Stats() Stats { return t.snapshot(true) }
 // costs a host step most when not due (HostStats).
 func (t *Tier) snapshot(peers bool) Stats {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlockHost()
 	return t.snapshotLocked(peers)
 }
 

@@ -43,6 +43,14 @@ func TestInboundConnectionsAreBounded(t *testing.T) {
 			_, err := io.ReadFull(c, make([]byte, serverHelloLen))
 			require.NoError(t, err, "every newcomer gets the server hello")
 			conns = append(conns, c)
+			// "Oldest" is who we waited longest to read from: let the
+			// server begin waiting on this one before the next is dialed.
+			require.Eventually(t, func() bool {
+				tr.mu.Lock()
+				defer tr.mu.Unlock()
+				h := tr.admit.hello
+				return len(h) > 0 && h[len(h)-1].waitingSince.Load() != 0
+			}, waitLimit, time.Millisecond)
 		}
 	}
 	closed := func() []bool {
