@@ -43,6 +43,8 @@ func startVictimProfile(w *callWatch) (stop func()) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return func() {}
 	}
+	victimMemory = &memoryWatch{dir: dir}
+	victimMemory.last.Store(readRSS())
 	runtime.SetMutexProfileFraction(1)
 	runtime.SetBlockProfileRate(int(time.Millisecond))
 	cpu, _ := os.Create(filepath.Join(dir, "cpu.pprof"))

@@ -115,6 +115,7 @@ func runVictim(raw string) int {
 		switch in.Text() {
 		case "reset":
 			v.resetStats()
+			victimMemory.reset()
 			fmt.Println("ok")
 		case "stat":
 			b, _ := json.Marshal(v.stat())
@@ -299,6 +300,7 @@ func (v *victimHost) sample() {
 	for n := 0; ; n++ {
 		r := readRSS()
 		v.rss.Store(r)
+		victimMemory.observe(r)
 		for {
 			p := v.peak.Load()
 			if r <= p || v.peak.CompareAndSwap(p, r) {
