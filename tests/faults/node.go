@@ -59,10 +59,6 @@ type Node struct {
 	pins []int64          // pin jobs its serve passes submitted, oldest first
 }
 
-// Peer is the former name of Node.
-//
-// Deprecated: use Node.
-type Peer = Node
 
 // Open starts a node at 127.0.0.1:port with rows rows; seed drives its
 // Wire's random rules.

@@ -22,7 +22,7 @@ import (
 )
 
 // A host's peer: one node, its jobs in a faults.Ledger, its P2P lookups
-// served from what it holds (faults.Peer), driven by one command a line on
+// served from what it holds (faults.Node), driven by one command a line on
 // stdin, each answered by one JSON line on stdout:
 //
 //	net CIDR GATEWAY                    configure eth0, open the node: {"ID"}
@@ -43,7 +43,7 @@ const (
 )
 
 type peerHost struct {
-	p      *faults.Peer
+	p      *faults.Node
 	ledger *faults.Ledger
 	nrows  int // rows in the region
 	rows   int // next row to hand out, round robin
