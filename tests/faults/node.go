@@ -59,7 +59,6 @@ type Node struct {
 	pins []int64          // pin jobs its serve passes submitted, oldest first
 }
 
-
 // Open starts a node at 127.0.0.1:port with rows rows; seed drives its
 // Wire's random rules.
 func (c *Cluster) Open(port, rows int, seed uint64, mutate ...func(*config.Config)) (*Node, error) {
