@@ -180,16 +180,48 @@ func (g *hostGate) retell(h *hostSide) {
 	h.notify.signal()
 }
 
+// handoff holds what host calls made while the lock was held, in order,
+// until the next holder takes it all. Its own lock is held only to append
+// or to take the whole queue, and an empty queue is seen without it.
+type handoff[T any] struct {
+	mu    sync.Mutex
+	items []T
+	count atomic.Int32 // len(items), read without mu
+}
+
+// pushIf appends it when fits accepts the queue's length; false if not.
+func (q *handoff[T]) pushIf(fits func(n int) bool, it T) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if fits != nil && !fits(len(q.items)) {
+		return false
+	}
+	q.items = append(q.items, it)
+	q.count.Store(int32(len(q.items)))
+	return true
+}
+
+// take empties the queue, returning what it held in order; nil (and no
+// lock taken) when it is empty.
+func (q *handoff[T]) take() []T {
+	if q.count.Load() == 0 {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	items := q.items
+	q.items = nil
+	q.count.Store(0)
+	return items
+}
+
 // askQueue holds the keys of lookups made while the lock was held, in the
 // order the host asked them, until the next holder registers them as the
 // calls would have: the next host call (which must see them registered
 // first, so the request's keys keep the order it asked them in), or the
-// progress loop, woken for them. Its own lock is held only to append or
-// to take the whole queue.
+// progress loop, woken for them.
 type askQueue struct {
-	mu    sync.Mutex
-	asks  []queuedAsk
-	count atomic.Int32 // len(asks), read without mu
+	handoff[queuedAsk]
 	bytes atomic.Int64 // the keys' bytes queued, bounded by maxQueuedAskBytes
 }
 
@@ -222,25 +254,16 @@ func (q *askQueue) push(reqID string, keys []byte, keyLen int, cached bool) {
 
 // pushOwned is push of keys the queue may keep.
 func (q *askQueue) pushOwned(reqID string, keys []byte, keyLen int, cached bool) {
-	q.mu.Lock()
-	q.asks = append(q.asks, queuedAsk{reqID: reqID, keys: keys, keyLen: keyLen, cached: cached})
-	q.count.Store(int32(len(q.asks)))
 	q.bytes.Add(int64(len(keys)))
-	q.mu.Unlock()
+	q.pushIf(nil, queuedAsk{reqID: reqID, keys: keys, keyLen: keyLen, cached: cached})
 }
 
-// take empties the queue, returning what it held in order; nil (and no
-// lock taken) when it is empty.
+// take empties the queue, returning what it held in order.
 func (q *askQueue) take() []queuedAsk {
-	if q.count.Load() == 0 {
-		return nil
+	asks := q.handoff.take()
+	for _, a := range asks {
+		q.bytes.Add(-int64(len(a.keys)))
 	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	asks := q.asks
-	q.asks = nil
-	q.count.Store(0)
-	q.bytes.Store(0)
 	return asks
 }
 
@@ -340,16 +363,13 @@ type queuedAnswer struct {
 // the Evaluate handed out last is queued (hosts answer each as they get
 // it): its request id is at hand for the Finish item the host is then owed.
 type answerQueue struct {
-	mu      sync.Mutex
-	last    handout // the Evaluate handed out last, not answered yet
-	answers []queuedAnswer
-	count   atomic.Int32 // len(answers), read without mu
+	handoff[queuedAnswer]
+	last atomic.Pointer[handout] // the Evaluate handed out last, not answered yet
 }
 
 type handout struct {
 	lookupID int64
 	reqID    string
-	set      bool
 }
 
 // maxQueuedAnswers bounds the answers queued; past it AnswerInbound waits.
@@ -357,37 +377,17 @@ const maxQueuedAnswers = 256
 
 // handedOut records the Evaluate item NextInbound hands the host.
 func (g *hostGate) handedOut(lookupID int64, reqID string) {
-	q := &g.answers
-	q.mu.Lock()
-	q.last = handout{lookupID: lookupID, reqID: reqID, set: true}
-	q.mu.Unlock()
+	g.answers.last.Store(&handout{lookupID: lookupID, reqID: reqID})
 }
 
 // queueAnswer queues a when it answers the Evaluate handed out last and
 // there is room; false means the caller must apply it itself.
 func (g *hostGate) queueAnswer(a queuedAnswer) bool {
 	q := &g.answers
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if !q.last.set || q.last.lookupID != a.lookupID || len(q.answers) >= maxQueuedAnswers {
-		return false
+	last := q.last.Load()
+	if last == nil || last.lookupID != a.lookupID || !q.last.CompareAndSwap(last, nil) {
+		return false // not the Evaluate handed out last (or answered already)
 	}
-	a.reqID, q.last = q.last.reqID, handout{}
-	q.answers = append(q.answers, a)
-	q.count.Store(int32(len(q.answers)))
-	return true
-}
-
-// take empties the queue, returning what it held in order; nil (and no
-// lock taken) when it is empty.
-func (q *answerQueue) take() []queuedAnswer {
-	if q.count.Load() == 0 {
-		return nil
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	answers := q.answers
-	q.answers = nil
-	q.count.Store(0)
-	return answers
+	a.reqID = last.reqID
+	return q.pushIf(func(n int) bool { return n < maxQueuedAnswers }, a)
 }

@@ -215,21 +215,8 @@ func TestAHostCallWithoutTheLockForLongWaitsForIt(t *testing.T) {
 // go it is applied (the consumer gets its HITs, the pins are served and
 // reported once), and the host is given the Finish item it is then owed.
 func TestAnAnswerMadeWhileTheLockIsHeldIsAppliedAndFinished(t *testing.T) {
-	r := newMultiRig(t, 1)
-	src := r.srcs[0]
-	src.GateWaits()
-	src.hold(0, 1)
-	_, err := r.cons.StartRequest("a", kvParams("kv-a", src))
-	require.NoError(t, err)
+	r, src, in := evaluating(t)
 	ks := keys(0, 1)
-	var in tier.Inbound
-	require.Eventually(t, func() bool {
-		r.cons.lookup("a", ks)
-		require.NoError(t, r.cons.OnScheduleEnd())
-		var ok bool
-		in, ok, _ = src.NextInbound(nil)
-		return ok && in.Kind == tier.InboundEvaluate
-	}, 5*time.Second, 2*time.Millisecond, "the source never got the lookup")
 
 	const pinJob = 4242
 	release := src.HoldLock()
@@ -275,20 +262,7 @@ func TestAnAnswerMadeWhileTheLockIsHeldIsAppliedAndFinished(t *testing.T) {
 func TestAnInboundLookupEndedWhileEvaluatedEndsOnce(t *testing.T) {
 	for _, held := range []bool{false, true} {
 		t.Run(map[bool]string{false: "lock free", true: "lock held"}[held], func(t *testing.T) {
-			r := newMultiRig(t, 1)
-			src := r.srcs[0]
-			src.GateWaits()
-			src.hold(0, 1)
-			_, err := r.cons.StartRequest("a", kvParams("kv-a", src))
-			require.NoError(t, err)
-			var in tier.Inbound
-			require.Eventually(t, func() bool {
-				r.cons.lookup("a", keys(0, 1))
-				require.NoError(t, r.cons.OnScheduleEnd())
-				var ok bool
-				in, ok, _ = src.NextInbound(nil)
-				return ok && in.Kind == tier.InboundEvaluate
-			}, 5*time.Second, 2*time.Millisecond)
+			r, src, in := evaluating(t)
 			require.NoError(t, r.cons.FinishRequest("a")) // its terminal fetch drops the lookup at the source
 			require.Eventually(t, func() bool { return src.Stats().InboundActive == 0 }, 5*time.Second, 2*time.Millisecond)
 
@@ -349,4 +323,25 @@ func TestAMissAfterAnIdleGapDoesNotWaitForTheLock(t *testing.T) {
 		<-done
 		t.Fatal("the first miss after an idle gap waited for the lock")
 	}
+}
+
+// evaluating is a consumer's request "a" asking keys 0 and 1 of a source
+// that holds them (its host calls gated), and the Evaluate item the source's
+// host was handed for that lookup.
+func evaluating(t *testing.T) (*multiRig, *source, tier.Inbound) {
+	r := newMultiRig(t, 1)
+	src := r.srcs[0]
+	src.GateWaits()
+	src.hold(0, 1)
+	_, err := r.cons.StartRequest("a", kvParams("kv-a", src))
+	require.NoError(t, err)
+	var in tier.Inbound
+	require.Eventually(t, func() bool {
+		r.cons.lookup("a", keys(0, 1))
+		require.NoError(t, r.cons.OnScheduleEnd())
+		var ok bool
+		in, ok, _ = src.NextInbound(nil)
+		return ok && in.Kind == tier.InboundEvaluate
+	}, 5*time.Second, 2*time.Millisecond, "the source never got the lookup")
+	return r, src, in
 }

@@ -161,8 +161,7 @@ func (p *peerSet) add(peerID string, newSession func() *session.Session) *sessio
 
 // forget removes s from every map: the one place a session's entries go.
 func (p *peerSet) forget(s *session.Session) {
-	delete(p.sessions, s.PeerID())
-	p.known.publish(p.sessions)
+	delete(p.sessions, s.PeerID()) // its callers publish p.known once for all they forget
 	delete(p.active, s)
 	delete(p.paths, s)
 	delete(p.stats, s)
@@ -194,6 +193,9 @@ func (p *peerSet) reap() []*session.Session {
 			p.ctl.Disconnect(id)
 		}
 		p.counts.closed++
+	}
+	if len(gone) > 0 {
+		p.known.publish(p.sessions)
 	}
 	return gone
 }
@@ -229,6 +231,7 @@ func (p *peerSet) closeAll(reason string) []*session.Session {
 		p.ctl.Disconnect(id)
 		gone = append(gone, s)
 	}
+	p.known.publish(p.sessions)
 	return gone
 }
 
