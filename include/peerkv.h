@@ -33,9 +33,9 @@
  *     work follows a step later. peerkv_get_finished, peerkv_take_answers
  *     and peerkv_next_inbound then return nothing, and the matching news
  *     count moves again (the notification fd becomes readable) once the
- *     library is done, so the host calls again; peerkv_lookup and
- *     peerkv_lookup_many answer RETRY for every key (the library registers
- *     the keys itself; for peerkv_lookup_many the answers of an ASK
+ *     library is done, so the host calls again; peerkv_lookup answers
+ *     RETRY for every key (ask again next step); peerkv_lookup_many too,
+ *     and the library registers its keys itself (the answers of an ASK
  *     request come as changes);
  *     peerkv_on_schedule_end's sends happen on the library's thread;
  *     peerkv_answer_inbound, answering the EVALUATE handed out last, sets
@@ -43,8 +43,10 @@
  *     was applied (its pin job is reported as usual);
  *     peerkv_has_pending_work returns 1; peerkv_stats writes the last
  *     document it built, without "peers". Nothing is lost or reported
- *     twice. After a second of calls that all did without, the next one
- *     waits its turn, so work is never put off for longer. The
+ *     twice. After a second of calls that all did without, the next
+ *     peerkv_get_finished, peerkv_take_answers, peerkv_next_inbound or
+ *     peerkv_lookup waits its turn, so nothing is left uncollected (or
+ *     unregistered) for longer. The
  *     "host_calls_deferred" counter says how often it happened.
  *   - fork: after fork(), every call in the child returns PEERKV_ERR_FORKED.
  *     Load the library after the process split (e.g. in a spawned child).

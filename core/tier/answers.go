@@ -103,13 +103,13 @@ func (t *Tier) LookupMany(batch []RequestKeys, keyLen int, out []LookupResult) e
 	if len(out) != n {
 		return fmt.Errorf("%w: %d results for %d keys", ErrInvalidArgument, len(out), n)
 	}
-	if !t.lockForHost() {
+	if !t.lockForHost(false) {
 		if t.gate.asks.room(n * keyLen) {
 			for i := range out {
 				out[i] = Retry
 			}
 			for _, rk := range batch {
-				t.gate.asks.push(rk.ReqID, rk.Keys, keyLen, true)
+				t.gate.asks.push(rk.ReqID, rk.Keys, keyLen)
 			}
 			t.book.wakeRegister() // the loop registers them and flushes
 			return nil
@@ -164,7 +164,7 @@ func (b *pullBook) lookupKey(r *request, key []byte) LookupResult {
 // a change fits refuses stays queued, with those after it.
 // None are moved while the lock stays held (hostgate.go).
 func (t *Tier) TakeAnswers(fits func(AnswerChange) bool) []AnswerChange {
-	if !t.lockForHost() {
+	if !t.lockForHost(true) {
 		t.missedNews(NewsAnswers)
 		return nil
 	}

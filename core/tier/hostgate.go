@@ -21,10 +21,13 @@ import (
 //     moves again (waking the host) as soon as the lock's holder is done,
 //     so the host comes back for it next step: nothing is lost or reported
 //     twice, only collected a step later;
-//   - Lookup and LookupMany answer RETRY for every key and queue the keys;
-//     the next holder registers them as the call would have (askQueue), and
-//     for LookupMany queues every answer other than RETRY as a change, as
-//     for a large first ask (asked.go);
+//   - Lookup answers RETRY for every key (ask again next step), allocating
+//     nothing: a call that allocates while the GC runs can be made to wait
+//     for it;
+//   - LookupMany answers RETRY for every key and queues the keys; the next
+//     holder registers them as the call would have (askQueue), and queues
+//     every answer other than RETRY as a change, as for a large first ask
+//     (asked.go);
 //   - OnScheduleEnd (and LookupMany's part of it) leaves the flush to the
 //     progress loop;
 //   - AnswerInbound queues the answer to the Evaluate item handed out last
@@ -32,9 +35,11 @@ import (
 //     queues the Finish item the host is then owed (answerQueue);
 //   - HasPendingWork says true.
 //
-// After starveAfter without the lock, the next call waits for it once: Go's
-// mutex hands the lock to its waiters in turn once one waited a
-// millisecond, and a TryLock never gets it then.
+// After starveAfter without the lock, the next call that collects (or, for
+// Lookup, registers) waits for it once: Go's mutex hands the lock to its
+// waiters in turn once one waited a millisecond, and a TryLock never gets
+// it then. The other calls never wait: their work is queued for the
+// holder, or they have none.
 //
 // Calls made once per request or job (StartRequest, LookupMode, SubmitLoad,
 // SubmitStore, FinishRequest) still wait: what they return depends on state
@@ -71,17 +76,19 @@ type hostGate struct {
 const defaultHostWait = 500 * time.Microsecond
 
 // lockForHost takes the tier's lock if it is free within the gate's wait,
-// registering the lookups queued meanwhile; false means it was not taken
-// (and the call is counted as deferred).
-func (t *Tier) lockForHost() bool {
+// applying what was queued meanwhile; false means it was not taken (and the
+// call is counted as deferred). collects: the call collects work (results,
+// answers, inbound items) that only the lock's holder can hand over.
+func (t *Tier) lockForHost(collects bool) bool {
 	if !t.tryLockFor(t.gate.wait) {
-		if !t.gate.starved() {
+		if starved := t.gate.starved(); !starved || !collects {
 			t.gate.deferred.Add(1)
 			return false
 		}
-		// Without the lock for starveAfter: TryLock fails whenever
-		// Go's mutex hands the lock to its waiters in turn (after one
-		// waited a millisecond), so join them this once.
+		// Calls went without the lock for starveAfter: TryLock fails
+		// whenever Go's mutex hands the lock to its waiters in turn (after
+		// one waited a millisecond), so a collecting call joins them this
+		// once. The other calls queue their work, or have none.
 		t.mu.Lock()
 	}
 	t.gate.held()
@@ -234,28 +241,21 @@ const maxQueuedAskBytes = 16 << 20
 // room says whether n more bytes of keys may be queued.
 func (q *askQueue) room(n int) bool { return q.bytes.Load()+int64(n) <= maxQueuedAskBytes }
 
-// queuedAsk is one request's keys of one host call; cached: the call was a
-// LookupMany, whose answers the host caches (a RETRY it was given must be
-// followed by a change).
+// queuedAsk is one request's keys of one LookupMany.
 type queuedAsk struct {
 	reqID  string
 	keys   []byte
 	keyLen int
-	cached bool
 }
 
 // push queues a copy of the keys of reqID asked by a call that did not
 // get the lock.
-func (q *askQueue) push(reqID string, keys []byte, keyLen int, cached bool) {
-	if len(keys) > 0 {
-		q.pushOwned(reqID, append([]byte(nil), keys...), keyLen, cached)
+func (q *askQueue) push(reqID string, keys []byte, keyLen int) {
+	if len(keys) == 0 {
+		return
 	}
-}
-
-// pushOwned is push of keys the queue may keep.
-func (q *askQueue) pushOwned(reqID string, keys []byte, keyLen int, cached bool) {
 	q.bytes.Add(int64(len(keys)))
-	q.pushIf(nil, queuedAsk{reqID: reqID, keys: keys, keyLen: keyLen, cached: cached})
+	q.pushIf(nil, queuedAsk{reqID: reqID, keys: append([]byte(nil), keys...), keyLen: keyLen})
 }
 
 // take empties the queue, returning what it held in order.
@@ -267,35 +267,14 @@ func (q *askQueue) take() []queuedAsk {
 	return asks
 }
 
-// queueAsk queues the keys of a Lookup that did without the lock, when
-// they are all of one length (key_len set, as vLLM's are; otherwise the
-// host's next call asks them anyway), and wakes the loop to register them.
-func (t *Tier) queueAsk(reqID string, keys [][]byte) {
-	if len(keys) == 0 {
-		return
-	}
-	keyLen := len(keys[0])
-	if !t.gate.asks.room(keyLen * len(keys)) {
-		return // the host asks them again next step
-	}
-	buf := make([]byte, 0, keyLen*len(keys))
-	for _, k := range keys {
-		if len(k) != keyLen {
-			return
-		}
-		buf = append(buf, k...)
-	}
-	t.gate.asks.pushOwned(reqID, buf, keyLen, false)
-	t.book.wakeRegister()
-}
-
 // registerQueued registers the keys host calls queued while they did
 // without the lock, in the order they were asked; t.mu held. A LookupMany's
 // new keys are registered as a large first ask's are (asked.go), and a key
 // it asked again (the host forgets its answers after a load) is answered
 // again: either way the host was told RETRY, so every other answer is
-// queued as a change. A Lookup's are registered as the call would have,
-// its answers dropped: the host asks again.
+// queued as a change. Those of a request whose answers the host does not
+// cache (or a PD pull's, all HIT) are registered as the call would have,
+// their answers dropped: the host asks again.
 func (b *pullBook) registerQueued(asks []queuedAsk) {
 	for _, a := range asks {
 		r := b.requests[a.reqID]
@@ -303,7 +282,7 @@ func (b *pullBook) registerQueued(asks []queuedAsk) {
 			continue // its answers are MISS, told as the pull's failure where the host caches them
 		}
 		p := r.pull
-		if !a.cached || !p.told.cached || !p.probe {
+		if !p.told.cached || !p.probe {
 			b.registerAsked(p)
 			for off := 0; off+a.keyLen <= len(a.keys); off += a.keyLen {
 				p.lookup(a.keys[off : off+a.keyLen : off+a.keyLen]) // registered; the host asks again for the answer

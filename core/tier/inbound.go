@@ -27,7 +27,7 @@ func (q *inboundQueue) len() int                { return len(q.now) + len(q.late
 // NextInbound returns the head of the inbound queue; see the tierapi notes.
 // While the lock stays held it returns none (hostgate.go).
 func (t *Tier) NextInbound(fits func(Inbound) bool) (Inbound, bool, bool) {
-	if !t.lockForHost() {
+	if !t.lockForHost(true) {
 		t.missedNews(NewsInbound)
 		return Inbound{}, false, false
 	}
@@ -53,7 +53,7 @@ func (t *Tier) AnswerInbound(lookupID int64, results []LookupResult, pinJobID in
 		return false, err
 	}
 	a := queuedAnswer{lookupID: lookupID, answers: answers, pinJobID: pinJobID, rows: rows}
-	if !t.lockForHost() {
+	if !t.lockForHost(false) {
 		if t.gate.queueAnswer(a) {
 			t.book.wakeRegister() // the loop applies it
 			return false, nil

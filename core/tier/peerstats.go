@@ -27,7 +27,7 @@ const peersEvery = time.Second
 // held past the gate's wait, it is the last document built, without
 // Peers (hostgate.go).
 func (t *Tier) HostStats() Stats {
-	if !t.lockForHost() {
+	if !t.lockForHost(false) {
 		if last := t.gate.lastStats.Load(); last != nil {
 			st := *last
 			st.HostCallsDeferred = t.gate.deferred.Load()
@@ -48,7 +48,7 @@ func (t *Tier) HostStats() Stats {
 // While the lock stays held it records nothing: the next document carries
 // the list again.
 func (t *Tier) PeersDelivered() {
-	if !t.lockForHost() {
+	if !t.lockForHost(false) {
 		return
 	}
 	defer t.unlockHost()

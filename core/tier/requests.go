@@ -45,11 +45,10 @@ func (t *Tier) Lookup(reqID string, keys [][]byte, out []LookupResult) error {
 	if err := t.checkKeys(keys); err != nil {
 		return err
 	}
-	if !t.lockForHost() {
+	if !t.lockForHost(true) { // it registers keys only the lock's holder can: like a collecting call
 		for i := range out {
-			out[i] = Retry
+			out[i] = Retry // nothing allocated: an allocating call may be made to help the GC
 		}
-		t.queueAsk(reqID, keys)
 		return nil
 	}
 	defer t.unlockHost()
@@ -63,7 +62,7 @@ func (t *Tier) Lookup(reqID string, keys [][]byte, out []LookupResult) error {
 // OnScheduleEnd sends the lookups registered this step; while the lock
 // stays held, the progress loop sends them (hostgate.go).
 func (t *Tier) OnScheduleEnd() error {
-	if !t.lockForHost() {
+	if !t.lockForHost(false) {
 		t.book.wakeRegister() // the loop's wake-up registers the queued keys and flushes
 		return nil
 	}
@@ -130,7 +129,7 @@ func (t *Tier) SubmitStore(reqID string, jobID int64, keys [][]byte, slots []int
 // GetFinished moves up to max finished jobs out; none while the lock
 // stays held (hostgate.go).
 func (t *Tier) GetFinished(max int) []JobResult {
-	if !t.lockForHost() {
+	if !t.lockForHost(true) {
 		t.missedNews(NewsResults)
 		return nil
 	}
@@ -159,7 +158,7 @@ func (t *Tier) FinishRequest(reqID string) error {
 // HasPendingWork is true while the host must keep calling in, and while
 // the lock stays held (hostgate.go).
 func (t *Tier) HasPendingWork() bool {
-	if !t.lockForHost() {
+	if !t.lockForHost(false) {
 		return true
 	}
 	defer t.unlockHost()
